@@ -1,0 +1,3 @@
+from pipetrace.cli import main
+
+raise SystemExit(main())

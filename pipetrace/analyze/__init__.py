@@ -1,0 +1,1 @@
+"""Loads a run directory into one model and finds what went wrong."""

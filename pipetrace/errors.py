@@ -1,0 +1,16 @@
+"""The one error type users see: a one-line message and an exit code, printed by the CLI."""
+
+from __future__ import annotations
+
+# Exit codes shared by every command.
+EXIT_OK = 0
+EXIT_PROBLEMS = 1  # the command worked and found problems (findings, failed ranks, ...)
+EXIT_USAGE = 2  # bad flags or unusable input
+
+
+class PipetraceError(Exception):
+    """An expected failure, reported as one line without a traceback."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,0 +1,1 @@
+"""Writes the run directory: meta.json and one event log per rank."""

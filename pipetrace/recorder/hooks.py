@@ -1,0 +1,86 @@
+"""The interface between the runtime and the recorder.
+
+The runtime calls these hooks at every step and P2P op; `NullRecorder` is what it calls when
+recording is off (``--record off``), so the hot path pays only for a method call. The real
+recorder (`pipetrace.recorder.recorder.Recorder`) implements the same methods.
+
+Times are taken by the recorder itself (``time.perf_counter_ns`` mapped to the epoch), never
+by the caller, so every event on a rank shares one clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pipetrace.schedule.ir import Plan, Step
+
+
+class RecorderHooks(Protocol):
+    def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
+        """Once per rank after the process group is up; ``plan`` is the full plan (all ranks)."""
+
+    def begin_iteration(self, iteration: int) -> None: ...
+
+    def end_iteration(self, iteration: int, loss: float | None) -> None:
+        """``loss`` is the mean loss over micro-batches on the rank holding the last stage."""
+
+    def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
+        """A step of the rank's plan starts; ``position`` is its index in the rank's plan
+        (bubbles excluded). Returns a token for `end_step`. Composite steps get one call for
+        the composite and one per sub-step (sub-steps on the thread that runs them)."""
+
+    def end_step(self, token: Any) -> None: ...
+
+    def p2p_posted(
+        self,
+        *,
+        op: str,  # "send" or "recv"
+        step: Step,
+        peer: int,
+        channel: str,  # "F" (activations) or "B" (gradients)
+        seq: int,  # per (op, peer, channel) sequence number, from 0 each iteration
+        nbytes: int,
+        shape: tuple[int, ...],
+        dtype: str,
+    ) -> Any:
+        """A send or recv was posted (isend/irecv issued). Returns a token for `p2p_completed`."""
+
+    def p2p_completed(self, token: Any) -> None:
+        """The op completed (its wait returned)."""
+
+    def exception(self, exc: BaseException) -> None:
+        """The rank is about to fail with ``exc``."""
+
+    def end_run(self) -> None:
+        """A clean end; flush and close."""
+
+
+class NullRecorder:
+    """Records nothing. Every hook is a no-op."""
+
+    def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
+        pass
+
+    def begin_iteration(self, iteration: int) -> None:
+        pass
+
+    def end_iteration(self, iteration: int, loss: float | None) -> None:
+        pass
+
+    def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
+        return None
+
+    def end_step(self, token: Any) -> None:
+        pass
+
+    def p2p_posted(self, **kwargs: Any) -> Any:
+        return None
+
+    def p2p_completed(self, token: Any) -> None:
+        pass
+
+    def exception(self, exc: BaseException) -> None:
+        pass
+
+    def end_run(self) -> None:
+        pass

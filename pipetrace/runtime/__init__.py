@@ -1,0 +1,1 @@
+"""Executes schedule plans on real ranks (torch backend; imports torch lazily)."""

@@ -1,0 +1,274 @@
+"""The step IR: the one language spoken by schedules, runtime, recorder and analyzers.
+
+Vocabulary (used everywhere in pipetrace):
+
+- *rank*: one process of the pipeline group.
+- *stage*: one model chunk, numbered 0..S-1 in data-flow order. A rank holds one or more
+  stages (its *virtual stages*); the placement maps stage -> rank.
+- *micro-batch*: one slice of the global batch, numbered 0..M-1.
+- *step*: one unit of work in a rank's plan, e.g. ``2F0`` (stage 2 forward of micro-batch 0).
+- *bubble*: an explicit idle slot in a rank's plan, stored as ``None``.
+- *channel*: the messages of one kind (activations ``F`` or gradients ``B``) between two ranks.
+
+A step's canonical text is torch.distributed.pipelining's action string: ``{stage}{KIND}{mb}``
+(``2F0``, ``1I3``, ``3SEND_F1``), ``{stage}{KIND}`` for the FSDP steps (``0UNSHARD``), and
+``({sub};{sub})OVERLAP_F_B`` for a composite. This module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Iterable, Iterator, Sequence
+
+
+class StepKind(str, Enum):
+    F = "F"  # forward
+    B = "B"  # full backward (dx and dw together)
+    I = "I"  # backward for inputs only ("dx")  # noqa: E741
+    W = "W"  # backward for weights only ("dw")
+    SEND_F = "SEND_F"  # send this stage's output activation to the next stage
+    RECV_F = "RECV_F"  # receive this stage's input activation from the previous stage
+    SEND_B = "SEND_B"  # send this stage's input gradient to the previous stage
+    RECV_B = "RECV_B"  # receive this stage's output gradient from the next stage
+    OVERLAP_F_B = "OVERLAP_F_B"  # a forward and a backward run concurrently (composite)
+    UNSHARD = "UNSHARD"
+    RESHARD = "RESHARD"
+    REDUCE_GRAD = "REDUCE_GRAD"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPUTE_KINDS = frozenset({StepKind.F, StepKind.B, StepKind.I, StepKind.W})
+BACKWARD_KINDS = frozenset({StepKind.B, StepKind.I})  # the kinds that produce the input gradient
+SEND_KINDS = frozenset({StepKind.SEND_F, StepKind.SEND_B})
+RECV_KINDS = frozenset({StepKind.RECV_F, StepKind.RECV_B})
+COMM_KINDS = SEND_KINDS | RECV_KINDS
+FSDP_KINDS = frozenset({StepKind.UNSHARD, StepKind.RESHARD, StepKind.REDUCE_GRAD})
+
+
+class ScheduleError(ValueError):
+    """A schedule, action string or schedule file that cannot be understood or built."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a rank's plan.
+
+    ``microbatch`` is None only for the FSDP kinds; ``stage`` is None only for a composite,
+    whose work is in ``sub_steps``.
+    """
+
+    kind: StepKind
+    stage: int | None = None
+    microbatch: int | None = None
+    sub_steps: tuple[Step, ...] = ()
+
+    def __str__(self) -> str:
+        return format_step(self)
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind in COMM_KINDS
+
+    def leaves(self) -> Iterator[Step]:
+        """The step itself, or a composite's sub-steps (flattened)."""
+        if self.sub_steps:
+            for sub in self.sub_steps:
+                yield from sub.leaves()
+        else:
+            yield self
+
+
+def F(stage: int, mb: int) -> Step:
+    return Step(StepKind.F, stage, mb)
+
+
+def B(stage: int, mb: int) -> Step:
+    return Step(StepKind.B, stage, mb)
+
+
+def I(stage: int, mb: int) -> Step:  # noqa: E743
+    return Step(StepKind.I, stage, mb)
+
+
+def W(stage: int, mb: int) -> Step:
+    return Step(StepKind.W, stage, mb)
+
+
+def overlap(forward: Step, backward: Step) -> Step:
+    return Step(StepKind.OVERLAP_F_B, None, None, (forward, backward))
+
+
+# ---------------------------------------------------------------------------------------
+# Text forms
+# ---------------------------------------------------------------------------------------
+
+_KIND_ALTERNATION = "|".join(
+    sorted((k.value for k in StepKind if k is not StepKind.OVERLAP_F_B), key=len, reverse=True)
+)
+_SIMPLE_RE = re.compile(rf"^\s*(\d+)\s*({_KIND_ALTERNATION})\s*(\d*)\s*$")
+_COMPOSITE_RE = re.compile(r"^\s*\((.*)\)\s*OVERLAP_F_B\s*$")
+
+
+def format_step(step: Step | None) -> str:
+    """The canonical text of a step ('' for a bubble)."""
+    if step is None:
+        return ""
+    if step.sub_steps:
+        return "(" + ";".join(format_step(s) for s in step.sub_steps) + ")" + step.kind.value
+    if step.microbatch is None:
+        return f"{step.stage}{step.kind.value}"
+    return f"{step.stage}{step.kind.value}{step.microbatch}"
+
+
+def parse_step(text: str) -> Step | None:
+    """Parse one action string; an empty string is a bubble.
+
+    Accepts every form torch.distributed.pipelining writes, e.g. ``2F0``, ``1I3``,
+    ``3SEND_F1``, ``0UNSHARD``, ``(0F7;7B3)OVERLAP_F_B``.
+    """
+    stripped = text.strip()
+    if not stripped:
+        return None
+    composite = _COMPOSITE_RE.match(stripped)
+    if composite:
+        parts = [p for p in composite.group(1).split(";")]
+        subs = []
+        for part in parts:
+            sub = parse_step(part)
+            if sub is None or sub.kind not in COMPUTE_KINDS:
+                raise ScheduleError(
+                    f"bad action {text!r}: OVERLAP_F_B holds compute actions like (0F7;7B3)"
+                )
+            subs.append(sub)
+        if len(subs) != 2:
+            raise ScheduleError(f"bad action {text!r}: OVERLAP_F_B holds exactly two actions")
+        return Step(StepKind.OVERLAP_F_B, None, None, tuple(subs))
+    match = _SIMPLE_RE.match(stripped)
+    if not match:
+        raise ScheduleError(
+            f"bad action {text!r}: expected STAGE KIND MICROBATCH such as '2F0', '1SEND_B3', "
+            "'0UNSHARD' or '(0F7;7B3)OVERLAP_F_B'"
+        )
+    stage, kind_text, mb_text = match.groups()
+    kind = StepKind(kind_text)
+    if kind in FSDP_KINDS:
+        if mb_text:
+            raise ScheduleError(f"bad action {text!r}: {kind} takes no micro-batch")
+        return Step(kind, int(stage), None)
+    if not mb_text:
+        raise ScheduleError(f"bad action {text!r}: {kind} needs a micro-batch index")
+    return Step(kind, int(stage), int(mb_text))
+
+
+# ---------------------------------------------------------------------------------------
+# Placement and plans
+# ---------------------------------------------------------------------------------------
+
+
+class Placement(str, Enum):
+    LOOP = "loop"  # stage s on rank s % P (interleaved 1F1B)
+    V = "v"  # stage s on rank s for s < P, rank 2P-1-s after (ZBV, DualPipeV)
+
+
+def stage_to_rank(placement: Placement, num_ranks: int, num_stages: int) -> tuple[int, ...]:
+    if placement is Placement.LOOP:
+        return tuple(s % num_ranks for s in range(num_stages))
+    if num_stages != 2 * num_ranks:
+        raise ScheduleError(
+            f"V placement needs 2 stages per rank: got {num_stages} stages on {num_ranks} ranks"
+        )
+    return tuple(s if s < num_ranks else 2 * num_ranks - 1 - s for s in range(num_stages))
+
+
+@dataclass(slots=True)
+class Plan:
+    """Every rank's ordered steps, with ``None`` for an explicit bubble.
+
+    ``placement[s]`` is the rank that holds stage ``s``. ``name`` and ``params`` say how the
+    plan was made (a built-in schedule and its parameters, or a file).
+    """
+
+    num_microbatches: int
+    placement: tuple[int, ...]
+    ranks: list[list[Step | None]]
+    name: str = "custom"
+    params: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.placement)
+
+    def stages_of(self, rank: int) -> list[int]:
+        return [s for s, r in enumerate(self.placement) if r == rank]
+
+    def steps(self, rank: int) -> list[Step]:
+        """A rank's steps without bubbles."""
+        return [s for s in self.ranks[rank] if s is not None]
+
+    def has_comms(self) -> bool:
+        return any(s is not None and s.is_comm for row in self.ranks for s in row)
+
+    def without_bubbles(self) -> Plan:
+        return Plan(
+            self.num_microbatches,
+            self.placement,
+            [self.steps(r) for r in range(self.num_ranks)],
+            self.name,
+            dict(self.params),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "params": self.params,
+            "num_microbatches": self.num_microbatches,
+            "placement": list(self.placement),
+            "ranks": [[format_step(s) for s in row] for row in self.ranks],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Plan:
+        return cls(
+            num_microbatches=int(data["num_microbatches"]),
+            placement=tuple(int(r) for r in data["placement"]),
+            ranks=[[parse_step(t) for t in row] for row in data["ranks"]],
+            name=str(data.get("name", "custom")),
+            params=dict(data.get("params", {})),
+        )
+
+
+def infer_placement(ranks: Sequence[Iterable[Step | None]]) -> tuple[int, ...]:
+    """Stage -> rank from the steps each rank holds (a stage on two ranks is an error)."""
+    owner: dict[int, int] = {}
+    for rank, row in enumerate(ranks):
+        for step in row:
+            if step is None:
+                continue
+            for leaf in step.leaves():
+                if leaf.stage is None:
+                    continue
+                previous = owner.setdefault(leaf.stage, rank)
+                if previous != rank:
+                    raise ScheduleError(
+                        f"stage {leaf.stage} appears on rank {previous} and rank {rank}; "
+                        "each stage must live on one rank"
+                    )
+    if not owner:
+        raise ScheduleError("the plan has no steps")
+    num_stages = max(owner) + 1
+    missing = [s for s in range(num_stages) if s not in owner]
+    if missing:
+        raise ScheduleError(f"no rank runs stage(s) {missing}: stages must be numbered 0..S-1")
+    return tuple(owner[s] for s in range(num_stages))

@@ -1,0 +1,1 @@
+"""Interactive Textual viewer over the analyzed run model."""
