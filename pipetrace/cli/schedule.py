@@ -152,9 +152,8 @@ def verify(plan: Plan, semantics: str, as_json: bool) -> int:
         if report.blocked:
             from pipetrace.schedule.grid import render_grid
 
-            marks = {(rank, b.position): "BLOCKED" for rank, b in report.blocked.items()}
             click.echo("")
-            click.echo(render_grid(report.plan, marks=marks, color=use_color()))
+            click.echo(render_grid(report.executed, marks=report.marks(), color=use_color()))
     return 0 if report.ok else 1
 
 

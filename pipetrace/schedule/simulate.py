@@ -1,0 +1,273 @@
+"""The timing simulator: run a plan with step costs and report makespan, idle time and memory.
+
+It is the shared executor (:mod:`.execution`) with durations: compute steps take their cost
+on the rank's CPU, SEND and RECV take none there, and a message spends
+``comm + message_bytes / bandwidth`` on the wire. Under ``eager`` a recv ends once its
+message has arrived; under ``rendezvous`` and ``fifo`` both ends finish together, one
+transfer after the later of the two arrived. Analyzers call it with measured costs:
+``simulate(plan, Costs(per_stage=measured))``.
+
+Memory proxy: a rank's in-flight activations go up by one when an F ends and down by one
+when the B of that (stage, micro-batch) ends, or its W when the backward is split (the
+activations are needed until the weight gradient is done). Within an OVERLAP_F_B step the
+forward is counted first, so the peak includes both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import accumulate
+from numbers import Integral
+
+from .execution import (
+    CODES, SEMANTICS, Outcome, Program, compile_plan, execute, stalls, with_messages,
+)
+from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
+
+__all__ = ["Costs", "RankStats", "SimResult", "SimStep", "simulate"]
+
+_COMPUTE_NAMES = ("F", "B", "I", "W")
+_SCALARS = ("F", "B", "I", "W", "comm", "bandwidth", "message_bytes")
+
+
+@dataclass
+class Costs:
+    """Step costs in any time unit (the simulator's outputs use the same unit).
+
+    ``per_stage[(stage, "F")]`` overrides the kind's cost for one stage (measured costs).
+    """
+
+    F: float = 1.0
+    B: float = 2.0
+    I: float = 1.0  # noqa: E741
+    W: float = 1.0
+    comm: float = 0.0
+    bandwidth: float = math.inf
+    message_bytes: float = 0.0
+    per_stage: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for stage, kind in self.per_stage:
+            if kind not in _COMPUTE_NAMES or not isinstance(stage, Integral) or stage < 0:
+                raise ScheduleError(
+                    f"bad per-stage cost key {(stage, kind)!r}: expected (stage, kind) with a "
+                    "stage index >= 0 and kind F, B, I or W")
+
+    @classmethod
+    def parse(cls, text: str) -> Costs:
+        """Parse ``"F=1,B=2,I=1,W=1,comm=0.5"``; ``"3:F=1.5"`` sets stage 3's forward cost."""
+        costs = cls()
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value_text = (s.strip() for s in item.partition("="))
+            if not sep:
+                raise ScheduleError(f"bad cost {item!r}: expected KEY=VALUE, e.g. 'B=2'")
+            try:
+                value = float(value_text)
+            except ValueError:
+                raise ScheduleError(f"bad cost {item!r}: {value_text!r} is not a number") from None
+            stage_text, colon, kind = key.rpartition(":")
+            if colon and stage_text.isdigit() and kind in _COMPUTE_NAMES:
+                costs.per_stage[(int(stage_text), kind)] = _checked(item, kind, value)
+            elif not colon and key in _SCALARS:
+                setattr(costs, key, _checked(item, key, value))
+            else:
+                raise ScheduleError(
+                    f"bad cost {item!r}: unknown key {key!r}; expected one of "
+                    f"{', '.join(_SCALARS)} or STAGE:KIND such as '3:F'")
+        return costs
+
+    @property
+    def transfer(self) -> float:
+        """A message's time on the wire."""
+        return self.comm + self.message_bytes / self.bandwidth
+
+    def cost_of(self, step: Step) -> float:
+        """CPU time of one step: a composite takes its longest part, FSDP and comm steps 0."""
+        if step.sub_steps:
+            return max(self.cost_of(sub) for sub in step.sub_steps)
+        if step.kind not in COMPUTE_KINDS:
+            return 0.0
+        kind = step.kind.value
+        return self.per_stage.get((step.stage, kind), getattr(self, kind))
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **{key: _finite(getattr(self, key)) for key in _SCALARS},
+            "per_stage": [{"stage": s, "kind": k, "cost": c}
+                          for (s, k), c in sorted(self.per_stage.items())],
+        }
+
+
+def _checked(item: str, key: str, value: float) -> float:
+    if key == "bandwidth" and not value > 0:
+        raise ScheduleError(f"bad cost {item!r}: bandwidth must be positive")
+    if math.isnan(value) or value < 0 or (key != "bandwidth" and math.isinf(value)):
+        raise ScheduleError(f"bad cost {item!r}: expected a finite non-negative number")
+    return value
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an unbounded value is written as null."""
+    return None if math.isinf(value) else value
+
+
+@dataclass(frozen=True, slots=True)
+class SimStep:
+    rank: int
+    position: int  # index into plan.ranks[rank], bubbles included
+    step_text: str
+    kind: str
+    start: float
+    end: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"rank": self.rank, "position": self.position, "step": self.step_text,
+                "kind": self.kind, "start": self.start, "end": self.end}
+
+
+@dataclass(slots=True)
+class RankStats:
+    """``busy`` is compute time; waiting in a SEND or RECV counts as idle, like a bubble."""
+
+    rank: int
+    busy: float
+    idle: float
+    idle_fraction: float  # idle / makespan
+    bubble_ratio: float  # idle / busy
+    peak_inflight_activations: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"rank": self.rank, "busy": self.busy, "idle": self.idle,
+                "idle_fraction": self.idle_fraction,
+                "bubble_ratio": _finite(self.bubble_ratio),
+                "peak_inflight_activations": self.peak_inflight_activations}
+
+
+@dataclass
+class SimResult:
+    """The simulated run of ``plan`` (the lowered plan when a compute-only one was given).
+
+    ``timeline`` is built from the executor's arrays on first access: a large plan has
+    hundreds of thousands of steps, and most callers only want the statistics.
+    """
+
+    plan: Plan
+    semantics: str
+    costs: Costs
+    makespan: float
+    per_rank: list[RankStats]
+    idle_fraction: float  # sum idle / (ranks * makespan)
+    bubble_ratio: float  # sum idle / sum busy
+    _outcome: Outcome = field(repr=False)
+    _timeline: list[SimStep] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def timeline(self) -> list[SimStep]:
+        if self._timeline is None:
+            program = self._outcome.program
+            self._timeline = [
+                SimStep(rank, position, format_step(step), step.kind.value, start, end)
+                for rank, (steps, positions, starts, ends) in enumerate(zip(
+                    program.steps, program.positions, self._outcome.start, self._outcome.end))
+                for step, position, start, end in zip(steps, positions, starts, ends)
+            ]
+        return self._timeline
+
+    def to_json(self, *, timeline: bool = False) -> dict[str, object]:
+        data: dict[str, object] = {
+            "plan": {"name": self.plan.name, "params": self.plan.params,
+                     "num_ranks": self.plan.num_ranks, "num_stages": self.plan.num_stages,
+                     "num_microbatches": self.plan.num_microbatches},
+            "semantics": self.semantics,
+            "costs": self.costs.to_json(),
+            "makespan": self.makespan,
+            "idle_fraction": self.idle_fraction,
+            "bubble_ratio": _finite(self.bubble_ratio),
+            "per_rank": [r.to_json() for r in self.per_rank],
+        }
+        if timeline:
+            data["timeline"] = [s.to_json() for s in self.timeline]
+        return data
+
+
+def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager") -> SimResult:
+    """Time a plan; a compute-only plan is lowered first. A plan that cannot finish raises
+    ScheduleError naming the blocked ranks (``verify`` explains every problem)."""
+    if semantics not in SEMANTICS:
+        raise ScheduleError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
+    from .lowering import gc_paused  # lazy, like every use of lowering
+
+    costs = costs if costs is not None else Costs()
+    with gc_paused():
+        executed = plan if plan.has_comms() else with_messages(plan)
+        program = compile_plan(executed)
+        durations = _durations(program, costs)
+        outcome = execute(program, semantics, durations, costs.transfer)
+        if outcome.blocked():
+            blocked = sorted(outcome.blocked())
+            raise ScheduleError(
+                f"the plan cannot finish under {semantics}: ranks {blocked} are blocked ("
+                + "; ".join(s.message for s in stalls(outcome))
+                + "); run verify for every problem")
+        return _result(executed, semantics, costs, outcome, durations)
+
+
+def _durations(program: Program, costs: Costs) -> list[list[float]]:
+    """Per rank, each step's CPU time, looked up by step id (a composite takes its max)."""
+    table = [costs.F, costs.B, costs.I, costs.W, 0.0, 0.0, 0.0, 0.0]  # by id & 7 (-1 & 7 = 7)
+    one_stage = 8 * program.mb_stride
+    per_stage = {stage * 8 + _COMPUTE_NAMES.index(kind): cost
+                 for (stage, kind), cost in costs.per_stage.items()}  # codes 0..3 are F, B, I, W
+    result = []
+    for steps, ids in zip(program.steps, program.ids):
+        if per_stage:
+            row = [per_stage.get((k // one_stage) * 8 + (k & 7), table[k & 7]) if k >= 0
+                   else 0.0 for k in ids]
+        else:
+            row = [table[k & 7] for k in ids]
+        if -1 in ids:  # FSDP or composite steps
+            for i in [i for i, step in enumerate(steps) if step.sub_steps]:
+                row[i] = costs.cost_of(steps[i])
+        result.append(row)
+    return result
+
+
+_ACTIVATIONS = (1, -1, 0, -1, 0, 0, 0, 0)  # by step code: F holds one, B or W frees it
+
+
+def _peak_inflight(program: Program, rank: int) -> int:
+    """Running maximum of +1 per F end and -1 per B or W end, in the rank's order."""
+    ids = program.ids[rank]
+    if -1 in ids and any(s.sub_steps for s in program.steps[rank]):
+        changes = [_ACTIVATIONS[CODES[leaf.kind]] for s in program.steps[rank]
+                   for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
+                   if leaf.kind in CODES]  # an overlap's forward counts first
+    else:
+        changes = [_ACTIVATIONS[k & 7] for k in ids]  # -1 & 7 is 7: FSDP steps count 0
+    return max(accumulate(changes, initial=0))
+
+
+def _result(plan: Plan, semantics: str, costs: Costs, outcome: Outcome,
+            durations: list[list[float]]) -> SimResult:
+    program = outcome.program
+    makespan = max((ends[-1] for ends in outcome.end if ends), default=0.0)
+    per_rank = []
+    for rank, row in enumerate(durations):
+        busy = math.fsum(row)
+        idle = max(makespan - busy, 0.0)
+        per_rank.append(RankStats(
+            rank, busy, idle, idle / makespan if makespan else 0.0, _ratio(idle, busy),
+            _peak_inflight(program, rank)))
+    busy = math.fsum(r.busy for r in per_rank)
+    idle = math.fsum(r.idle for r in per_rank)
+    span = makespan * len(per_rank)
+    return SimResult(plan, semantics, costs, makespan, per_rank,
+                     idle / span if span else 0.0, _ratio(idle, busy), outcome)
+
+
+def _ratio(idle: float, busy: float) -> float:
+    """idle / busy; a rank with idle time and no work has an infinite ratio."""
+    if busy:
+        return idle / busy
+    return math.inf if idle else 0.0
