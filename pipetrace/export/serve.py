@@ -1,0 +1,100 @@
+"""Serve one trace file once on 127.0.0.1 so that ui.perfetto.dev can open it by URL.
+
+The UI fetches ``http://127.0.0.1:PORT/NAME`` from the browser: the server answers the
+CORS preflight (including Chrome's private-network access), sends the file, and stops. The
+UI's content security policy only allows port 9001 (the port `trace_processor --httpd` and
+Perfetto's own ``open_trace_in_ui`` use), hence the default.
+"""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Callable
+
+from pipetrace.errors import PipetraceError
+
+UI_ORIGIN = "https://ui.perfetto.dev"
+DEFAULT_PORT = 9001
+
+
+def ui_link(port: int, name: str, origin: str = UI_ORIGIN) -> str:
+    return f"{origin}/#!/?url=http://127.0.0.1:{port}/{urllib.parse.quote(name)}"
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _OneShotServer
+
+    def _cors(self) -> None:
+        self.send_header("Access-Control-Allow-Origin", self.server.origin)
+        self.send_header("Access-Control-Allow-Methods", "GET, HEAD, OPTIONS")
+        self.send_header("Access-Control-Allow-Headers", "*")
+        self.send_header("Access-Control-Allow-Private-Network", "true")
+        self.send_header("Cache-Control", "no-cache")
+
+    def do_OPTIONS(self) -> None:  # noqa: N802 (http.server's naming)
+        self.send_response(204)
+        self._cors()
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _file(self, body: bool) -> None:
+        wanted = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        if wanted != "/" + self.server.path.name:
+            self.send_error(404, "not the exported trace")
+            return
+        size = self.server.path.stat().st_size
+        self.send_response(200)
+        self._cors()
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(size))
+        self.end_headers()
+        if body:
+            with open(self.server.path, "rb") as f:
+                shutil.copyfileobj(f, self.wfile, 1 << 20)
+            self.server.served = True
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._file(body=True)
+
+    def do_HEAD(self) -> None:  # noqa: N802
+        self._file(body=False)
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet: the CLI says what matters
+        pass
+
+
+class _OneShotServer(http.server.HTTPServer):
+    def __init__(self, path: Path, port: int, origin: str) -> None:
+        self.path = path
+        self.origin = origin
+        self.served = False
+        super().__init__(("127.0.0.1", port), _Handler)
+
+
+def serve_once(path: str | Path, *, port: int = DEFAULT_PORT, timeout: float = 300.0, origin: str = UI_ORIGIN,
+               ready: Callable[[str], None] | None = None) -> bool:  # fmt: skip
+    """Serve ``path`` until it has been downloaded once, or ``timeout`` seconds passed.
+
+    ``ready(link)`` is called once the server listens, with the UI link to open (port 0
+    picks a free port, for tests). Returns True when the file was served. Ctrl-C raises
+    KeyboardInterrupt after closing the socket.
+    """
+    path = Path(path)
+    try:
+        server = _OneShotServer(path, port, origin)
+    except OSError as exc:
+        raise PipetraceError(
+            f"cannot serve on 127.0.0.1:{port} ({exc.strerror}); is another trace server running? "
+            "Stop it, or pass --port (ui.perfetto.dev itself only fetches from port 9001)") from None
+    with server:
+        server.timeout = 0.25
+        if ready is not None:
+            ready(ui_link(server.server_address[1], path.name, origin))
+        deadline = time.monotonic() + timeout
+        while not server.served and time.monotonic() < deadline:
+            server.handle_request()
+    return server.served

@@ -1,0 +1,127 @@
+"""`pipetrace export` end to end: files, names, errors, and serving the trace once."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import urllib.request
+
+import orjson
+import pytest
+
+from pipetrace.cli import main
+from pipetrace.export import default_output
+
+from .decode import decode_perfetto
+
+
+@pytest.fixture(scope="module")
+def run_dir(recorded):
+    return recorded("deadlock").path
+
+
+def test_default_output_is_next_to_the_run(run_dir, tmp_path, capsys):
+    target = tmp_path / "copy"
+    subprocess.run(["cp", "-r", str(run_dir), str(target)], check=True)
+    assert main(["export", str(target) + "/"]) == 0
+    out = tmp_path / "copy.pftrace"
+    assert out.exists() and default_output(str(target) + "/") == out
+    decoded = decode_perfetto(out.read_bytes())
+    assert decoded.slices
+    stdout = capsys.readouterr().out
+    assert f"wrote {out}" in stdout and "ui.perfetto.dev" in stdout
+    assert int(re.search(r"(\d+) findings", stdout).group(1)) >= 2  # the deadlock and the unmatched recv
+    assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file
+
+
+def test_chrome_json_and_output_option(run_dir, tmp_path):
+    out = tmp_path / "t.json"
+    assert main(["export", str(run_dir), "--format", "chrome-json", "-o", str(out), "--no-findings"]) == 0
+    doc = orjson.loads(out.read_bytes())
+    assert any(e["ph"] == "X" for e in doc["traceEvents"])
+    assert not any(e.get("name", "").startswith("error:") for e in doc["traceEvents"])
+
+
+def _corrupt_meta(d):
+    d.mkdir()
+    (d / "meta.json").write_text("{not json")
+
+
+def _not_a_run(d):
+    d.mkdir()
+    (d / "meta.json").write_text('{"format": "something-else", "schema_version": 1}')
+
+
+def _no_logs(d):
+    d.mkdir()
+    (d / "meta.json").write_text('{"format": "pipetrace-run", "schema_version": 1, "world_size": 2}')
+
+
+@pytest.mark.parametrize("make", [None, lambda d: d.mkdir(), _corrupt_meta, _not_a_run, _no_logs,
+                                  lambda d: d.write_text("a file")])  # fmt: skip
+def test_unusable_input_is_one_line_and_exit_2(tmp_path, capsys, make):
+    d = tmp_path / "run"
+    if make is not None:
+        make(d)
+    assert main(["export", str(d)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pipetrace: error:") and "Traceback" not in err[0]
+    assert not (tmp_path / "run.pftrace").exists()
+
+
+def test_unwritable_output_is_a_clean_error(run_dir, tmp_path, capsys):
+    assert main(["export", str(run_dir), "-o", str(tmp_path / "missing" / "t.pftrace")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_open_serves_the_file_once(run_dir, tmp_path):
+    out = tmp_path / "served.pftrace"
+    proc = subprocess.Popen([sys.executable, "-m", "pipetrace", "export", str(run_dir), "-o", str(out), "--open",
+                             "--port", "0", "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        link = ""
+        while not link:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            if line.startswith("open https://ui.perfetto.dev/#!/?url="):
+                link = line.split()[1]
+        url = link.split("url=", 1)[1]
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/served\.pftrace", url)
+        preflight = urllib.request.Request(url, method="OPTIONS", headers={
+            "Origin": "https://ui.perfetto.dev", "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Private-Network": "true"})  # fmt: skip
+        with urllib.request.urlopen(preflight, timeout=10) as r:
+            assert r.headers["Access-Control-Allow-Origin"] == "https://ui.perfetto.dev"
+            assert r.headers["Access-Control-Allow-Private-Network"] == "true"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.headers["Access-Control-Allow-Origin"] == "https://ui.perfetto.dev"
+            assert r.read() == out.read_bytes()
+        assert proc.wait(10) == 0  # it stops after serving once
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_open_gives_up_after_the_timeout(run_dir, tmp_path, capsys):
+    from pipetrace.export.serve import serve_once
+
+    links = []
+    out = tmp_path / "t.pftrace"
+    out.write_bytes(b"x")
+    assert serve_once(out, port=0, timeout=0.3, ready=links.append) is False
+    assert links and links[0].endswith("/t.pftrace")
+
+
+def test_failing_analyzers_do_not_stop_the_export(run_dir, tmp_path, capsys, monkeypatch):
+    import pipetrace.analyze.analysis as analysis
+
+    def broken(run):
+        raise ValueError("analyzer bug")
+
+    monkeypatch.setattr(analysis, "analyze", broken)
+    out = tmp_path / "t.pftrace"
+    assert main(["export", str(run_dir), "-o", str(out)]) == 0
+    assert "analyzers failed (ValueError: analyzer bug)" in capsys.readouterr().err
+    assert not [i for i in decode_perfetto(out.read_bytes()).instants if i.name.startswith("error:")]
