@@ -1,0 +1,234 @@
+"""The public API for user scripts: run your own model with a pipeline schedule.
+
+Typical use under torchrun (each process runs the same script)::
+
+    import torch
+    from pipetrace.runtime.api import PipelineRunner
+
+    model = torch.nn.Sequential(...)            # the whole model, same init on every rank
+    runner = PipelineRunner(model, schedule="1f1b", num_microbatches=8, loss_fn=my_loss)
+    optimizer = torch.optim.SGD(runner.parameters(), lr=0.1)
+    for inputs, targets in data:
+        loss = runner.step(inputs, targets)      # forward + backward of all micro-batches
+        optimizer.step()
+        optimizer.zero_grad()
+    runner.close()
+
+The process group is the one the script initialised, or, if none, one made from torchrun's
+environment with gloo on CPU and NCCL on CUDA (chosen from the model's device). Multi-node
+jobs are plain torchrun jobs; nothing here is specific to one machine.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
+from pipetrace.runtime.executor import CustomFunction, Executor, StepContext
+from pipetrace.runtime.p2p import P2P, TensorMeta
+from pipetrace.runtime.split import split_sequential, stages_of_rank
+from pipetrace.runtime.stage import LossFn, PipelineStage
+from pipetrace.schedule.builders import build_plan, resolve_schedule_name
+from pipetrace.schedule.ir import Plan, StepKind
+from pipetrace.schedule.lowering import lower
+
+__all__ = ["PipelineRunner", "StepContext", "TensorMeta", "init_distributed"]
+
+Batch = torch.Tensor | Sequence[torch.Tensor] | None
+
+
+def init_distributed(device: torch.device | str, *, timeout: float = 60.0) -> None:
+    """Initialise the default process group from torchrun's environment variables
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with NCCL for a CUDA device and gloo
+    otherwise. ``timeout`` bounds how long any rank waits on a peer."""
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+class PipelineRunner:
+    """This rank's part of a pipeline: its stages, its plan, its messages.
+
+    ``model`` is the whole model as an ``nn.Sequential`` (split into the plan's stages), a
+    sequence with one module per stage, or a mapping ``{stage: module}`` of only the stages
+    this rank holds (so that big models need not be built whole on every rank).
+    ``schedule`` is a built-in name (with ``num_microbatches``) or a `Plan`; a plan without
+    messages is lowered here. ``group`` is the pipeline's process group (default: the world);
+    ranks in the plan are ranks in that group. ``tensor_meta`` gives message shapes up front
+    (see `P2P`); it must be the same on every rank.
+
+    The last stage backpropagates ``loss_fn(output, target) / M`` for each micro-batch, so
+    after `step` the gradients are those of the mean loss over the whole batch.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | Sequence[torch.nn.Module] | Mapping[int, torch.nn.Module],
+        *,
+        schedule: str | Plan,
+        loss_fn: LossFn,
+        num_microbatches: int | None = None,
+        stages_per_rank: int | None = None,
+        overlap_p2p: bool = False,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        recorder: RecorderHooks | None = None,
+        tensor_meta: dict[tuple[str, int], TensorMeta] | None = None,
+        timeout: float = 60.0,
+        run_config: dict[str, Any] | None = None,
+    ) -> None:
+        if device is None:
+            device = _device_of(model)
+        self.device = torch.device(device)
+        if not dist.is_initialized():
+            init_distributed(self.device, timeout=timeout)
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.plan = _resolve_plan(schedule, dist.get_world_size(group), num_microbatches, stages_per_rank)
+        modules = _stage_modules(model, self.plan, self.rank)
+        num_stages = self.plan.num_stages
+        self.stages = {
+            index: PipelineStage(
+                module,
+                stage_index=index,
+                num_stages=num_stages,
+                loss_fn=loss_fn if index == num_stages - 1 else None,
+            )
+            for index, module in modules.items()
+        }
+        self.recorder: RecorderHooks = recorder if recorder is not None else NullRecorder()
+        needs_p2p = any(step.is_comm for step in self.plan.steps(self.rank))
+        p2p = None
+        if needs_p2p:
+            p2p = P2P(
+                num_stages=num_stages,
+                device=self.device,
+                recorder=self.recorder,
+                overlap=overlap_p2p,
+                group=group,
+                known=tensor_meta,
+            )
+        self.executor = Executor(
+            plan=self.plan, rank=self.rank, stages=self.stages, p2p=p2p, recorder=self.recorder
+        )
+        self._failure: BaseException | None = None
+        self._closed = False
+        config = {"overlap_p2p": overlap_p2p, "device": str(self.device), **(run_config or {})}
+        self.recorder.begin_run(
+            rank=dist.get_rank(), world_size=dist.get_world_size(), plan=self.plan, config=config
+        )
+
+    @property
+    def stage_modules(self) -> dict[int, torch.nn.Module]:
+        """The modules of the stages this rank holds, by stage index."""
+        return {index: stage.module for index, stage in self.stages.items()}
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """This rank's parameters (give them to the optimizer)."""
+        for stage in self.stages.values():
+            yield from stage.module.parameters()
+
+    def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
+        """Replace the handler of a step kind with ``fn(step, context)`` (see `StepContext`)."""
+        self.executor.register_custom_function(kind, fn)
+
+    def step(self, inputs: Batch = None, targets: Batch = None) -> float | None:
+        """Forward and backward of one batch, split into the plan's micro-batches along
+        dim 0 (or given already split, as a sequence of M tensors). Only the rank holding
+        stage 0 needs ``inputs`` and only the one holding the last stage needs ``targets``.
+        Returns the mean micro-batch loss on the last stage's rank, None on the others.
+        Gradients accumulate: zero them between steps."""
+        try:
+            num = self.plan.num_microbatches
+            if inputs is None and 0 in self.stages:
+                raise ValueError(f"rank {self.rank} holds stage 0: step() needs the inputs")
+            return self.executor.run_iteration(_split(inputs, num, "inputs") or (), _split(targets, num, "targets"))
+        except BaseException as exc:
+            self._failure = exc
+            self.recorder.exception(exc)
+            raise
+
+    def close(self) -> None:
+        """Stop the overlap thread and close the recording (cleanly, if nothing failed)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.executor.close()
+        if self._failure is None:
+            self.recorder.end_run()
+
+    def __enter__(self) -> PipelineRunner:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None and self._failure is None:
+            self._failure = exc
+            self.recorder.exception(exc)
+        self.close()
+
+
+def _device_of(model: Any) -> torch.device:
+    modules = model.values() if isinstance(model, Mapping) else [model] if isinstance(model, torch.nn.Module) else model
+    for module in modules:
+        for param in module.parameters():
+            return param.device
+    return torch.device("cpu")
+
+
+def _resolve_plan(
+    schedule: str | Plan, num_ranks: int, num_microbatches: int | None, stages_per_rank: int | None
+) -> Plan:
+    if isinstance(schedule, Plan):
+        plan = schedule
+        if plan.num_ranks != num_ranks:
+            raise ValueError(f"the plan is for {plan.num_ranks} ranks but the group has {num_ranks}")
+        return plan if plan.has_comms() or num_ranks == 1 else lower(plan)
+    if num_microbatches is None:
+        raise ValueError("give num_microbatches with a schedule name")
+    return build_plan(
+        resolve_schedule_name(schedule),
+        num_ranks=num_ranks,
+        num_microbatches=num_microbatches,
+        stages_per_rank=stages_per_rank,
+        comms=True,
+    )
+
+
+def _stage_modules(
+    model: torch.nn.Module | Sequence[torch.nn.Module] | Mapping[int, torch.nn.Module],
+    plan: Plan,
+    rank: int,
+) -> dict[int, torch.nn.Module]:
+    if isinstance(model, torch.nn.Sequential):
+        return stages_of_rank(split_sequential(model, plan.num_stages), plan, rank)
+    if isinstance(model, Mapping):
+        expected = plan.stages_of(rank)
+        if sorted(model) != expected:
+            raise ValueError(f"rank {rank} holds stages {expected}; got modules for {sorted(model)}")
+        return dict(model)
+    if isinstance(model, torch.nn.Module):
+        raise TypeError("give a whole model as nn.Sequential, or one module per stage")
+    return stages_of_rank(list(model), plan, rank)
+
+
+def _split(batch: Batch, num: int, what: str) -> Sequence[torch.Tensor] | None:
+    if batch is None or not isinstance(batch, torch.Tensor):
+        if batch is not None and len(batch) != num:
+            raise ValueError(f"{what}: expected {num} micro-batches, got {len(batch)}")
+        return batch
+    size, rest = divmod(batch.shape[0], num)
+    if rest or not size:
+        raise ValueError(
+            f"{what}: a batch of {batch.shape[0]} samples does not split into {num} equal "
+            "micro-batches; make the batch size a multiple of the micro-batch count"
+        )
+    return batch.split(size)

@@ -1,0 +1,318 @@
+"""Runs one rank's plan, step by step, for one iteration at a time.
+
+The plan is compiled once into a list of (position, step, handler): the per-step cost is a
+tuple unpack, a call, and the two recorder hooks (no-ops with `NullRecorder`). Handlers are
+looked up by step kind, and `register_custom_function` replaces one.
+
+Data moves between steps through four mailboxes keyed by (stage, micro-batch): a stage's
+input activation, its output activation waiting for SEND_F, the gradient of its output, and
+its input gradient waiting for SEND_B. When the neighbouring stage lives on the same rank (the
+turn of a V placement) the producing step fills the consumer's mailbox directly and the plan
+holds no message for it.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
+from pipetrace.runtime import fsdp
+from pipetrace.runtime.config import CustomFunction
+from pipetrace.runtime.p2p import P2P, PendingRecv
+from pipetrace.runtime.stage import PipelineStage
+from pipetrace.schedule.ir import Plan, Step, StepKind
+
+Handler = Callable[[int, Step], None]  # (position in the rank's plan, step)
+
+
+@dataclass
+class StepContext:
+    """What a custom step function sees; updated in place at each iteration.
+
+    ``default(step)`` runs the built-in handler, for functions that wrap rather than replace.
+    """
+
+    plan: Plan
+    """The whole schedule (all ranks)."""
+    rank: int
+    """This rank's index in the plan."""
+    stages: dict[int, PipelineStage]
+    """The stages this rank holds, by stage index."""
+    default: Callable[[Step], None]
+    """Runs the built-in handler for a step."""
+    position: int = -1
+    """The position of the current step in this rank's plan (bubbles excluded)."""
+    iteration: int = -1
+    """The current iteration, from 0."""
+    inputs: Sequence[torch.Tensor] = ()
+    """This iteration's micro-batch inputs (used by stage 0)."""
+    targets: Sequence[torch.Tensor] | None = None
+    """This iteration's micro-batch targets (used by the last stage's loss)."""
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Micro-batch -> loss, filled as the last stage's forwards run (on its rank only)."""
+
+
+class Executor:
+    """Executes ``plan.ranks[rank]`` over the given stages.
+
+    ``p2p`` may be None when the plan holds no messages for this rank (e.g. one rank).
+    """
+
+    def __init__(
+        self,
+        *,
+        plan: Plan,
+        rank: int,
+        stages: dict[int, PipelineStage],
+        p2p: P2P | None,
+        recorder: RecorderHooks | None = None,
+    ) -> None:
+        expected = set(plan.stages_of(rank))
+        if set(stages) != expected:
+            raise ValueError(f"rank {rank} holds stages {sorted(expected)}, got {sorted(stages)}")
+        self.plan = plan
+        self.rank = rank
+        self.stages = stages
+        self.p2p = p2p
+        self.recorder: RecorderHooks = recorder if recorder is not None else NullRecorder()
+        self._placement = plan.placement
+        self._last_stage = plan.num_stages - 1
+        self._loss_scale = 1.0 / plan.num_microbatches
+        self._fsdp = fsdp.FsdpSteps(stages)
+        self._builtin: dict[StepKind, Handler] = {
+            StepKind.F: self._forward,
+            StepKind.B: self._backward,
+            StepKind.I: self._backward_input,
+            StepKind.W: self._backward_weight,
+            StepKind.SEND_F: self._send_f,
+            StepKind.SEND_B: self._send_b,
+            StepKind.RECV_F: self._recv_f,
+            StepKind.RECV_B: self._recv_b,
+            StepKind.UNSHARD: self._fsdp.unshard,
+            StepKind.RESHARD: self._fsdp.reshard,
+            StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
+            StepKind.OVERLAP_F_B: self._overlap,
+        }
+        self._handlers = dict(self._builtin)
+        self.context = StepContext(plan, rank, stages, self._run_default)
+        if self._last_stage in stages:
+            self.context.losses = stages[self._last_stage].losses
+        self._steps = plan.steps(rank)
+        if p2p is None and any(step.is_comm for step in self._steps):
+            raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
+        self._program: list[tuple[int, Step, Handler]] = []
+        self._compile()
+        self._pool: ThreadPoolExecutor | None = None
+        self._iteration = -1
+        self._failed: BaseException | None = None
+        # Mailboxes, keyed by (stage, micro-batch); values may be PendingRecv in overlap mode.
+        self._act_in: dict[tuple[int, int], Any] = {}
+        self._act_out: dict[tuple[int, int], torch.Tensor] = {}
+        self._grad_in: dict[tuple[int, int], Any] = {}
+        self._grad_out: dict[tuple[int, int], torch.Tensor] = {}
+
+    # -- configuration ---------------------------------------------------------------------
+
+    def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
+        """Run ``fn(step, context)`` instead of the built-in handler for every step of
+        ``kind`` (sub-steps of OVERLAP_F_B composites included)."""
+        context = self.context
+
+        def handler(position: int, step: Step) -> None:
+            context.position = position
+            fn(step, context)
+
+        self._handlers[StepKind(kind)] = handler
+        self._compile()
+
+    def _compile(self) -> None:
+        handlers = self._handlers
+        self._program = [(position, step, handlers[step.kind]) for position, step in enumerate(self._steps)]
+
+    def _run_default(self, step: Step) -> None:
+        self._builtin[step.kind](self.context.position, step)
+
+    # -- one iteration ---------------------------------------------------------------------
+
+    def run_iteration(
+        self,
+        inputs: Sequence[torch.Tensor],
+        targets: Sequence[torch.Tensor] | None,
+    ) -> float | None:
+        """Run this rank's plan once; returns the mean micro-batch loss on the rank holding
+        the last stage, None elsewhere. Gradients accumulate into ``param.grad``.
+
+        After a failed iteration the executor refuses to run again: its mailboxes, its
+        in-flight messages and its peers are in unknown states.
+        """
+        if self._failed is not None:
+            raise RuntimeError(
+                f"rank {self.rank}: iteration {self._iteration} failed "
+                f"({type(self._failed).__name__}); build a new runner"
+            )
+        self._iteration += 1
+        context = self.context
+        context.iteration = self._iteration
+        context.inputs = inputs
+        context.targets = targets
+        recorder = self.recorder
+        recorder.begin_iteration(self._iteration)
+        for stage in self.stages.values():
+            stage.reset()
+        self._fsdp.begin_iteration()
+        if self.p2p is not None:
+            self.p2p.begin_iteration()
+        begin, end = recorder.begin_step, recorder.end_step
+        try:
+            for position, step, handler in self._program:
+                token = begin(position, step)
+                handler(position, step)
+                end(token)
+            if self.p2p is not None:
+                self.p2p.drain()
+            self._check_finished()
+        except BaseException as exc:
+            self._failed = exc
+            raise
+        losses = context.losses
+        loss = float(torch.stack(list(losses.values())).mean()) if losses else None
+        recorder.end_iteration(self._iteration, loss)
+        return loss
+
+    def _check_finished(self) -> None:
+        leftovers = {
+            "received activations never used": self._act_in,
+            "activations never sent": self._act_out,
+            "received gradients never used": self._grad_in,
+            "gradients never sent": self._grad_out,
+        }
+        problems = [f"{what}: {sorted(box)}" for what, box in leftovers.items() if box]
+        problems += [
+            f"stage {s} has {stage.pending()} micro-batch(es) without a finished backward"
+            for s, stage in self.stages.items()
+            if stage.pending()
+        ]
+        if problems:
+            raise RuntimeError(
+                f"rank {self.rank}: the plan left work unfinished after iteration "
+                f"{self._iteration}: " + "; ".join(problems)
+            )
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- compute ---------------------------------------------------------------------------
+
+    def _forward(self, position: int, step: Step) -> None:
+        s, mb = step.stage, step.microbatch
+        stage = self.stages[s]
+        if self._fsdp.pending:
+            self._fsdp.wait_unshard(s)
+        context = self.context
+        if s == 0:
+            x = context.inputs[mb]
+        else:
+            x = self._act_in.pop((s, mb))
+            if type(x) is PendingRecv:
+                x = x.wait()
+        if s == self._last_stage:
+            targets = context.targets
+            stage.forward(mb, x, None if targets is None else targets[mb], self._loss_scale)
+            return
+        out = stage.forward(mb, x)
+        if self._placement[s + 1] == self.rank:
+            self._act_in[(s + 1, mb)] = out
+        else:
+            self._act_out[(s, mb)] = out
+
+    def _output_grad(self, s: int, mb: int) -> torch.Tensor | None:
+        if s == self._last_stage:
+            return None
+        grad = self._grad_in.pop((s, mb))
+        if type(grad) is PendingRecv:
+            grad = grad.wait()
+        return grad
+
+    def _pass_input_grad(self, s: int, mb: int, dx: torch.Tensor | None) -> None:
+        if s == 0:
+            return
+        if self._placement[s - 1] == self.rank:
+            self._grad_in[(s - 1, mb)] = dx
+        else:
+            self._grad_out[(s, mb)] = dx  # type: ignore[assignment]
+
+    def _backward(self, position: int, step: Step) -> None:
+        s, mb = step.stage, step.microbatch
+        if self._fsdp.pending:
+            self._fsdp.wait_unshard(s)
+        dx = self.stages[s].backward(mb, self._output_grad(s, mb))
+        self._pass_input_grad(s, mb, dx)
+
+    def _backward_input(self, position: int, step: Step) -> None:
+        s, mb = step.stage, step.microbatch
+        if self._fsdp.pending:
+            self._fsdp.wait_unshard(s)
+        dx = self.stages[s].backward_input(mb, self._output_grad(s, mb))
+        self._pass_input_grad(s, mb, dx)
+
+    def _backward_weight(self, position: int, step: Step) -> None:
+        if self._fsdp.pending:
+            self._fsdp.wait_unshard(step.stage)
+        self.stages[step.stage].backward_weight(step.microbatch)
+
+    def _overlap(self, position: int, step: Step) -> None:
+        """OVERLAP_F_B: the forward on this thread, the backward on a worker thread, joined."""
+        forward = next(sub for sub in step.sub_steps if sub.kind is StepKind.F)
+        backward = next(sub for sub in step.sub_steps if sub is not forward)
+        if self._pool is None:
+            # torch.set_num_threads is per thread for MKL and OpenMP: a new thread would run
+            # its kernels with the library default (all cores), which on a shared CPU made
+            # the overlapped backward ~100x slower. Give it the caller's setting.
+            self._pool = ThreadPoolExecutor(
+                1,
+                thread_name_prefix=f"pipetrace-overlap-r{self.rank}",
+                initializer=torch.set_num_threads,
+                initargs=(torch.get_num_threads(),),
+            )
+        future = self._pool.submit(self._sub_step, position, backward, "overlap")
+        try:
+            self._sub_step(position, forward, "main")
+        finally:
+            backward_error = future.exception()
+        if backward_error is not None:
+            raise backward_error
+
+    def _sub_step(self, position: int, step: Step, thread: str) -> None:
+        token = self.recorder.begin_step(position, step, thread)
+        self._handlers[step.kind](position, step)
+        self.recorder.end_step(token)
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _send_f(self, position: int, step: Step) -> None:
+        s = step.stage
+        tensor = self._act_out.pop((s, step.microbatch))
+        self.p2p.send(step, tensor, peer=self._placement[s + 1], channel="F")  # type: ignore[union-attr]
+
+    def _send_b(self, position: int, step: Step) -> None:
+        s = step.stage
+        tensor = self._grad_out.pop((s, step.microbatch))
+        self.p2p.send(step, tensor, peer=self._placement[s - 1], channel="B")  # type: ignore[union-attr]
+
+    def _recv_f(self, position: int, step: Step) -> None:
+        s = step.stage
+        self._act_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
+            step, peer=self._placement[s - 1], channel="F", src_stage=s - 1
+        )
+
+    def _recv_b(self, position: int, step: Step) -> None:
+        s = step.stage
+        self._grad_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
+            step, peer=self._placement[s + 1], channel="B", src_stage=s + 1
+        )

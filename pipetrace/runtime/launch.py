@@ -1,0 +1,220 @@
+"""Start local ranks, collect what they report, and make sure none outlives the run.
+
+Each rank is a fresh Python process (``subprocess``, not ``multiprocessing``: no helper
+processes are left behind and the caller's ``__main__`` is not re-imported), joined to a gloo
+group on 127.0.0.1 through torch's env:// rendezvous on a free port picked here. A rank
+reads its `WorkerSpec` (pickled) from stdin and reports over a pipe of its own: losses as
+they happen, then its results or its error. This process never imports torch.
+
+Failure handling: when a rank fails, its peers usually fail within a second (gloo reports
+"connection closed" to anyone waiting on it); a peer blocked elsewhere fails at the
+process-group timeout at the latest. The launcher gives survivors ``kill_grace`` seconds
+after the first failure to exit on their own (so their recorders can log the error), then
+terminates and kills them. Ranks also ask Linux to kill them if the launcher dies.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection, wait
+from typing import Sequence, cast
+
+from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig, WorkerSpec
+from pipetrace.runtime.results import LaunchResult, RankFailure, describe_error
+from pipetrace.schedule.ir import StepKind
+
+_POLL_SECONDS = 0.1
+_REPORT_FD_ENV = "PIPETRACE_REPORT_FD"
+_SYS_PATH_ENV = "PIPETRACE_SYS_PATH"
+# A rank starts with the launcher's sys.path (as multiprocessing does), so that recorder
+# factories and custom functions defined next to the caller can be unpickled.
+_BOOTSTRAP = (
+    "import os, sys; sys.path[:0] = os.environ.pop('PIPETRACE_SYS_PATH').split(os.pathsep); "
+    "from pipetrace.runtime.launch import rank_main; rank_main()"
+)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (rank 0 binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(
+    cases: Sequence[RunConfig],
+    *,
+    make_recorder: RecorderFactory | None = None,
+    custom_functions: Sequence[tuple[StepKind | str, CustomFunction]] = (),
+    on_loss: LossCallback | None = None,
+    kill_grace: float = 5.0,
+) -> LaunchResult:
+    """Run ``cases`` one after the other on ``cases[0].world_size`` local ranks.
+
+    ``make_recorder`` and ``custom_functions`` go to every rank (see `WorkerSpec`; they
+    must be picklable). ``on_loss`` is called here as the reporting rank finishes each step.
+    """
+    world_size = cases[0].world_size
+    if any(case.world_size != world_size for case in cases):
+        raise ValueError(f"cases in one launch share one process group: {[c.world_size for c in cases]} processes")
+    spec = WorkerSpec(
+        tuple(cases),
+        make_recorder,
+        tuple((StepKind(kind), fn) for kind, fn in custom_functions),
+        threads_per_rank=max(1, (os.cpu_count() or 1) // world_size),
+    )
+    payload = pickle.dumps(spec)
+    port = free_port()
+    ranks: list[_Rank] = []
+    result = LaunchResult(world_size)
+    try:
+        for rank in range(world_size):
+            ranks.append(_Rank.start(rank, world_size, port))
+            result.pids.append(ranks[-1].process.pid)
+            ranks[-1].send_spec(payload)
+        _supervise(ranks, result, on_loss, kill_grace)
+    finally:
+        _stop(ranks)
+    result.failures.sort(key=lambda failure: failure.at)
+    return result
+
+
+class _Rank:
+    """One rank's process and the read end of its report pipe."""
+
+    def __init__(self, rank: int, process: subprocess.Popen, reports: Connection) -> None:
+        self.rank = rank
+        self.process = process
+        self.reports = reports
+
+    @classmethod
+    def start(cls, rank: int, world_size: int, port: int) -> _Rank:
+        read_fd, write_fd = os.pipe()
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world_size),
+            **{_REPORT_FD_ENV: str(write_fd), _SYS_PATH_ENV: os.pathsep.join(sys.path)},
+        )
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, env=env, pass_fds=(write_fd,)
+            )
+        finally:
+            os.close(write_fd)
+        return cls(rank, process, Connection(read_fd, writable=False))
+
+    def send_spec(self, payload: bytes) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(payload)
+        self.process.stdin.close()
+
+
+def _supervise(ranks: list[_Rank], result: LaunchResult, on_loss: LossCallback | None, kill_grace: float) -> None:
+    failed: dict[int, RankFailure] = {}
+    first_failure_at: float | None = None
+    open_pipes = {rank.reports: rank for rank in ranks}
+    while open_pipes or any(rank.process.poll() is None for rank in ranks):
+        ready: list[Connection] = []
+        if open_pipes:
+            ready = cast("list[Connection]", wait(list(open_pipes), timeout=_POLL_SECONDS))
+        else:
+            time.sleep(_POLL_SECONDS)
+        for pipe in ready:
+            rank = open_pipes[pipe]
+            try:
+                kind, payload = pipe.recv()
+            except (EOFError, OSError):  # the rank closed its pipe: it has said all it will
+                del open_pipes[pipe]
+                pipe.close()
+                continue
+            if kind == "loss":
+                if on_loss is not None:
+                    on_loss(*payload)
+            elif kind == "done":
+                result.results[rank.rank] = payload
+            elif kind == "error":
+                failed[rank.rank] = payload
+        now = time.time()
+        for rank in ranks:
+            code = rank.process.poll()
+            if code not in (None, 0) and rank.rank not in failed and rank.reports not in open_pipes:
+                failed[rank.rank] = RankFailure(rank.rank, _describe_exit(code), at=now)
+        if failed and first_failure_at is None:
+            first_failure_at = time.monotonic()
+        if first_failure_at is not None and time.monotonic() - first_failure_at > kill_grace:
+            first = min(failed.values(), key=lambda f: f.at)
+            for rank in ranks:
+                if rank.process.poll() is None and rank.rank not in failed:
+                    failed[rank.rank] = RankFailure(
+                        rank.rank, f"killed: still running {kill_grace:g} s after rank {first.rank} failed", at=now
+                    )
+            _stop(ranks)
+            for pipe in open_pipes:
+                pipe.close()
+            open_pipes.clear()
+    result.failures.extend(failed.values())
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code} without reporting an error"
+
+
+def _stop(ranks: list[_Rank], grace: float = 2.0) -> None:
+    """SIGTERM every live rank, SIGKILL what is left after ``grace`` seconds, reap all."""
+    for rank in ranks:
+        if rank.process.poll() is None:
+            rank.process.terminate()
+    deadline = time.monotonic() + grace
+    for rank in ranks:
+        try:
+            rank.process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            rank.process.kill()
+            rank.process.wait()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent (the launcher) dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def rank_main() -> None:
+    """Entry point of a rank process started by `launch`."""
+    _die_with_parent()
+    reports = Connection(int(os.environ.pop(_REPORT_FD_ENV)), readable=False)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
+        from pipetrace.runtime.worker import run_rank
+
+        results = run_rank(rank, world_size, spec, lambda *loss: reports.send(("loss", loss)))
+    except BaseException as exc:
+        reports.send(("error", RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time())))
+        reports.close()
+        sys.exit(1)
+    reports.send(("done", results))
+    reports.close()

@@ -1,0 +1,224 @@
+"""Point-to-point transfers between pipeline ranks over torch.distributed (gloo or NCCL).
+
+A message is one tensor: a stage's output activation for a micro-batch (channel ``F``) or a
+stage's input gradient (channel ``B``). The receiver must allocate the buffer before posting
+its recv, so the first message of each (channel, sending stage) is preceded by a small
+metadata tensor holding its dtype and shape; later messages reuse it. Shapes may also be
+given up front (``known``), which skips the exchange. Shapes must not change between
+micro-batches or iterations; the sender checks that and says so.
+
+Two modes:
+
+- plain: every send and recv waits where the plan puts it.
+- overlap (``overlap=True``): a recv is posted at its step and returned as a `PendingRecv`,
+  waited by the compute step that consumes it; sends are waited all together by `drain` at
+  the end of the iteration. gloo sends complete only once the peer has posted the matching
+  recv, so this is what lets a rank compute while its outgoing messages are in flight.
+
+Every data message is reported to the recorder when posted and when its wait returns; the
+metadata messages are not (they exist only in the first iteration).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.schedule.ir import Step
+
+# dtype <-> small integer for the metadata message.
+_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+)
+_MAX_DIMS = 8
+_META_LEN = 2 + _MAX_DIMS  # dtype code, number of dims, dims
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """Shape and dtype of the tensors on one (channel, sending stage) stream."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * self.dtype.itemsize
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+
+class PendingRecv:
+    """A posted recv; `wait` returns the received tensor (once) and reports completion."""
+
+    __slots__ = ("_work", "_buffer", "_token", "_recorder")
+
+    def __init__(self, work: Any, buffer: torch.Tensor, token: Any, recorder: RecorderHooks) -> None:
+        self._work = work
+        self._buffer = buffer
+        self._token = token
+        self._recorder = recorder
+
+    def wait(self) -> torch.Tensor:
+        self._work.wait()
+        self._recorder.p2p_completed(self._token)
+        return self._buffer
+
+
+class P2P:
+    """Sends and receives the messages of one rank's plan.
+
+    ``peers`` maps a pipeline rank (as in the plan) to the rank to address in ``group``; the
+    recorder is told pipeline ranks. Tags make each message unique within an iteration
+    (gloo matches by tag; NCCL ignores tags and relies on the plan posting messages in the
+    same order on both sides, which lowered plans guarantee).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_stages: int,
+        device: torch.device,
+        recorder: RecorderHooks,
+        overlap: bool = False,
+        group: dist.ProcessGroup | None = None,
+        known: dict[tuple[str, int], TensorMeta] | None = None,
+    ) -> None:
+        self.num_stages = num_stages
+        self.device = device
+        self.recorder = recorder
+        self.overlap = overlap
+        self.group = group
+        self._meta: dict[tuple[str, int], TensorMeta] = dict(known or {})
+        self._seq: dict[tuple[str, int, str], int] = {}
+        self._sends: list[tuple[Any, torch.Tensor, Any]] = []
+
+    def begin_iteration(self) -> None:
+        self._seq.clear()
+
+    def _tag(self, channel: str, src_stage: int, mb: int, meta: bool = False) -> int:
+        return (((mb * self.num_stages + src_stage) << 1 | (channel == "B")) << 1) | meta
+
+    def _next_seq(self, op: str, peer: int, channel: str) -> int:
+        key = (op, peer, channel)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        return seq
+
+    def send(self, step: Step, tensor: torch.Tensor, *, peer: int, channel: str) -> None:
+        """Send ``tensor`` for ``step`` (SEND_F or SEND_B of stage ``step.stage``)."""
+        src_stage, mb = step.stage, step.microbatch
+        assert src_stage is not None and mb is not None
+        key = (channel, src_stage)
+        tensor = tensor.contiguous()
+        meta = self._meta.get(key)
+        if meta is None:
+            meta = TensorMeta(tuple(tensor.shape), tensor.dtype)
+            self._meta[key] = meta
+            self._post_send(_encode_meta(meta, self.device), peer, self._tag(channel, src_stage, mb, True), None)
+        elif tensor.shape != meta.shape or tensor.dtype != meta.dtype:
+            raise RuntimeError(
+                f"{step}: stage {src_stage} {'output' if channel == 'F' else 'input gradient'} "
+                f"is {tuple(tensor.shape)} {tensor.dtype}, but earlier messages were "
+                f"{meta.shape} {meta.dtype}; shapes are exchanged once, so every micro-batch "
+                "must have the same shape (build a new runner for a new shape)"
+            )
+        token = self.recorder.p2p_posted(
+            op="send",
+            step=step,
+            peer=peer,
+            channel=channel,
+            seq=self._next_seq("send", peer, channel),
+            nbytes=meta.nbytes,
+            shape=meta.shape,
+            dtype=meta.dtype_name,
+        )
+        self._post_send(tensor, peer, self._tag(channel, src_stage, mb), token)
+
+    def _post_send(self, tensor: torch.Tensor, peer: int, tag: int, token: Any) -> None:
+        work = dist.isend(tensor, group=self.group, group_dst=peer, tag=tag)
+        if self.overlap:
+            self._sends.append((work, tensor, token))
+        else:
+            work.wait()
+            if token is not None:
+                self.recorder.p2p_completed(token)
+
+    def recv(
+        self, step: Step, *, peer: int, channel: str, src_stage: int
+    ) -> torch.Tensor | PendingRecv:
+        """Receive the message for ``step`` (RECV_F or RECV_B) sent by stage ``src_stage``.
+
+        Plain mode returns the tensor; overlap mode returns a `PendingRecv`.
+        """
+        mb = step.microbatch
+        assert mb is not None
+        key = (channel, src_stage)
+        meta = self._meta.get(key)
+        if meta is None:
+            header = torch.empty(_META_LEN, dtype=torch.int64, device=self.device)
+            tag = self._tag(channel, src_stage, mb, True)
+            dist.irecv(header, group=self.group, group_src=peer, tag=tag).wait()
+            meta = _decode_meta(header)
+            self._meta[key] = meta
+        buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
+        token = self.recorder.p2p_posted(
+            op="recv",
+            step=step,
+            peer=peer,
+            channel=channel,
+            seq=self._next_seq("recv", peer, channel),
+            nbytes=meta.nbytes,
+            shape=meta.shape,
+            dtype=meta.dtype_name,
+        )
+        work = dist.irecv(buffer, group=self.group, group_src=peer, tag=self._tag(channel, src_stage, mb))
+        if self.overlap:
+            return PendingRecv(work, buffer, token, self.recorder)
+        work.wait()
+        self.recorder.p2p_completed(token)
+        return buffer
+
+    def drain(self) -> None:
+        """Wait for every send still in flight (overlap mode); called at iteration end."""
+        sends, self._sends = self._sends, []
+        for work, _tensor, token in sends:
+            work.wait()
+            if token is not None:
+                self.recorder.p2p_completed(token)
+
+
+def _encode_meta(meta: TensorMeta, device: torch.device) -> torch.Tensor:
+    if len(meta.shape) > _MAX_DIMS:
+        raise RuntimeError(f"cannot send a {len(meta.shape)}-dim tensor; at most {_MAX_DIMS} dims")
+    if meta.dtype not in _DTYPES:
+        raise RuntimeError(f"cannot send dtype {meta.dtype}; supported: {', '.join(map(str, _DTYPES))}")
+    values = [_DTYPES.index(meta.dtype), len(meta.shape), *meta.shape]
+    values += [0] * (_META_LEN - len(values))
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _decode_meta(header: torch.Tensor) -> TensorMeta:
+    values = header.tolist()
+    ndim = values[1]
+    return TensorMeta(tuple(values[2 : 2 + ndim]), _DTYPES[values[0]])

@@ -1,0 +1,259 @@
+"""The runtime's pieces in one process: stages, the executor on one-rank plans (local
+hand-offs only, no process group), the custom function registry, FSDP steps on unsharded
+stages, the recorder calls, parity comparison and run configuration checks."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from runtime_helpers import ListRecorder
+
+from pipetrace.errors import PipetraceError
+from pipetrace.runtime import parity
+from pipetrace.runtime.config import DemoConfig, RunConfig
+from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
+from pipetrace.runtime.executor import Executor, StepContext
+from pipetrace.runtime.split import split_sequential, stages_of_rank
+from pipetrace.runtime.stage import PipelineStage
+from pipetrace.schedule.ir import B, F, I, Plan, Step, StepKind, W, format_step, overlap
+
+DEMO = DemoConfig(width=16, microbatch_size=4)
+
+
+def make_stages(num_stages: int, seed: int = 0) -> tuple[torch.nn.Sequential, dict[int, PipelineStage]]:
+    model = build_demo_model(num_stages, DEMO, seed=seed)
+    reference = copy.deepcopy(model)
+    chunks = split_sequential(model, num_stages)
+    stages = {
+        s: PipelineStage(chunk, stage_index=s, num_stages=num_stages, loss_fn=demo_loss if s == num_stages - 1 else None)
+        for s, chunk in enumerate(chunks)
+    }
+    return reference, stages
+
+
+def reference_step(model: torch.nn.Module, num_microbatches: int) -> tuple[float, dict[str, torch.Tensor]]:
+    inputs, targets = demo_batch(0, num_microbatches * DEMO.microbatch_size, DEMO, seed=0)
+    loss, grads = parity.reference_gradients(model, inputs, targets, demo_loss)
+    return loss.item(), grads
+
+
+def run_plan(rows: list[list[Step | None]], num_stages: int, num_microbatches: int, **kwargs) -> tuple[Executor, float | None]:
+    _, stages = make_stages(num_stages)
+    plan = Plan(num_microbatches, (0,) * num_stages, rows)
+    executor = Executor(plan=plan, rank=0, stages=stages, p2p=None, **kwargs)
+    inputs, targets = demo_batch(0, num_microbatches * DEMO.microbatch_size, DEMO, seed=0)
+    loss = executor.run_iteration(inputs.split(DEMO.microbatch_size), targets.split(DEMO.microbatch_size))
+    executor.close()
+    return executor, loss
+
+
+def assert_matches_reference(executor: Executor, loss: float | None, num_stages: int, num_microbatches: int) -> None:
+    reference, _ = make_stages(num_stages)
+    ref_loss, ref_grads = reference_step(reference, num_microbatches)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    report = parity.compare(
+        rank=0,
+        stage_modules={s: st.module for s, st in executor.stages.items()},
+        loss=loss,
+        reference_loss=torch.tensor(ref_loss, dtype=torch.float64),
+        reference_grads=ref_grads,
+        tolerance=1e-12,
+    )
+    assert report.ok, report.mismatches
+    assert report.compared == 1 + 2 * 2 * num_stages  # loss + (weight, bias) x 2 blocks per stage
+
+
+# A one-rank plan over 3 local stages with every compute kind, a composite and FSDP steps.
+MIXED_ROWS: list[list[Step | None]] = [
+    [
+        Step(StepKind.UNSHARD, 0),
+        F(0, 0), F(1, 0), F(2, 0), F(0, 1), F(1, 1),
+        overlap(F(2, 1), I(2, 0)),
+        W(2, 0), B(1, 0), I(0, 0), W(0, 0), B(2, 1), I(1, 1), W(1, 1), B(0, 1),
+        Step(StepKind.REDUCE_GRAD, 0), Step(StepKind.RESHARD, 0),
+    ]
+]  # fmt: skip
+
+
+def test_split_sequential_keeps_names_and_balances():
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(7)])
+    chunks = split_sequential(model, 3)
+    assert [len(c) for c in chunks] == [3, 2, 2]
+    assert [name for name, _ in chunks[1].named_parameters()] == ["3.weight", "3.bias", "4.weight", "4.bias"]
+    plan = Plan(1, (0, 1, 0), [[F(0, 0)], [F(1, 0)]])
+    assert list(stages_of_rank(chunks, plan, 0)) == [0, 2]
+    with pytest.raises(ValueError, match="at least one module per stage"):
+        split_sequential(model, 8)
+
+
+@pytest.mark.parametrize("stage_index", [0, 1, 2], ids=["first", "middle", "last"])
+def test_split_backward_equals_full_backward(stage_index):
+    """I then W gives the same input and weight gradients as one full backward."""
+    torch.manual_seed(stage_index)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8)).double()
+    twin = copy.deepcopy(module)
+    x, target, grad = (torch.randn(4, 8, dtype=torch.float64) for _ in range(3))
+    loss_fn = demo_loss if stage_index == 2 else None
+    split = PipelineStage(module, stage_index=stage_index, num_stages=3, loss_fn=loss_fn)
+    full = PipelineStage(twin, stage_index=stage_index, num_stages=3, loss_fn=loss_fn)
+    for mb in range(2):  # two micro-batches in flight, so state is kept per micro-batch
+        split.forward(mb, x + mb, target, 0.5)
+        full.forward(mb, x + mb, target, 0.5)
+    dx_split = [split.backward_input(mb, grad * (mb + 1)) for mb in range(2)]
+    for mb in range(2):
+        split.backward_weight(mb)
+    dx_full = [full.backward(mb, grad * (mb + 1)) for mb in range(2)]
+    for mine, theirs in zip(module.parameters(), twin.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=1e-14)
+    for a, b in zip(dx_split, dx_full):
+        if stage_index == 0:
+            assert a is None and b is None
+        else:
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-14)
+    assert split.pending() == full.pending() == 0
+
+
+class _Tied(torch.nn.Module):
+    """A weight used twice on the input's path, plus a parameter off that path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6, dtype=torch.float64)
+        self.offset = torch.nn.Parameter(torch.randn(6, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(torch.tanh(self.linear(x))) + 2 * self.offset
+
+
+class _Constant(torch.nn.Module):
+    """An output that does not depend on the input at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = torch.nn.Parameter(torch.randn(3, 6, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.value * 3
+
+
+@pytest.mark.parametrize("module_class", [_Tied, _Constant])
+def test_split_backward_handles_reuse_and_unused_input(module_class):
+    torch.manual_seed(1)
+    module = module_class()
+    twin = copy.deepcopy(module)
+    x, grad = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+    stage = PipelineStage(module, stage_index=1, num_stages=3)
+    stage.forward(0, x)
+    dx = stage.backward_input(0, grad)
+    stage.backward_weight(0)
+    x_ref = x.clone().requires_grad_(True)
+    twin(x_ref).backward(grad)
+    for mine, theirs in zip(module.parameters(), twin.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=1e-14)
+    expected_dx = x_ref.grad if x_ref.grad is not None else torch.zeros_like(x)
+    torch.testing.assert_close(dx, expected_dx, rtol=0, atol=1e-14)
+
+
+def test_one_rank_plan_with_composite_and_fsdp_steps_matches_reference():
+    """Local hand-offs, I/W, OVERLAP_F_B on two threads and FSDP steps (no-ops: nothing
+    is sharded) give the single-process gradients."""
+    executor, loss = run_plan(MIXED_ROWS, num_stages=3, num_microbatches=2)
+    assert_matches_reference(executor, loss, 3, 2)
+
+
+def test_recorder_sees_every_step_with_positions_and_threads():
+    recorder = ListRecorder()
+    rows: list[list[Step | None]] = [[MIXED_ROWS[0][0], None, *MIXED_ROWS[0][1:]]]  # with a bubble
+    run_plan(rows, num_stages=3, num_microbatches=2, recorder=recorder)
+    events = recorder.events
+    assert events[0] == {"event": "begin_iteration", "iteration": 0, "token": 1}
+    assert events[-1]["event"] == "end_iteration" and events[-1]["loss"] is not None
+    begins = [e for e in events if e["event"] == "begin_step"]
+    top = [e for e in begins if e["step"] != format_step(F(2, 1)) and e["step"] != format_step(I(2, 0))]
+    steps = [s for s in rows[0] if s is not None]
+    assert [e["position"] for e in top] == list(range(len(steps)))  # bubbles are not counted
+    assert [e["step"] for e in top] == [format_step(s) for s in steps]
+    composite = next(e for e in begins if e["step"].endswith("OVERLAP_F_B"))
+    subs = {e["step"]: e for e in begins if e["step"] in ("2F1", "2I0")}
+    assert subs["2F1"]["thread"] == "main" and subs["2I0"]["thread"] == "overlap"
+    assert subs["2F1"]["position"] == subs["2I0"]["position"] == composite["position"]
+    ended = {e["begin"] for e in events if e["event"] == "end_step"}
+    assert ended == {e["token"] for e in begins}
+
+
+def test_custom_function_registry_replaces_and_wraps_handlers():
+    _, stages = make_stages(3)
+    plan = Plan(2, (0, 0, 0), MIXED_ROWS)
+    executor = Executor(plan=plan, rank=0, stages=stages, p2p=None)
+    seen: list[tuple[str, int, int, int]] = []
+
+    def wrap_w(step: Step, context: StepContext) -> None:
+        assert context.plan is plan and context.rank == 0 and len(context.inputs) == 2
+        seen.append((format_step(step), context.position, context.iteration, len(context.losses)))
+        context.default(step)
+
+    def count_forward(step: Step, context: StepContext) -> None:
+        seen.append((format_step(step), context.position, context.iteration, -1))
+        context.default(step)
+
+    executor.register_custom_function(StepKind.W, wrap_w)
+    executor.register_custom_function("F", count_forward)  # also reaches the composite's F
+    executor.register_custom_function(StepKind.REDUCE_GRAD, lambda step, context: seen.append(("reduce", context.position, 0, 0)))
+    inputs, targets = demo_batch(0, 2 * DEMO.microbatch_size, DEMO, seed=0)
+    loss = executor.run_iteration(inputs.split(DEMO.microbatch_size), targets.split(DEMO.microbatch_size))
+    executor.close()
+    assert ("2W0", 7, 0, 2) in seen  # both last-stage losses exist by then
+    assert [s for s in seen if s[0] == "2F1"] == [("2F1", 6, 0, -1)]  # inside the composite
+    assert sum(1 for s in seen if s[0].endswith(("F0", "F1"))) == 6
+    assert ("reduce", 15, 0, 0) in seen
+    assert_matches_reference(executor, loss, 3, 2)
+
+
+def test_a_plan_that_leaves_work_undone_is_an_error_and_stops_the_executor():
+    rows: list[list[Step | None]] = [[F(0, 0), F(1, 0), B(1, 0)]]  # stage 0 never runs backward
+    _, stages = make_stages(2)
+    executor = Executor(plan=Plan(1, (0, 0), rows), rank=0, stages=stages, p2p=None)
+    inputs, targets = demo_batch(0, DEMO.microbatch_size, DEMO, seed=0)
+    with pytest.raises(RuntimeError, match=r"stage 0 has 1 micro-batch\(es\) without a finished backward"):
+        executor.run_iteration([inputs], [targets])
+    with pytest.raises(RuntimeError, match="iteration 0 failed .RuntimeError.; build a new runner"):
+        executor.run_iteration([inputs], [targets])
+
+
+def test_parity_compare_names_the_parameter_and_error():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3, dtype=torch.float64))
+    inputs, targets = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    ref_loss, ref_grads = parity.reference_gradients(copy.deepcopy(model), inputs, targets, demo_loss)
+    loss = demo_loss(model(inputs), targets)
+    loss.backward()
+    model[0].bias.grad[1] += 1e-3 * model[0].bias.grad.abs().max()
+    report = parity.compare(
+        rank=3, stage_modules={1: model}, loss=loss.item(), reference_loss=ref_loss, reference_grads=ref_grads
+    )
+    assert report.compared == 3
+    assert [m.what for m in report.mismatches] == ["gradient of 0.bias (stage 1)"]
+    assert report.mismatches[0].relative_error == pytest.approx(1e-3, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"ranks": 0}, "--ranks must be >= 1"),
+        ({"timeout": 0}, "--timeout must be > 0"),
+        ({"data_parallel": 2}, "needs --fsdp"),
+        ({"backend": "jax"}, "unknown --backend"),
+    ],
+)
+def test_run_config_rejects_bad_values(fields, message):
+    with pytest.raises(PipetraceError, match=message):
+        RunConfig(schedule="1f1b", **fields)
+
+
+def test_run_config_plan_errors_are_usage_errors():
+    with pytest.raises(PipetraceError, match="at least as many micro-batches") as info:
+        RunConfig(schedule="dualpipev", ranks=4, microbatches=4).plan()
+    assert info.value.exit_code == 2
+    plan = RunConfig(schedule="ScheduleZBVZeroBubble", ranks=2, microbatches=4).plan()
+    assert plan.name == "zbv" and plan.placement == (0, 1, 1, 0) and plan.has_comms()
