@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import Callable
 
 import click
@@ -24,10 +26,13 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     Examples:
       pipetrace run --schedule 1f1b --ranks 4 --microbatches 8
       pipetrace run -s zbv -p 4 -m 8 --overlap-p2p --check-parity
+      pipetrace run -s 1f1b -p 4 -m 8 --out run/ && pipetrace analyze run/
     """
     config = make_config(2)
     config.check_backend()
     plan = config.plan()
+    if config.out is None and config.record != "off":
+        config = dataclasses.replace(config, out=_default_run_dir(plan.name))
     click.echo(
         f"{plan.name}: {config.ranks} ranks, {plan.num_stages} stages on ranks "
         f"{','.join(map(str, plan.placement))}, {config.microbatches} micro-batches, "
@@ -38,12 +43,17 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     from pipetrace.runtime.launch import launch  # only the ranks it starts import torch
 
     result = launch([config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}"))
+    recorded = config.out is not None and config.record != "off"
     if result.failures:
         first, *others = result.failures
         click.echo(f"pipetrace: error: rank {first.rank} failed: {first.error}", err=True)
         for other in others:
             click.echo(f"  then rank {other.rank}: {other.error}", err=True)
+        if recorded:
+            click.echo(f"trace in {config.out}; diagnose with: pipetrace analyze {config.out}", err=True)
         return EXIT_PROBLEMS
+    if recorded:
+        click.echo(f"recorded to {config.out}; next: pipetrace analyze {config.out}")
     if config.check_parity:
         return _report_parity([cases[0].parity for _, cases in sorted(result.results.items())])
     return EXIT_OK
@@ -62,3 +72,7 @@ def _report_parity(reports: list[ParityReport]) -> int:
         f"({compared} quantities, max relative error {worst:.2g} <= {reports[0].tolerance:g})"
     )
     return EXIT_OK
+
+
+def _default_run_dir(schedule: str) -> str:
+    return f"runs/{schedule}-{time.strftime('%Y%m%d-%H%M%S')}"

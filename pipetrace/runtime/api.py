@@ -28,7 +28,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
+from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.runtime.executor import CustomFunction, Executor, StepContext
 from pipetrace.runtime.p2p import P2P, TensorMeta
 from pipetrace.runtime.split import split_sequential, stages_of_rank
@@ -105,7 +106,9 @@ class PipelineRunner:
             )
             for index, module in modules.items()
         }
-        self.recorder: RecorderHooks = recorder if recorder is not None else NullRecorder()
+        if recorder is None:  # PIPETRACE_DIR=run/ turns recording on in a user's script
+            recorder = torch_recorder(RecordSettings.from_env())
+        self.recorder: RecorderHooks = recorder
         needs_p2p = any(step.is_comm for step in self.plan.steps(self.rank))
         p2p = None
         if needs_p2p:
@@ -123,8 +126,9 @@ class PipelineRunner:
         self._failure: BaseException | None = None
         self._closed = False
         config = {"overlap_p2p": overlap_p2p, "device": str(self.device), **(run_config or {})}
+        # Pipeline ranks (in ``group``): the plan and P2P peers speak of those.
         self.recorder.begin_run(
-            rank=dist.get_rank(), world_size=dist.get_world_size(), plan=self.plan, config=config
+            rank=self.rank, world_size=dist.get_world_size(group), plan=self.plan, config=config
         )
 
     @property

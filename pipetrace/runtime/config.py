@@ -19,6 +19,7 @@ from pipetrace.schedule.ir import Plan, ScheduleError, Step, StepKind
 
 if TYPE_CHECKING:
     from pipetrace.recorder.hooks import RecorderHooks
+    from pipetrace.recorder.setup import RecordSettings
     from pipetrace.runtime.executor import StepContext
 
 RecorderFactory = Callable[[int, int], "RecorderHooks"]
@@ -74,6 +75,14 @@ class RunConfig:
     """Shard every stage with FSDP2 across the D replicas (adds UNSHARD/RESHARD/REDUCE_GRAD)."""
     learning_rate: float = 1.0
     """SGD learning rate."""
+    record: str = "steps"
+    """What the recorder writes to ``out``: "off", "steps" or "full" (adds P2P stacks)."""
+    stall_timeout: float = 30.0
+    """Seconds without progress before a rank's watchdog records a stall (0: no watchdog)."""
+    abort_timeout: float = 30.0
+    """Further seconds after a stall before the watchdog ends the rank (0: never)."""
+    torch_profiler: bool = False
+    """Also capture a torch.profiler trace per rank into ``out/profiler/``."""
     demo: DemoConfig = DemoConfig()
     """The demo model's size."""
 
@@ -94,6 +103,13 @@ class RunConfig:
                 "--data-parallel > 1 needs --fsdp (replicas keep in sync through FSDP's "
                 "gradient reduction; plain replicated data parallelism is not implemented)"
             )
+        if self.record not in ("off", "steps", "full"):
+            raise PipetraceError(f"--record must be off, steps or full, got {self.record!r}")
+        for flag, value in (("--stall-timeout", self.stall_timeout), ("--abort-timeout", self.abort_timeout)):
+            if value < 0:
+                raise PipetraceError(f"{flag} must be >= 0 seconds (0 turns it off), got {value}")
+        if self.torch_profiler and self.record == "off":
+            raise PipetraceError("--torch-profiler writes into the run directory: it needs recording on")
         if self.backend not in BACKENDS:
             raise PipetraceError(f"unknown --backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
 
@@ -121,6 +137,20 @@ class RunConfig:
     def check_backend(self) -> None:
         if self.backend == "mindspore":
             raise PipetraceError("the MindSpore backend is not available yet")
+
+    def record_settings(self) -> RecordSettings:
+        """The recorder settings of this run; without ``out`` (under torchrun), PIPETRACE_DIR
+        and the other PIPETRACE_* variables decide."""
+        from pipetrace.recorder.setup import RecordSettings
+
+        if self.out is None:
+            return RecordSettings.from_env()
+        return RecordSettings(
+            run_dir=self.out if self.record != "off" else None,
+            mode=self.record if self.record != "off" else "steps",
+            stall_timeout=self.stall_timeout,
+            abort_timeout=self.abort_timeout,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the recorder's run header."""
@@ -156,7 +186,11 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--stages-per-rank", "-v", type=int, default=None, help="Stages per rank V (interleaved-1f1b, zb1p; zbv and dualpipev use 2).")
     @click.option("--steps", "-n", type=int, default=3, show_default=True, help="Training iterations.")
     @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True, help="Framework that runs the plan.")
-    @click.option("--out", type=click.Path(file_okay=False), default=None, help="Run directory for recordings.")
+    @click.option("--out", "-o", type=click.Path(file_okay=False), default=None, help="Run directory for the recording.  [default: runs/SCHEDULE-TIME]")
+    @click.option("--record", type=click.Choice(["off", "steps", "full"]), default="steps", show_default=True, help="steps: every step, P2P op and lifecycle event; full: also the stack of each P2P post.")
+    @click.option("--stall-timeout", type=float, default=30.0, show_default=True, help="Seconds without progress before a rank records a stall with every thread's stack (0: off).")
+    @click.option("--abort-timeout", type=float, default=30.0, show_default=True, help="Further seconds after a stall before the watchdog ends the rank (0: never).")
+    @click.option("--torch-profiler", is_flag=True, help="Also capture a torch.profiler trace per rank into OUT/profiler/.")
     @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the model and the synthetic data.")
     @click.option("--overlap-p2p", is_flag=True, help="Post recvs early, wait them where consumed; drain sends at iteration end.")
     @click.option("--check-parity", is_flag=True, help="After step 1, compare loss and gradients with a single-process run.")
@@ -167,6 +201,7 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(schedule: str, ranks: int | None, microbatches: int, stages_per_rank: int | None,
                 steps: int, backend: str, out: str | None, seed: int, overlap_p2p: bool,
                 check_parity: bool, timeout: float, data_parallel: int, fsdp: bool,
+                record: str, stall_timeout: float, abort_timeout: float, torch_profiler: bool,
                 **kwargs: Any) -> Any:  # fmt: skip
         def make(default_ranks: int) -> RunConfig:
             return RunConfig(
@@ -183,6 +218,10 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 timeout=timeout,
                 data_parallel=data_parallel,
                 fsdp=fsdp,
+                record=record,
+                stall_timeout=stall_timeout,
+                abort_timeout=abort_timeout,
+                torch_profiler=torch_profiler,
             )
 
         return func(make_config=make, **kwargs)

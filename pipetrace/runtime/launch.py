@@ -82,8 +82,17 @@ def launch(
         _supervise(ranks, result, on_loss, kill_grace)
     finally:
         _stop(ranks)
-    result.failures.sort(key=lambda failure: failure.at)
+    result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
     return result
+
+
+# Errors a rank gets because a peer died: they say little about the cause, so a rank
+# that failed any other way is named first even if its failure was noticed a moment later.
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "killed: still running")
+
+
+def _is_consequence(failure: RankFailure) -> bool:
+    return any(marker in failure.error for marker in _PEER_LOST)
 
 
 class _Rank:

@@ -12,13 +12,16 @@ import copy
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 import click
 import torch
 import torch.distributed as dist
 
-from pipetrace.recorder.hooks import NullRecorder
+from pipetrace.recorder.format import PROFILER_DIR
+from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
+from pipetrace.recorder.setup import torch_recorder
 from pipetrace.runtime import parity
 from pipetrace.runtime.api import PipelineRunner, init_distributed
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
@@ -79,7 +82,7 @@ def _run_case(
         for module in modules.values():
             fully_shard(module, mesh=dp_mesh, reshard_after_forward=False)
 
-    recorder = spec.make_recorder(rank, world_size) if spec.make_recorder else NullRecorder()
+    recorder = _recorder_for(case, spec, rank, world_size, replica)
     runner = PipelineRunner(
         modules,
         schedule=plan,
@@ -97,6 +100,7 @@ def _run_case(
         batch = case.microbatches * case.demo.microbatch_size
         losses: list[float] = []
         report = None
+        profiler = _start_profiler(case) if replica == 0 else None
         for step in range(case.steps):
             inputs, targets = demo_batch(step, batch * replicas, case.demo, seed=case.seed)
             inputs, targets = inputs.to(device), targets.to(device)
@@ -122,7 +126,36 @@ def _run_case(
                 losses.append(loss)
                 if on_loss is not None:
                     on_loss(index, step, loss)
+        if profiler is not None:
+            _stop_profiler(profiler, case, rank)
     return CaseResult(losses if losses else None, report)
+
+
+def _recorder_for(case: RunConfig, spec: WorkerSpec, rank: int, world_size: int, replica: int) -> RecorderHooks:
+    """The rank's recorder: the spec's factory (tests), else the run's --out/--record.
+
+    With data parallelism only replica 0's pipeline is recorded: a trace holds one pipeline,
+    whose ranks are the first P global ranks (which clock alignment relies on)."""
+    if replica > 0:
+        return NullRecorder()
+    if spec.make_recorder is not None:
+        return spec.make_recorder(rank, case.ranks)
+    return torch_recorder(case.record_settings())
+
+
+def _start_profiler(case: RunConfig) -> torch.profiler.profile | None:
+    if not case.torch_profiler or not case.record_settings().enabled:
+        return None
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    profiler.start()
+    return profiler
+
+
+def _stop_profiler(profiler: torch.profiler.profile, case: RunConfig, rank: int) -> None:
+    profiler.stop()
+    directory = Path(case.record_settings().run_dir) / PROFILER_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(directory / f"rank-{rank:05d}.json"))
 
 
 @click.command()

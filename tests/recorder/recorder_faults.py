@@ -1,0 +1,22 @@
+"""Custom step functions that misbehave on purpose; imported by the rank processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from pipetrace.schedule.ir import Step
+
+
+def sigkill_rank1_in_iteration1(step: Step, ctx) -> None:
+    if ctx.rank == 1 and ctx.iteration == 1 and step.microbatch == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    ctx.default(step)
+
+
+def hang_rank2_in_iteration1(step: Step, ctx) -> None:
+    if ctx.rank == 2 and ctx.iteration == 1 and step.microbatch == 1:
+        while True:  # blocks forever inside a step: only the watchdog ends this
+            time.sleep(0.5)
+    ctx.default(step)
