@@ -170,7 +170,8 @@ class Recorder:
     def end_iteration(self, iteration: int, loss: float | None) -> None:
         self._in_iteration = False
         self._other(fmt.ITER_END, it=iteration, loss=loss)
-        self.flush()
+        if self._writer is not None:
+            self._writer.request_flush()
 
     @property
     def in_iteration(self) -> bool:

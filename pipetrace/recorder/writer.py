@@ -44,6 +44,7 @@ class EventWriter:
         self.events_written = 0
         self._write(orjson.dumps(header, option=orjson.OPT_APPEND_NEWLINE))
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(
             target=self._flush_periodically, args=(flush_interval,), name="pipetrace-flush", daemon=True
         )
@@ -78,8 +79,13 @@ class EventWriter:
             self._write(chunk)
             self.events_written += count
 
+    def request_flush(self) -> None:
+        """Flush soon on the background thread, off the caller's critical path."""
+        self._wake.set()
+
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.flush()
@@ -95,7 +101,9 @@ class EventWriter:
             view = view[written:]
 
     def _flush_periodically(self, interval: float) -> None:
-        while not self._stop.wait(interval):
+        while not self._stop.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
             try:
                 self.flush()
             except OSError:
