@@ -17,10 +17,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install --quiet -e '.[torch,tui,perfetto,test]'
 	touch $(STAMP)
 
+# Train the demo model on 4 local ranks with 1F1B (recorded, checked against a
+# single-process run), then explain the recording.
 demo: $(STAMP)
-	$(VENV)/bin/pipetrace schedule show 1f1b --ranks 4 --microbatches 8
-	$(VENV)/bin/pipetrace schedule verify 1f1b --ranks 4 --microbatches 8 --semantics rendezvous
-	$(VENV)/bin/pipetrace schedule simulate 1f1b --ranks 4 --microbatches 8
+	rm -rf $(DEMO_DIR)
+	$(VENV)/bin/pipetrace run --schedule 1f1b --ranks 4 --microbatches 8 --steps 3 --check-parity --out $(DEMO_DIR)
+	$(VENV)/bin/pipetrace analyze $(DEMO_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
