@@ -120,3 +120,102 @@ def _events(handle: Any, problems: LogProblems) -> Iterator[dict[str, Any]]:
                 problems.note_corrupt(line_number)
                 continue
             yield event
+
+
+# ---------------------------------------------------------------------------------------
+# Fast batched reading (the loader's path)
+# ---------------------------------------------------------------------------------------
+
+CHUNK_BYTES = 128 << 10  # small enough that a chunk's decoded dicts stay in cache (measured)
+
+
+def open_log(path: str | Path) -> tuple[dict[str, Any], Any, int]:
+    """Open one rank's log and check its header: (header, binary handle after line 1, header bytes).
+
+    Raises TraceFormatError for a missing or empty file, a non-header first line, or a
+    newer schema version.
+    """
+    path = Path(path)
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise TraceFormatError(f"{path}: missing event log") from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot open ({exc.strerror})") from None
+    try:
+        first = handle.readline(1 << 20)
+        if not first:
+            raise TraceFormatError(f"{path}: empty event log (the rank never started recording)")
+        try:
+            header = orjson.loads(first)
+        except orjson.JSONDecodeError:
+            raise TraceFormatError(f"{path}: line 1 is not a pipetrace header") from None
+        if not isinstance(header, dict):
+            raise TraceFormatError(f"{path}: line 1 is not a pipetrace header")
+        check_version(header, fmt.LOG_FORMAT, str(path))
+    except BaseException:
+        handle.close()
+        raise
+    return header, handle, len(first)
+
+
+def event_batches(
+    handle: Any, problems: LogProblems, *, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[tuple[list[Any], int]]:
+    """Stream a log (positioned after its header) as batches of decoded lines.
+
+    Yields ``(items, first_line_number)``: each batch is one `orjson.loads` of a whole chunk of
+    lines (turned into a JSON array), which costs far less per line than one call per line.
+    ``items[i]`` is line ``first_line_number + i``. A chunk that does not decode that way (a
+    corrupt line) is decoded line by line instead; an undecodable line is counted in
+    ``problems`` and stands as `SKIP` in ``items``. An unterminated unparsable last line is
+    reported as torn. Items are not validated here: they may be any JSON value.
+    """
+    loads = orjson.loads
+    decode_error = orjson.JSONDecodeError
+    line_number = 2  # line 1 is the header
+    rest = b""
+    with handle:
+        while True:
+            block = handle.read(chunk_bytes)
+            if not block:
+                break
+            data = rest + block if rest else block
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                continue
+            chunk, rest = data[:cut], data[cut + 1 :]
+            lines = chunk.count(b"\n") + 1
+            try:
+                items = loads(b"[" + chunk.replace(b"\n", b",") + b"]")
+                if len(items) != lines:  # e.g. a line holding "1,2": not one value per line
+                    raise ValueError
+            except (decode_error, ValueError):
+                items = _decode_lines(chunk.split(b"\n"), line_number, problems)
+            yield items, line_number
+            line_number += lines
+        if rest:
+            try:
+                items = [loads(rest)]
+            except decode_error:
+                problems.torn_last_line = True
+                items = []
+            if items:
+                yield items, line_number
+
+
+SKIP: Any = object()
+"""Stands for a line that could not be decoded (already counted as corrupt)."""
+
+
+def _decode_lines(lines: list[bytes], first: int, problems: LogProblems) -> list[Any]:
+    loads = orjson.loads
+    items: list[Any] = []
+    for offset, line in enumerate(lines):
+        try:
+            items.append(loads(line))
+        except orjson.JSONDecodeError:
+            problems.note_corrupt(first + offset)
+            items.append(SKIP)
+    return items

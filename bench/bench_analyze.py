@@ -1,0 +1,142 @@
+"""Analyzer throughput and memory on a synthetic run of any size.
+
+    .venv/bin/python bench/bench_analyze.py --ranks 1024 --events-per-rank 10000
+    .venv/bin/python bench/bench_analyze.py --ranks 64 --events-per-rank 2000   # quick
+
+Writes a synthetic run in the documented trace format (`pipetrace.analyze.synthetic`: a 1F1B
+schedule with P = --ranks, timed by the shared executor, every rank's log written exactly
+as the recorder writes it), then runs `pipetrace analyze RUN --json` end to end in a child
+process (interpreter start, imports, parallel loading, every analyzer, JSON output) and
+reports wall time, events per second, and peak memory: the child's own peak RSS and the peak
+of the sum over the child and its worker processes (sampled from /proc every 10 ms), each
+against the run's size on disk. Targets: >= 1M events/s, peak RSS <= 2x the files' size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                out.extend(int(c) for c in handle.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class TreeRss:
+    """Peak of the summed RSS of a process and its descendants, sampled."""
+
+    def __init__(self, pid: int, interval: float = 0.01) -> None:
+        self.pid, self.interval, self.peak_kb = pid, interval, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pids, frontier = [self.pid], [self.pid]
+            while frontier:
+                kids = [c for p in frontier for c in _children(p)]
+                pids += kids
+                frontier = kids
+            self.peak_kb = max(self.peak_kb, sum(_rss_kb(p) for p in pids))
+            self._stop.wait(self.interval)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak_kb
+
+
+def plan_size(ranks: int, events_per_rank: int) -> tuple[int, int]:
+    """Micro-batches and iterations of 1F1B so that a middle rank logs ~events_per_rank
+    events: per iteration it logs ~20 per micro-batch (begin/end of F, B and 4 comm steps,
+    plus each comm step's post/done)."""
+    microbatches = max(1, min(64, events_per_rank // 200))
+    iterations = max(1, round(events_per_rank / (20 * microbatches + 2)))
+    return microbatches, iterations
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--events-per-rank", type=int, default=10_000)
+    parser.add_argument("--run-dir", help="Where to write the run (default: a temporary directory).")
+    parser.add_argument("--keep", action="store_true", help="Keep the run directory.")
+    parser.add_argument("--reuse", action="store_true", help="Reuse --run-dir if it already holds a run.")
+    parser.add_argument("--workers", type=int, default=None, help="Passed to pipetrace analyze --workers.")
+    parser.add_argument("--repeat", type=int, default=1, help="Analyze this many times; report the best.")
+    args = parser.parse_args(argv)
+
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pipetrace-bench-"))
+    microbatches, iterations = plan_size(args.ranks, args.events_per_rank)
+    if not (args.reuse and (run_dir / "meta.json").exists()):
+        from pipetrace.analyze.synthetic import write_synthetic_run
+
+        start = time.perf_counter()
+        write_synthetic_run(run_dir, num_ranks=args.ranks, num_microbatches=microbatches,
+                            iterations=iterations, jitter=0.0, workers=os.cpu_count() or 1)  # fmt: skip
+        print(f"generated {run_dir} in {time.perf_counter() - start:.1f} s "
+              f"(1F1B, P={args.ranks}, M={microbatches}, {iterations} iterations)")  # fmt: skip
+    logs = sorted(run_dir.glob("rank-*.ndjson"))
+    size = sum(p.stat().st_size for p in logs)
+    events = 0
+    for p in logs:
+        with open(p, "rb") as handle:
+            events += sum(block.count(b"\n") for block in iter(lambda h=handle: h.read(1 << 24), b"")) - 1
+    print(f"run: {len(logs)} rank logs, {events:,} events, {size / 2**20:.1f} MiB")
+
+    command = [sys.executable, "-m", "pipetrace", "analyze", str(run_dir), "--json", "--no-segments"]
+    if args.workers is not None:
+        command += ["--workers", str(args.workers)]
+    best = None
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        sampler = TreeRss(child.pid)
+        _, ru = os.wait4(child.pid, 0)[1:]
+        wall = time.perf_counter() - start
+        tree_kb = sampler.stop()
+        child.returncode = 0
+        err = child.stderr.read().decode() if child.stderr else ""
+        result = (wall, ru.ru_maxrss, tree_kb, ru.ru_utime + ru.ru_stime)
+        if err.strip():
+            print(err.strip())
+        if best is None or wall < best[0]:
+            best = result
+    wall, parent_kb, tree_kb, cpu = best  # type: ignore[misc]
+    print(f"analyze: {wall:.2f} s wall, {cpu:.2f} s CPU (child + workers), "
+          f"{events / wall / 1e6:.2f} M events/s end to end")  # fmt: skip
+    print(f"peak RSS: analyzing process {parent_kb / 1024:.0f} MiB ({parent_kb * 1024 / size:.2f}x the logs), "
+          f"with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)")  # fmt: skip
+    if not args.keep and not args.run_dir:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Hangs and failures: rank_failed, and the wait-for graph behind deadlock and rank_stalled.
+
+A rank is *blocked* when its log ends (no run_end) with a P2P op posted and never done that
+it is waiting on: the op of its open SEND/RECV step, else the recv feeding its open compute
+step (overlap mode), else its oldest open op (e.g. sends drained at iteration end). A blocked
+rank waits for the op's peer, unless the peer already posted the counterpart (then the
+transfer itself is stuck: the chain ends there). Following these edges from every blocked
+rank ends either in a cycle (**deadlock**) or at a rank that is not blocked (**rank_stalled**):
+one still computing, failed, finished without posting the counterpart, or without a log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipetrace.analyze import findings as fk
+from pipetrace.analyze.derive import counterpart_text, message_identity
+from pipetrace.analyze.findings import Finding, StepRef
+from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
+
+_ALIVE_STATES = (RankState.STALLED, RankState.ABORTED, RankState.ENDED, RankState.SIGNALED, RankState.FAILED)
+
+
+@dataclass
+class Blocked:
+    rank: int
+    op_row: int
+    op: str  # "send" / "recv"
+    peer: int
+    step: str  # the SEND/RECV step that posted the op
+    blocking_step: str  # the open step the rank sits in (may be a compute step)
+    iteration: int
+    posted_ns: int
+    waits_for: int | None  # None: the counterpart was posted, the transfer is stuck
+    counterpart: str  # the step the peer must run
+    counterpart_state: str = ""  # set when the counterpart was already posted
+
+
+def blocked_ranks(run: Run) -> dict[int, Blocked]:
+    out: dict[int, Blocked] = {}
+    for rank in run.present_ranks:
+        if rank.status.state == RankState.FINISHED:
+            continue
+        b = _blocking_op(run, rank)
+        if b is not None:
+            out[rank.rank] = b
+    return out
+
+
+def _open_rows(rank: RankTimeline) -> np.ndarray:
+    return np.flatnonzero(rank.steps.end == OPEN)
+
+
+def _blocking_op(run: Run, rank: RankTimeline) -> Blocked | None:
+    p2p, steps, catalog = rank.p2p, rank.steps, run.catalog
+    open_ops = np.flatnonzero(p2p.done == OPEN)
+    open_steps = _open_rows(rank)
+    if not len(open_ops):
+        return _unposted(run, rank, open_steps)
+    open_codes = set(steps.code[open_steps].tolist())
+    src, mb = message_identity(rank, catalog)
+    chosen = None
+    # 1. the op posted by an open SEND/RECV step
+    for row in open_ops:
+        if int(p2p.code[row]) in open_codes:
+            chosen = row
+    blocking_step = None
+    if chosen is None:
+        # 2. a recv feeding an open compute step (same stage and micro-batch)
+        for srow in open_steps[::-1]:
+            code = int(steps.code[srow])
+            step = catalog.step(code)
+            if step is None:
+                continue
+            for leaf in step.leaves():
+                for row in open_ops:
+                    if p2p.op[row] == OP_SEND:
+                        continue
+                    rstep = catalog.step(int(p2p.code[row]))
+                    if rstep is not None and rstep.stage == leaf.stage and rstep.microbatch == leaf.microbatch:
+                        chosen, blocking_step = row, catalog.texts[code]
+                        break
+                if chosen is not None:
+                    break
+            if chosen is not None:
+                break
+    if chosen is None:
+        if len(open_steps) and np.isin(catalog.kind[steps.code[open_steps]], COMPUTE_CODES).any():
+            return None  # computing, its in-flight ops are not what it waits on
+        chosen = int(open_ops[np.argmin(p2p.post[open_ops])])
+    row = int(chosen)
+    text = catalog.texts[int(p2p.code[row])]
+    op = int(p2p.op[row])
+    waits_for: int | None = int(p2p.peer[row])
+    state = ""
+    counterpart = _counterpart_row(run, rank, row, int(src[row]), int(mb[row]))
+    if counterpart is not None:
+        other_rank, j = counterpart
+        state = "completed" if run.ranks[other_rank].p2p.done[j] != OPEN else "posted, not completed"
+        waits_for = None
+    return Blocked(
+        rank=rank.rank, op_row=row, op=OPS[op], peer=int(p2p.peer[row]), step=text,
+        blocking_step=blocking_step or text, iteration=int(p2p.it[row]), posted_ns=int(p2p.post[row]),
+        waits_for=waits_for, counterpart=counterpart_text(op, int(p2p.ch[row]), int(src[row]), int(mb[row])),
+        counterpart_state=state,
+    )  # fmt: skip
+
+
+def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked | None:
+    """An open SEND/RECV step that has not posted its op yet (e.g. still exchanging the
+    message's shape): the rank waits for the message the step names."""
+    catalog = run.catalog
+    for row in open_steps[::-1]:
+        code = int(rank.steps.code[row])
+        step = catalog.step(code)
+        if step is None or not step.is_comm or run.plan is None:
+            continue
+        kind = step.kind.value
+        channel = 0 if kind.endswith("F") else 1
+        op = OP_SEND if kind.startswith("SEND") else 1 - OP_SEND
+        direction = 1 if channel == 0 else -1
+        src = step.stage if op == OP_SEND else step.stage - direction  # type: ignore[operator]
+        other_stage = step.stage + direction if op == OP_SEND else src  # type: ignore[operator]
+        if not 0 <= other_stage < len(run.plan.placement):
+            continue
+        peer = run.plan.placement[other_stage]
+        iteration = int(rank.steps.it[row])
+        waits_for: int | None = peer
+        state = ""
+        if 0 <= peer < run.world_size and run.ranks[peer].present:
+            other = run.ranks[peer]
+            osrc, omb = message_identity(other, catalog)
+            op_table = other.p2p
+            hits = np.flatnonzero((op_table.op != op) & (op_table.peer == rank.rank) & (op_table.ch == channel)
+                                  & (op_table.it == iteration) & (osrc == src) & (omb == step.microbatch))  # fmt: skip
+            if len(hits):
+                waits_for = None
+                state = "completed" if op_table.done[hits[0]] != OPEN else "posted, not completed"
+        text = catalog.texts[code]
+        return Blocked(rank=rank.rank, op_row=-1, op=OPS[op], peer=peer, step=text, blocking_step=text,
+                       iteration=iteration, posted_ns=int(rank.steps.begin[row]), waits_for=waits_for,
+                       counterpart=counterpart_text(op, channel, src, step.microbatch),  # type: ignore[arg-type]
+                       counterpart_state=state)  # fmt: skip
+    return None
+
+
+def _counterpart_row(run: Run, rank: RankTimeline, row: int, src: int, mb: int) -> tuple[int, int] | None:
+    """The peer's op for the message this op means (by meaning when the step texts tell it,
+    else by the seq pairing); None when the peer never posted it."""
+    p2p = rank.p2p
+    peer = int(p2p.peer[row])
+    if src < 0 or not 0 <= peer < run.world_size or not run.ranks[peer].present:
+        if p2p.match_rank[row] >= 0:
+            return int(p2p.match_rank[row]), int(p2p.match_index[row])
+        return None
+    other = run.ranks[peer]
+    osrc, omb = message_identity(other, run.catalog)
+    op = other.p2p
+    hits = np.flatnonzero((op.op != p2p.op[row]) & (op.peer == rank.rank) & (op.ch == p2p.ch[row])
+                          & (op.it == p2p.it[row]) & (osrc == src) & (omb == mb))  # fmt: skip
+    return (peer, int(hits[0])) if len(hits) else None
+
+
+def _describe_blocked(b: Blocked) -> str:
+    direction = "to" if b.op == "send" else "from"
+    where = b.step if b.blocking_step == b.step else f"{b.blocking_step} (waiting for its {b.step})"
+    return f"rank {b.rank} in {where}: {b.op} {direction} rank {b.peer}"
+
+
+def _ref(run: Run, b: Blocked, note: str) -> StepRef:
+    return StepRef(b.rank, b.blocking_step, b.iteration, None, b.posted_ns, note)
+
+
+def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str, str, str]:
+    """(state word, description, likely cause) of the rank at the end of a wait-for chain."""
+    if not 0 <= rank_id < run.world_size:
+        return "missing", f"rank {rank_id} does not exist (world size {run.world_size})", \
+            "the plan or the runtime addresses a rank outside the job"
+    rank = run.ranks[rank_id]
+    status = rank.status
+    executed = _executed(run, rank, wanted, iteration)
+    in_plan = wanted in rank.plan
+    never = (f"it never ran {wanted}" + ("" if in_plan else f", which is not in its plan")) if not executed \
+        else f"it ran {wanted} but the message never arrived"
+    if status.state == RankState.MISSING:
+        return "missing", f"rank {rank_id} has no log", "the rank never started recording (crashed at start?)"
+    if status.state == RankState.FINISHED:
+        return "exited", f"rank {rank_id} finished its plan; {never}", \
+            ("the plans of the two ranks disagree: the counterpart step is missing" if not in_plan
+             else "the counterpart was skipped (a custom step function that does not send/recv?)")
+    if status.state in (RankState.FAILED, RankState.SIGNALED):
+        return "crashed", f"rank {rank_id} {status.detail} in {status.last_step}", \
+            f"rank {rank_id} failed before reaching {wanted}"
+    open_rows = _open_rows(rank)
+    if len(open_rows):
+        row = int(open_rows[-1])
+        text = run.catalog.texts[int(rank.steps.code[row])]
+        end = max((ev.t for ev in rank.lifecycle), default=int(rank.steps.begin[row]))
+        return "computing", f"rank {rank_id} is still in {text} (begun {_fmt_s(rank.steps.begin[row])}, " \
+            f"open for at least {(end - int(rank.steps.begin[row])) / 1e9:.3g} s); {never}", \
+            f"step {text} on rank {rank_id} never returns (an infinite loop, a lock, or a very slow step)"
+    return "stopped", f"rank {rank_id}'s log ends ({status.detail}) outside any step; {never}", \
+        f"rank {rank_id} died or stopped between steps"
+
+
+def _executed(run: Run, rank: RankTimeline, text: str, iteration: int) -> bool:
+    code = run.catalog.code(text)
+    if code < 0:
+        return False
+    rows = rank.steps.code == code
+    return bool((rows & (rank.steps.it == iteration)).any())
+
+
+def _fmt_s(t: int) -> str:
+    return f"{t / 1e9:.3f} s"
+
+
+def find_hangs(run: Run) -> list[Finding]:
+    blocked = blocked_ranks(run)
+    findings: list[Finding] = []
+    seen_cycle: set[int] = set()
+    terminal_groups: dict[int, list[int]] = {}
+    stuck_transfers: list[Blocked] = []
+    for start in blocked:
+        path, on_path = [], set()
+        node = start
+        while node in blocked and node not in on_path:
+            path.append(node)
+            on_path.add(node)
+            nxt = blocked[node].waits_for
+            if nxt is None:
+                node = -1
+                break
+            node = nxt
+        if node in on_path:  # a cycle
+            cycle = path[path.index(node):]
+            if not seen_cycle.intersection(cycle):
+                seen_cycle.update(cycle)
+                findings.append(_deadlock(run, blocked, cycle))
+        elif node == -1:
+            stuck_transfers.append(blocked[path[-1]])
+        else:
+            terminal_groups.setdefault(node, []).append(start)
+    for terminal, starts in sorted(terminal_groups.items()):
+        findings.append(_stalled(run, blocked, terminal, starts))
+    for b in {x.rank: x for x in stuck_transfers}.values():
+        findings.append(Finding(
+            fk.RANK_STALLED, fk.ERROR,
+            f"{_describe_blocked(b)} never completed although rank {b.peer} posted the counterpart "
+            f"{b.counterpart} ({b.counterpart_state})",
+            "the transfer itself is stuck: the two sides disagree on the message (size, tag) or the "
+            "transport lost it",
+            ranks=[b.rank, b.peer], steps=[_ref(run, b, "blocked")], iterations=[b.iteration],
+            time_ns=(b.posted_ns, _end_of_log(run)),
+            details={"chain": [b.rank, b.peer], "terminal_state": "transfer"}))  # fmt: skip
+    in_findings = {r for f in findings for r in f.ranks}
+    for rank in run.present_ranks:
+        if rank.status.state in (RankState.STALLED, RankState.ABORTED) and rank.rank not in in_findings:
+            word, text, cause = _terminal(run, rank.rank, "", -1)
+            findings.append(Finding(
+                fk.RANK_STALLED, fk.ERROR, f"rank {rank.rank} stalled: {text.split(';')[0]}", cause,
+                ranks=[rank.rank], details={"chain": [rank.rank], "terminal_state": word}))  # fmt: skip
+    return findings
+
+
+def _end_of_log(run: Run) -> int:
+    return max((ev.t for r in run.present_ranks for ev in r.lifecycle), default=0)
+
+
+def _deadlock(run: Run, blocked: dict[int, Blocked], cycle: list[int]) -> Finding:
+    feeders = sorted(r for r, b in blocked.items() if r not in cycle and _reaches(blocked, r, set(cycle)))
+    parts = [_describe_blocked(blocked[r]) for r in cycle]
+    steps = [_ref(run, blocked[r], f"waits for rank {blocked[r].waits_for}") for r in cycle]
+    steps += [_ref(run, blocked[r], "blocked behind the cycle") for r in feeders]
+    mbs = [int(run.catalog.microbatch[run.catalog.code(blocked[r].step)]) for r in cycle]
+    ops = {blocked[r].op for r in cycle}
+    if ops == {"send"}:
+        cause = ("every rank in the cycle is sending to the next one before receiving: with "
+                 "rendezvous (unbuffered) sends nobody reaches its recv; order the sends and recvs "
+                 "of neighbouring ranks oppositely (e.g. odd ranks recv first)")  # fmt: skip
+    elif ops == {"recv"}:
+        cause = "every rank in the cycle waits to receive before it sends what the next one needs"
+    else:
+        cause = ("the ranks post their sends and recvs in orders that wait on each other; the plans "
+                 "of these ranks do not agree on the message order")  # fmt: skip
+    return Finding(
+        fk.DEADLOCK, fk.ERROR,
+        "deadlock: " + " -> ".join(parts) + f" -> rank {cycle[0]}",
+        cause, ranks=list(cycle) + feeders, steps=steps, microbatches=[m for m in mbs if m >= 0],
+        iterations=sorted({blocked[r].iteration for r in cycle}),
+        time_ns=(max(blocked[r].posted_ns for r in cycle), _end_of_log(run)),
+        details={"cycle": list(cycle), "blocked": {str(r): _blocked_json(blocked[r]) for r in list(cycle) + feeders}},
+    )  # fmt: skip
+
+
+def _reaches(blocked: dict[int, Blocked], start: int, targets: set[int]) -> bool:
+    node, seen = start, set()
+    while node in blocked and node not in seen:
+        if node in targets:
+            return True
+        seen.add(node)
+        nxt = blocked[node].waits_for
+        if nxt is None:
+            return False
+        node = nxt
+    return node in targets
+
+
+def _stalled(run: Run, blocked: dict[int, Blocked], terminal: int, starts: list[int]) -> Finding:
+    chains = []
+    members: list[int] = []
+    for s in starts:
+        chain, node = [], s
+        while node in blocked and node not in chain:
+            chain.append(node)
+            node = blocked[node].waits_for  # type: ignore[assignment]
+        chain.append(terminal)
+        chains.append(chain)
+        members.extend(chain)
+    longest = max(chains, key=len)
+    last = blocked[longest[-2]]
+    word, text, cause = _terminal(run, terminal, last.counterpart, last.iteration)
+    parts = [_describe_blocked(blocked[r]) for r in longest[:-1]]
+    order = list(dict.fromkeys(members))
+    steps = [_ref(run, blocked[r], f"waits for rank {blocked[r].waits_for}") for r in order if r in blocked]
+    mb = int(run.catalog.microbatch[run.catalog.code(last.step)]) if run.catalog.code(last.step) >= 0 else -1
+    return Finding(
+        fk.RANK_STALLED, fk.ERROR,
+        "stalled: " + " -> ".join(parts) + f" -> {text}",
+        cause, ranks=order, steps=steps, microbatches=[mb] if mb >= 0 else [],
+        iterations=sorted({blocked[r].iteration for r in order if r in blocked}),
+        time_ns=(min(blocked[r].posted_ns for r in order if r in blocked), _end_of_log(run)),
+        details={"chain": longest, "terminal_rank": terminal, "terminal_state": word,
+                 "waiting_for_step": last.counterpart,
+                 "blocked": {str(r): _blocked_json(blocked[r]) for r in order if r in blocked}},
+    )  # fmt: skip
+
+
+def _blocked_json(b: Blocked) -> dict[str, object]:
+    return {"op": b.op, "peer": b.peer, "step": b.step, "blocking_step": b.blocking_step,
+            "iteration": b.iteration, "posted_ns": b.posted_ns, "waits_for": b.waits_for,
+            "counterpart": b.counterpart}  # fmt: skip

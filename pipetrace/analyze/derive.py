@@ -1,0 +1,80 @@
+"""Small derived views of the run model that several analyzers share (all vectorized)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipetrace.analyze.model import (
+    COMPOSITE_CODE, KIND_CODE, MAIN_THREAD, OP_SEND, RankTimeline, StepCatalog,
+)  # fmt: skip
+from pipetrace.schedule.ir import StepKind
+
+_RECV_F = KIND_CODE[StepKind.RECV_F]
+_RECV_B = KIND_CODE[StepKind.RECV_B]
+_SEND_F = KIND_CODE[StepKind.SEND_F]
+_SEND_B = KIND_CODE[StepKind.SEND_B]
+
+
+def top_level(rank: RankTimeline, catalog: StepCatalog) -> np.ndarray:
+    """Row indices of the steps the rank's plan lists, in order: main-thread rows, without the
+    sub-steps of a composite (they repeat the composite's position)."""
+    cached = getattr(rank, "_top_level", None)
+    if cached is not None and cached[0] is rank.steps:
+        return cached[1]
+    rows = _top_level(rank, catalog)
+    rank._top_level = (rank.steps, rows)  # type: ignore[attr-defined]
+    return rows
+
+
+def _top_level(rank: RankTimeline, catalog: StepCatalog) -> np.ndarray:
+    steps = rank.steps
+    main = np.flatnonzero(steps.thread == MAIN_THREAD)
+    if len(main) < 2:
+        return main
+    kinds = catalog.kind[steps.code[main]]
+    pos, it = steps.pos[main], steps.it[main]
+    # a sub-step follows its composite (or the composite's other sub-step) at the same position
+    same = np.r_[False, (pos[1:] == pos[:-1]) & (it[1:] == it[:-1])]
+    is_composite = kinds == COMPOSITE_CODE
+    # propagate "inside a composite" along runs of equal positions
+    run_start = np.flatnonzero(~same)
+    run_id = np.cumsum(~same) - 1
+    sub = same & is_composite[run_start[run_id]]
+    return main[~sub]
+
+
+def message_identity(rank: RankTimeline, catalog: StepCatalog) -> tuple[np.ndarray, np.ndarray]:
+    """Per P2P row, the message it means: (sending stage, micro-batch), from its step text.
+
+    SEND_F s m and RECV_F s+1 m mean the activations of stage s; SEND_B s m and RECV_B s-1 m
+    the input gradient of stage s. -1 where the text is not a SEND/RECV step.
+    """
+    codes = rank.p2p.code
+    kinds = catalog.kind[codes]
+    stage = catalog.stage[codes].astype(np.int64)
+    mb = catalog.microbatch[codes].astype(np.int64)
+    src = np.full(len(codes), -1, np.int64)
+    src = np.where((kinds == _SEND_F) | (kinds == _SEND_B), stage, src)
+    src = np.where(kinds == _RECV_F, stage - 1, src)
+    src = np.where(kinds == _RECV_B, stage + 1, src)
+    mb = np.where(src >= 0, mb, -1)
+    return src, mb
+
+
+def counterpart_text(op: int, channel: int, src_stage: int, mb: int) -> str:
+    """The step the peer must run to complete a message: its SEND for a recv, its RECV for a send."""
+    ch = "FB"[channel] if channel in (0, 1) else "?"
+    if op == OP_SEND:
+        dst = src_stage + 1 if ch == "F" else src_stage - 1
+        return f"{dst}RECV_{ch}{mb}"
+    return f"{src_stage}SEND_{ch}{mb}"
+
+
+def containing_rows(begin: np.ndarray, end: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """For sorted, non-overlapping rows, the row containing each time (-1 when none)."""
+    if not len(begin):
+        return np.full(len(times), -1, np.int64)
+    idx = np.searchsorted(begin, times, side="right") - 1
+    safe = np.maximum(idx, 0)
+    inside = (idx >= 0) & ((end[safe] >= times) | (end[safe] < 0))
+    return np.where(inside, idx, -1)

@@ -1,0 +1,356 @@
+"""Run directory -> `Run`: parallel per-rank parsing, validation, clock alignment, matching.
+
+    from pipetrace.analyze.load import load_run
+    run = load_run("runs/demo")                # raises TraceFormatError when unusable
+    run.ranks[1].steps.begin                    # ns since run.t0_ns, on rank 0's clock
+
+Each rank's log is parsed in a worker process (`parse.parse_rank_file`, streaming) once the
+run is big enough to repay the processes; the parent only holds the compact columns.
+Problems the analysis can work around (a torn last line, corrupt lines, a missing or empty
+log, a log from another run, a newer schema on one rank) become `Run.problems`; only an
+unusable run (no meta.json, a newer meta schema, no usable log at all) raises.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from pipetrace.analyze import clocks
+from pipetrace.analyze.matching import match_messages
+from pipetrace.analyze.model import (
+    OPEN, ClockInfo, InputProblem, IterationTable, LifecycleEvent, P2PTable, RankState,
+    RankStatus, RankTimeline, Run, StepCatalog, StepTable,
+)  # fmt: skip
+from pipetrace.analyze.parse import RawRank, parse_rank_file
+from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.recorder import format as fmt
+from pipetrace.schedule.ir import Plan
+
+Progress = Callable[[int, int], None]
+"""Called as ``progress(files_done, files_total)`` while logs are parsed."""
+
+SAME_RUN_WINDOW_NS = 600 * 10**9
+"""A log whose clock anchor (header ``t0``) is further than this from meta.json's ``created``
+was written by another run (e.g. left over in a reused directory) and is set aside."""
+_PARALLEL_MIN_BYTES = 16 << 20
+
+
+def load_run(path: str | Path, *, progress: Progress | None = None, workers: int | None = None) -> Run:
+    """Load a run directory into one `Run`.
+
+    ``workers``: processes for parsing (None: automatic, 0: parse in this process).
+    """
+    run_dir = Path(path)
+    meta = read_meta(run_dir)
+    world_size = meta.get("world_size")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise TraceFormatError(f"{run_dir / fmt.META_FILE}: invalid world_size {world_size!r}")
+    problems: list[InputProblem] = []
+    paths = [fmt.rank_log_path(run_dir, r) for r in range(world_size)]
+    expected = {p.name for p in paths}
+    for extra in sorted(run_dir.glob("rank-*.ndjson")):
+        if extra.name not in expected:
+            problems.append(InputProblem(
+                "warning", f"{extra.name} is not a rank of this run (world size {world_size}): "
+                "left over from another run; ignored"))  # fmt: skip
+    raws = _parse_all(paths, progress, workers)
+    usable = [_check_raw(raw, rank, meta, world_size, problems) for rank, raw in enumerate(raws)]
+    if not any(usable):
+        raise TraceFormatError(
+            f"{run_dir}: no usable event log ("
+            + "; ".join(p.message for p in problems if p.rank is not None)[:400] + ")"
+        )
+    catalog, remaps = _catalog(raws, usable, meta)
+    plan = _meta_plan(meta, catalog, problems)
+    shapes, shape_maps = _merge([raw.shapes for raw in raws])
+    dtypes, dtype_maps = _merge([raw.dtypes for raw in raws])
+    threads, thread_maps = _merge([["main"]] + [raw.threads for raw in raws])
+    thread_maps = thread_maps[1:]
+    ranks: list[RankTimeline] = []
+    models: dict[int, dict[str, clocks.OffsetFn]] = {}
+    for rank, raw in enumerate(raws):
+        if usable[rank]:
+            timeline, models[rank] = _timeline(rank, raw, catalog, remaps[rank], shape_maps[rank],
+                                               dtype_maps[rank], thread_maps[rank])  # fmt: skip
+            ranks.append(timeline)
+        else:
+            ranks.append(_missing(rank, raw))
+    del raws
+    match_messages(ranks)
+    offsets, quality = clocks.align([r for r in ranks if r.present], world_size, models)
+    t0 = _shift_times(ranks, offsets)
+    for rank in ranks:
+        if rank.present:
+            rank.status = _status(rank, catalog)
+    _note_clock_problems(ranks, quality, problems)
+    return Run(path=run_dir, meta=meta, plan=plan, world_size=world_size, ranks=ranks,
+               catalog=catalog, shapes=shapes, dtypes=dtypes, threads=threads, t0_ns=t0,
+               problems=problems, clock_quality=quality)  # fmt: skip
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+
+def _parse_all(paths: list[Path], progress: Progress | None, workers: int | None) -> list[RawRank]:
+    total = len(paths)
+    existing = [p for p in paths if p.exists()]
+    size = sum(p.stat().st_size for p in existing)
+    if workers is None:
+        workers = min(os.cpu_count() or 1, len(existing)) if size >= _PARALLEL_MIN_BYTES else 0
+    results: list[RawRank | None] = [None] * total
+    done = 0
+    if workers <= 1:
+        for i, p in enumerate(paths):
+            results[i] = parse_rank_file(p)
+            done += 1
+            if progress:
+                progress(done, total)
+        return results  # type: ignore[return-value]
+    # fork is cheapest, but forking a process that runs other threads (a TUI) can deadlock.
+    method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
+        futures = {pool.submit(parse_rank_file, p): i for i, p in enumerate(paths)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            done += 1
+            if progress:
+                progress(done, total)
+    return results  # type: ignore[return-value]
+
+
+def _check_raw(raw: RawRank, rank: int, meta: dict[str, Any], world_size: int,
+               problems: list[InputProblem]) -> bool:  # fmt: skip
+    """Is this log usable as rank ``rank`` of this run? Notes every problem."""
+    name = Path(raw.path).name
+    if raw.error is not None:
+        problems.append(InputProblem("warning", _short(raw.error, raw.path), rank))
+        return False
+    header = raw.header
+    reasons = []
+    if header.get("rank") != rank:
+        reasons.append(f"its header says rank {header.get('rank')!r}")
+    if header.get("world_size") != world_size:
+        reasons.append(f"world size {header.get('world_size')!r}, not {world_size}")
+    t0, created = header.get("t0"), meta.get("created")
+    if isinstance(t0, int) and isinstance(created, int) and abs(t0 - created) > SAME_RUN_WINDOW_NS:
+        reasons.append(f"it started {abs(t0 - created) / 1e9:.0f} s away from meta.json's creation")
+    config = (raw.run_start or {}).get("config")
+    if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
+        reasons.append("its run configuration differs from meta.json's")
+    if reasons:
+        problems.append(InputProblem(
+            "warning", f"{name} is from another run ({'; '.join(reasons)}); treated as missing", rank))
+        return False
+    p = raw.problems
+    if p.torn_last_line:
+        problems.append(InputProblem("info", f"{name}: torn last line skipped (the process was "
+                                     "killed while writing)", rank))  # fmt: skip
+    if p.corrupt_lines:
+        where = f", first at line {p.first_corrupt_line}" if p.first_corrupt_line else ""
+        problems.append(InputProblem("warning", f"{name}: {p.corrupt_lines} corrupt line(s) skipped{where}", rank))
+    for note in p.notes:
+        problems.append(InputProblem("warning", f"{name}: {note}", rank))
+    if raw.unknown_events:
+        problems.append(InputProblem("info", f"{name}: {raw.unknown_events} event(s) of unknown type "
+                                     "ignored (written by a newer pipetrace?)", rank))  # fmt: skip
+    if raw.run_start is None:
+        problems.append(InputProblem("warning", f"{name}: no run_start event; the rank's plan is "
+                                     "taken from meta.json", rank))  # fmt: skip
+    return True
+
+
+def _short(message: str, path: str) -> str:
+    return message.replace(str(Path(path).parent) + os.sep, "")
+
+
+def _meta_plan(meta: dict[str, Any], catalog: StepCatalog, problems: list[InputProblem]) -> Plan | None:
+    """meta.json's plan, its steps taken from the catalog (each distinct text parsed once)."""
+    try:
+        schedule = meta.get("schedule") or {}
+        code_of = catalog._codes.__getitem__
+        step_of = catalog.step
+        rows = []
+        for row in meta["plan"]:
+            steps = [step_of(code_of(text)) if text else None for text in row]
+            if any(step is None for step, text in zip(steps, row) if text):
+                bad = next(text for step, text in zip(steps, row) if text and step is None)
+                raise ValueError(f"bad action {bad!r}")
+            rows.append(steps)
+        return Plan(int(meta["num_microbatches"]), tuple(int(r) for r in meta["placement"]), rows,
+                    str(schedule.get("name", "custom")), dict(schedule.get("params", {})))  # fmt: skip
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        problems.append(InputProblem("warning", f"meta.json: the plan cannot be read ({exc}); "
+                                     "plan checks and the ideal timeline are skipped"))  # fmt: skip
+        return None
+
+
+# -- assembly ------------------------------------------------------------------------------
+
+
+def _merge(lists: list[list]) -> tuple[list, list[np.ndarray]]:
+    merged: list = []
+    codes: dict[Any, int] = {}
+    maps = []
+    for values in lists:
+        for value in dict.fromkeys(values):  # first-seen order: codes are deterministic
+            if value not in codes:
+                codes[value] = len(merged)
+                merged.append(value)
+        maps.append(np.fromiter(map(codes.__getitem__, values), np.int32, len(values)))
+    return merged, maps
+
+
+def _catalog(raws: list[RawRank], usable: list[bool], meta: dict[str, Any]) -> tuple[StepCatalog, list[np.ndarray]]:
+    lists = [raw.texts if ok else [] for raw, ok in zip(raws, usable)]
+    extra = []
+    rows = meta.get("plan")
+    rows = rows if isinstance(rows, list) else []
+    for rank, (raw, ok) in enumerate(zip(raws, usable)):
+        if ok and raw.run_start is not None:
+            ran = [str(t) for t in raw.run_start.get("plan") or ()]
+            planned = rows[rank] if rank < len(rows) and isinstance(rows[rank], list) else None
+            if planned is None or ran != [t for t in planned if t]:  # usually the same texts
+                extra.extend(ran)
+    extra.extend(t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t)
+    texts, maps = _merge(lists + [extra])
+    kind = np.full(len(texts), -2, np.int8)  # -2: not parsed by a worker
+    stage = np.full(len(texts), -1, np.int32)
+    mb = np.full(len(texts), -1, np.int32)
+    for raw, m in zip(raws, maps):
+        if len(m) and len(raw.text_parts) == 3:
+            kind[m], stage[m], mb[m] = raw.text_parts
+    return StepCatalog.build([str(t) for t in texts], (kind, stage, mb)), maps[:-1]
+
+
+def _timeline(rank: int, raw: RawRank, catalog: StepCatalog, remap: np.ndarray, shape_map: np.ndarray,
+              dtype_map: np.ndarray, thread_map: np.ndarray) -> tuple[RankTimeline, dict[str, clocks.OffsetFn]]:  # fmt: skip
+    lifecycle = [LifecycleEvent(e, t, f) for e, t, f in raw.lifecycle]
+    info, models = clocks.offset_models(clocks.clock_events(lifecycle))
+
+    def align(t: np.ndarray) -> np.ndarray:  # times stay on the rank's clock until _shift_times
+        return t
+
+    s, p = raw.steps, raw.p2p
+    steps = StepTable(align(s["begin"]), align(s["end"]), s["it"], s["pos"],
+                      remap[s["code"]] if len(remap) else s["code"],
+                      thread_map[s["thread"]].astype(np.int8) if len(thread_map) else s["thread"])  # fmt: skip
+    empty = np.empty(0, np.int32)
+    p2p = P2PTable(align(p["post"]), align(p["done"]), p["it"], p["op"], p["peer"], p["ch"], p["seq"],
+                   p["nbytes"], shape_map[p["shape"]] if len(shape_map) else p["shape"],
+                   dtype_map[p["dtype"]] if len(dtype_map) else p["dtype"],
+                   remap[p["code"]] if len(remap) else p["code"], empty, empty.astype(np.int64))  # fmt: skip
+    its = sorted(raw.iterations)
+    rows = [raw.iterations[i] for i in its]
+    iterations = IterationTable(
+        np.array(its, np.int32),
+        align(np.array([r[0] for r in rows], np.int64)),
+        align(np.array([r[1] for r in rows], np.int64)),
+        np.array([np.nan if r[2] is None else r[2] for r in rows], np.float64),
+    )
+    start = raw.run_start or {}
+    plan_texts = [str(t) for t in start.get("plan") or ()]
+    stages = start.get("stages")
+    return RankTimeline(
+        rank=rank, present=True, steps=steps, p2p=p2p, iterations=iterations,
+        status=RankStatus(RankState.ENDED, ""), clock=info, header=raw.header, plan=plan_texts,
+        plan_codes=np.fromiter(map(catalog.code, plan_texts), np.int32, len(plan_texts)),
+        stages=[int(x) for x in stages] if isinstance(stages, list) and all(isinstance(x, int) for x in stages) else [],
+        config=start.get("config") if isinstance(start.get("config"), dict) else None,
+        lifecycle=lifecycle, events=raw.events, path=Path(raw.path),
+    ), models  # fmt: skip
+
+
+def _missing(rank: int, raw: RawRank) -> RankTimeline:
+    empty = np.empty(0, np.int64)
+    return RankTimeline(
+        rank=rank, present=False, steps=StepTable.empty(), p2p=P2PTable.empty(),
+        iterations=IterationTable(np.empty(0, np.int32), empty, empty, np.empty(0)),
+        status=RankStatus(RankState.MISSING, raw.error or "no usable log"),
+        clock=ClockInfo(None, None, None, 0), path=Path(raw.path),
+    )  # fmt: skip
+
+
+def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn]) -> int:
+    """Put every time on rank 0's clock (chosen offset, then correction) and make it
+    relative to the earliest event; returns that event's time (t0, epoch ns)."""
+    present = [r for r in ranks if r.present]
+    for rank in present:
+        fn = offsets[rank.rank]
+        correction = rank.clock.correction_ns
+        for table, names in ((rank.steps, ("begin", "end")), (rank.p2p, ("post", "done")),
+                             (rank.iterations, ("begin", "end"))):  # fmt: skip
+            for name in names:
+                arr = getattr(table, name)
+                ended = arr != OPEN
+                if ended.all():
+                    arr -= fn(arr)
+                    arr += correction
+                else:
+                    arr[ended] += correction - fn(arr[ended])
+        if rank.lifecycle:
+            times = np.array([ev.t for ev in rank.lifecycle], np.int64)
+            for ev, t in zip(rank.lifecycle, (times - fn(times) + correction).tolist()):
+                ev.t = t
+    firsts = []
+    for rank in present:
+        for arr in (rank.steps.begin, rank.p2p.post, rank.iterations.begin):
+            valid = arr[arr != OPEN]
+            if len(valid):
+                firsts.append(int(valid.min()))
+        firsts.extend(ev.t for ev in rank.lifecycle)
+    t0 = min(firsts) if firsts else 0
+    for rank in present:
+        for table, names in ((rank.steps, ("begin", "end")), (rank.p2p, ("post", "done")),
+                             (rank.iterations, ("begin", "end"))):  # fmt: skip
+            for name in names:
+                arr = getattr(table, name)
+                arr[arr != OPEN] -= t0
+        for ev in rank.lifecycle:
+            ev.t -= t0
+    return t0
+
+
+def _status(rank: RankTimeline, catalog: StepCatalog) -> RankStatus:
+    steps = rank.steps
+    last_step = catalog.texts[int(steps.code[-1])] if len(steps) else None
+    last_it = int(rank.iterations.it[-1]) if len(rank.iterations) else None
+    exc = rank.last_of(fmt.EXCEPTION)
+    if exc is not None:
+        error = f"{exc.fields.get('type', 'Exception')}: {exc.fields.get('message', '')}"
+        return RankStatus(RankState.FAILED, f"raised {error}", last_step, last_it, error)
+    sig = rank.last_of(fmt.SIGNAL)
+    if sig is not None:
+        name = str(sig.fields.get("signal", "a signal"))
+        return RankStatus(RankState.SIGNALED, f"ended by {name}", last_step, last_it, name)
+    abort = rank.last_of(fmt.ABORT)
+    if abort is not None:
+        message = str(abort.fields.get("message", "watchdog abort"))
+        return RankStatus(RankState.ABORTED, "ended by its watchdog after a stall", last_step, last_it, message)
+    if rank.last_of(fmt.RUN_END) is not None:
+        return RankStatus(RankState.FINISHED, "finished cleanly", last_step, last_it)
+    if rank.last_of(fmt.STALL) is not None:
+        return RankStatus(RankState.STALLED, "stalled (watchdog) and the log ends there", last_step, last_it)
+    return RankStatus(RankState.ENDED, "the log ends without run_end (killed, or still running)", last_step, last_it)
+
+
+def _note_clock_problems(ranks: list[RankTimeline], quality: dict[str, Any], problems: list[InputProblem]) -> None:
+    if not quality.get("feasible", True):
+        problems.append(InputProblem("warning", "clocks: no per-rank correction makes every message "
+                                     "arrive after it was sent; recorded offsets kept"))  # fmt: skip
+    elif quality.get("model") not in (None, "recorded"):
+        problems.append(InputProblem("info", f"clocks: the recorded offsets are inconsistent with the "
+                                     f"messages; aligned with {quality['model']} instead"))  # fmt: skip
+    if quality.get("refined"):
+        for rank in ranks:
+            u = rank.clock.uncertainty_ns
+            if u is not None and abs(rank.clock.correction_ns) > 2 * u + 100_000:
+                problems.append(InputProblem(
+                    "info", f"clocks: rank {rank.rank} moved {rank.clock.correction_ns / 1e3:+.0f} us, "
+                    f"beyond its recorded uncertainty (+-{u / 1e3:.0f} us)", rank.rank))  # fmt: skip

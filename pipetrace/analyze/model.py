@@ -1,0 +1,332 @@
+"""The run model: one in-memory picture of a recorded run, shared by every analyzer and view.
+
+`pipetrace.analyze.load.load_run` builds it; analyzers, the text report, the Perfetto export
+and the TUI only read it. It is columnar: each rank's steps and P2P ops are numpy arrays (one
+row per span), not one object per event, so a run of 10^7 events fits in a few hundred MB.
+
+Conventions (see docs/analyze.md):
+
+- Times are int64 **nanoseconds since** `Run.t0_ns`, on rank 0's clock: the recorded clock
+  offsets are applied and then refined so that no matched message is received before it
+  was sent (`ClockInfo`). An end that never happened (a step still open, an op never done)
+  is `OPEN` (-1).
+- Step texts are interned once per run in `Run.catalog`: a row's ``code`` indexes
+  ``catalog.texts`` and the parallel arrays ``catalog.kind`` / ``stage`` / ``microbatch``.
+- Rows are in the order the rank recorded them (begin order per thread).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipetrace.schedule.ir import COMPUTE_KINDS, Plan, Step, StepKind, parse_step
+
+OPEN = -1
+"""The end time of a span that never ended."""
+
+KINDS: tuple[StepKind, ...] = tuple(StepKind)
+"""``catalog.kind`` values index this tuple; -1 is a text that does not parse."""
+KIND_CODE: dict[StepKind, int] = {k: i for i, k in enumerate(KINDS)}
+COMPUTE_CODES = np.array(sorted(KIND_CODE[k] for k in COMPUTE_KINDS), dtype=np.int8)
+COMPOSITE_CODE = KIND_CODE[StepKind.OVERLAP_F_B]
+
+
+def kind_table(kinds) -> np.ndarray:
+    """A boolean lookup table over kind codes: ``table[catalog.kind[codes]]`` is a fast
+    ``isin`` (index -1, an unparsable text, reads the last entry, which is False)."""
+    table = np.zeros(len(KINDS) + 1, bool)
+    for k in kinds:
+        table[KIND_CODE[k]] = True
+    return table
+
+
+IS_COMPUTE = kind_table(COMPUTE_KINDS)
+IS_COMPUTE_OR_COMPOSITE = kind_table(COMPUTE_KINDS | {StepKind.OVERLAP_F_B})
+IS_COMM = kind_table({StepKind.SEND_F, StepKind.SEND_B, StepKind.RECV_F, StepKind.RECV_B})
+SEND_CODES = np.array([KIND_CODE[StepKind.SEND_F], KIND_CODE[StepKind.SEND_B]], dtype=np.int8)
+RECV_CODES = np.array([KIND_CODE[StepKind.RECV_F], KIND_CODE[StepKind.RECV_B]], dtype=np.int8)
+
+_SIMPLE_KINDS = frozenset(COMPUTE_KINDS) | {StepKind.SEND_F, StepKind.SEND_B, StepKind.RECV_F, StepKind.RECV_B}
+_KIND_TEXT_CODE = {k.value: KIND_CODE[k] for k in _SIMPLE_KINDS}
+_SIMPLE = re.compile(r"(\d+)(" + "|".join(sorted(_KIND_TEXT_CODE, key=len, reverse=True)) + r")(\d+)")
+
+OP_SEND, OP_RECV = 0, 1
+OPS = ("send", "recv")
+CHANNELS = ("F", "B")
+MAIN_THREAD = 0
+
+
+class RankState:
+    """How a rank's log ends (`RankStatus.state`)."""
+
+    FINISHED = "finished"  # run_end recorded
+    FAILED = "failed"  # an exception was recorded
+    SIGNALED = "signaled"  # a terminating signal was recorded
+    ABORTED = "aborted"  # the watchdog ended it after a stall
+    STALLED = "stalled"  # a stall was recorded and nothing after it (still hung, or killed)
+    ENDED = "ended"  # the log just stops: no run_end and no failure event (killed, or still running)
+    MISSING = "missing"  # no usable log
+
+
+@dataclass
+class StepCatalog:
+    """Every distinct step text of the run, with its parsed parts (arrays indexed by code)."""
+
+    texts: list[str]
+    kind: np.ndarray  # int8: index into KINDS, -1 when the text does not parse
+    stage: np.ndarray  # int32, -1 when none (composite, unparsable)
+    microbatch: np.ndarray  # int32, -1 when none
+    _codes: dict[str, int] = field(default_factory=dict, repr=False)
+    _steps: dict[int, Step | None] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, texts: list[str], parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StepCatalog:
+        """``parts``: (kind, stage, microbatch) already parsed (e.g. by the loader's workers),
+        with kind -2 for a text still to parse."""
+        if parts is None:
+            kind, stage, mb = parse_texts(texts)
+        else:
+            kind, stage, mb = (a.copy() for a in parts)
+            todo = np.flatnonzero(kind == -2)
+            if len(todo):
+                k, s, m = parse_texts([texts[i] for i in todo])
+                kind[todo], stage[todo], mb[todo] = k, s, m
+        return cls(list(texts), kind.astype(np.int8), stage.astype(np.int32), mb.astype(np.int32),
+                   {t: i for i, t in enumerate(texts)})  # fmt: skip
+
+    def code(self, text: str) -> int:
+        """The code of a step text, -1 when the run never recorded it."""
+        return self._codes.get(text, -1)
+
+    def step(self, code: int) -> Step | None:
+        """The parsed step of a code (None for a text that does not parse)."""
+        if code not in self._steps:
+            k = int(self.kind[code]) if code >= 0 else -1
+            if k >= 0 and KINDS[k] in _SIMPLE_KINDS and self.microbatch[code] >= 0:
+                self._steps[code] = Step(KINDS[k], int(self.stage[code]), int(self.microbatch[code]))
+                return self._steps[code]
+            try:
+                self._steps[code] = parse_step(self.texts[code]) if code >= 0 else None
+            except ValueError:
+                self._steps[code] = None
+        return self._steps[code]
+
+    def kind_of(self, code: int) -> StepKind | None:
+        k = int(self.kind[code]) if code >= 0 else -1
+        return KINDS[k] if k >= 0 else None
+
+
+def parse_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind, stage, microbatch) of step texts: the common "2F0" / "1SEND_B3" form by one
+    regex match, anything else by `parse_step`; -1 where absent or unparsable."""
+    n = len(texts)
+    kind, stage, mb = [-1] * n, [-1] * n, [-1] * n
+    match = _SIMPLE.fullmatch
+    codes = _KIND_TEXT_CODE
+    for i, text in enumerate(texts):
+        m = match(text) if type(text) is str else None
+        if m is not None:
+            st, kind_text, micro = m.groups()
+            kind[i], stage[i], mb[i] = codes[kind_text], int(st), int(micro)
+            continue
+        try:
+            step = parse_step(str(text))
+        except ValueError:
+            continue
+        if step is None:
+            continue
+        kind[i] = KIND_CODE[step.kind]
+        stage[i] = -1 if step.stage is None else step.stage
+        mb[i] = -1 if step.microbatch is None else step.microbatch
+    return np.array(kind, np.int8), np.array(stage, np.int32), np.array(mb, np.int32)
+
+
+@dataclass
+class StepTable:
+    """One row per recorded step span (`step_begin` and its `step_end`)."""
+
+    begin: np.ndarray  # int64 ns since Run.t0_ns
+    end: np.ndarray  # int64, OPEN when never ended
+    it: np.ndarray  # int32 iteration
+    pos: np.ndarray  # int32 plan position (bubbles excluded)
+    code: np.ndarray  # int32 into Run.catalog
+    thread: np.ndarray  # int8 into Run.threads
+
+    def __len__(self) -> int:
+        return len(self.begin)
+
+    @classmethod
+    def empty(cls) -> StepTable:
+        return cls(*(np.empty(0, dt) for dt in (np.int64, np.int64, np.int32, np.int32, np.int32, np.int8)))
+
+
+@dataclass
+class P2PTable:
+    """One row per P2P op (`p2p_post` and its `p2p_done`), with its matched counterpart."""
+
+    post: np.ndarray  # int64 ns since Run.t0_ns
+    done: np.ndarray  # int64, OPEN when never completed
+    it: np.ndarray  # int32
+    op: np.ndarray  # int8: OP_SEND or OP_RECV
+    peer: np.ndarray  # int32 the other rank
+    ch: np.ndarray  # int8: 0 "F", 1 "B", -1 other
+    seq: np.ndarray  # int64
+    nbytes: np.ndarray  # int64
+    shape: np.ndarray  # int32 into Run.shapes
+    dtype: np.ndarray  # int32 into Run.dtypes
+    code: np.ndarray  # int32: the SEND/RECV step that posted it, into Run.catalog
+    match_rank: np.ndarray  # int32: the rank of the counterpart op, -1 when unmatched
+    match_index: np.ndarray  # int64: its row in that rank's P2PTable, -1 when unmatched
+
+    def __len__(self) -> int:
+        return len(self.post)
+
+    @classmethod
+    def empty(cls) -> P2PTable:
+        types = (np.int64, np.int64, np.int32, np.int8, np.int32, np.int8, np.int64, np.int64,
+                 np.int32, np.int32, np.int32, np.int32, np.int64)  # fmt: skip
+        return cls(*(np.empty(0, dt) for dt in types))
+
+
+@dataclass
+class IterationTable:
+    """One row per iteration the rank began."""
+
+    it: np.ndarray  # int32
+    begin: np.ndarray  # int64
+    end: np.ndarray  # int64, OPEN when it never ended
+    loss: np.ndarray  # float64, NaN when not recorded
+
+    def __len__(self) -> int:
+        return len(self.it)
+
+
+@dataclass
+class ClockInfo:
+    """How a rank's times were put on rank 0's clock."""
+
+    offset_start_ns: int | None  # recorded `clock` offsets (None: not recorded)
+    offset_end_ns: int | None
+    uncertainty_ns: int | None  # the smaller recorded uncertainty
+    drift_ns: int  # end offset minus start offset (0 without both)
+    correction_ns: int = 0  # added by refinement so that no message arrives before it was sent
+    applied: str = "none"  # "none", "start", "end", "interpolated"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "offset_start_ns": self.offset_start_ns,
+            "offset_end_ns": self.offset_end_ns,
+            "uncertainty_ns": self.uncertainty_ns,
+            "drift_ns": self.drift_ns,
+            "correction_ns": self.correction_ns,
+            "applied": self.applied,
+        }
+
+
+@dataclass
+class LifecycleEvent:
+    """A rare event kept as recorded: clock, stall, dump, signal, exception, abort, run_end, ...
+
+    ``t`` is aligned like every other time; ``fields`` are the event's other fields.
+    """
+
+    e: str
+    t: int
+    fields: dict[str, Any]
+
+
+@dataclass
+class RankStatus:
+    state: str  # a RankState value
+    detail: str  # one line: how the log ends
+    last_step: str | None = None  # text of the last step begun
+    last_iteration: int | None = None
+    error: str | None = None  # exception "Type: message", signal name or abort message
+
+
+@dataclass
+class RankTimeline:
+    """Everything recorded by one rank. A missing rank has ``present`` False and empty tables."""
+
+    rank: int
+    present: bool
+    steps: StepTable
+    p2p: P2PTable
+    iterations: IterationTable
+    status: RankStatus
+    clock: ClockInfo
+    header: dict[str, Any] = field(default_factory=dict)
+    plan: list[str] = field(default_factory=list)  # run_start's plan (bubbles removed)
+    plan_codes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    stages: list[int] = field(default_factory=list)
+    config: dict[str, Any] | None = None  # run_start's config
+    lifecycle: list[LifecycleEvent] = field(default_factory=list)
+    events: int = 0  # event lines read
+    path: Path | None = None
+
+    def events_of(self, e: str) -> list[LifecycleEvent]:
+        return [ev for ev in self.lifecycle if ev.e == e]
+
+    def last_of(self, e: str) -> LifecycleEvent | None:
+        found = self.events_of(e)
+        return found[-1] if found else None
+
+
+@dataclass
+class InputProblem:
+    """Something wrong with the input that the analysis worked around."""
+
+    severity: str  # "warning" or "info"
+    message: str
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"severity": self.severity, "rank": self.rank, "message": self.message}
+
+
+@dataclass
+class Run:
+    """A loaded run directory."""
+
+    path: Path
+    meta: dict[str, Any]
+    plan: Plan | None  # meta.json's plan (bubbles included); None when it does not parse
+    world_size: int
+    ranks: list[RankTimeline]  # index = rank
+    catalog: StepCatalog
+    shapes: list[tuple[int, ...]]
+    dtypes: list[str]
+    threads: list[str]  # thread names; index 0 is "main"
+    t0_ns: int  # epoch ns (rank 0's clock) of time 0
+    problems: list[InputProblem] = field(default_factory=list)
+    clock_quality: dict[str, Any] = field(default_factory=dict)  # see clocks.align
+
+    @property
+    def present_ranks(self) -> list[RankTimeline]:
+        return [r for r in self.ranks if r.present]
+
+    @property
+    def num_events(self) -> int:
+        return sum(r.events for r in self.ranks)
+
+    @property
+    def schedule_name(self) -> str:
+        schedule = self.meta.get("schedule")
+        return str(schedule.get("name", "?")) if isinstance(schedule, dict) else "?"
+
+    @property
+    def num_microbatches(self) -> int | None:
+        value = self.meta.get("num_microbatches")
+        return value if isinstance(value, int) else None
+
+    def iterations(self) -> list[int]:
+        """Every iteration number seen on any rank, ascending."""
+        seen: set[int] = set()
+        for rank in self.ranks:
+            seen.update(int(i) for i in rank.iterations.it)
+        return sorted(seen)

@@ -1,0 +1,381 @@
+"""One rank's event log -> raw columns (the loader's per-file work; runs in worker processes).
+
+The file is streamed in chunks (`reader.event_batches`); each chunk is decoded by one
+`orjson.loads` and turned into numpy columns by list comprehensions, so no Python object per
+event outlives its chunk. A chunk whose values do not have the documented types falls back
+to a checked, event-by-event path that drops (and counts) the bad lines. Times stay on the
+rank's own clock here; the loader aligns them.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from pathlib import Path
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from pipetrace.analyze.model import parse_texts
+from pipetrace.analyze.reader import SKIP, LogProblems, TraceFormatError, event_batches, open_log
+from pipetrace.recorder import format as fmt
+
+OPEN = -1
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_LIFECYCLE = frozenset(
+    {fmt.RUN_START, fmt.CLOCK, fmt.STALL, fmt.DUMP, fmt.SIGNAL, fmt.EXCEPTION, fmt.ABORT, fmt.RUN_END}
+)
+_OPS = {"send": 0, "recv": 1}
+_CHANNELS = {"F": 0, "B": 1}
+
+
+@dataclass
+class RawRank:
+    """What one rank's log holds, as columns; ``error`` set when the log is unusable."""
+
+    path: str
+    header: dict[str, Any] = field(default_factory=dict)
+    problems: LogProblems = field(default_factory=LogProblems)
+    error: str | None = None
+    events: int = 0
+    unknown_events: int = 0
+    texts: list[str] = field(default_factory=list)
+    threads: list[str] = field(default_factory=list)
+    shapes: list[tuple[int, ...]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    text_parts: tuple[np.ndarray, ...] = ()  # (kind, stage, microbatch) of each text
+    steps: dict[str, np.ndarray] = field(default_factory=dict)  # begin end it pos code thread
+    p2p: dict[str, np.ndarray] = field(default_factory=dict)  # post done it op peer ch seq nbytes shape dtype code
+    iterations: dict[int, list] = field(default_factory=dict)  # it -> [begin, end, loss]
+    lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+    run_start: dict[str, Any] | None = None
+
+
+class _Columns:
+    """Per-chunk column arrays collected until the end of the file."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+
+    def add(self, columns: dict[str, np.ndarray]) -> None:
+        for name in self.names:
+            self.parts[name].append(columns[name])
+
+    def result(self, dtypes: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {
+            n: np.concatenate(p).astype(dtypes[n], copy=False) if p else np.empty(0, dtypes[n])
+            for n, p in self.parts.items()
+        }
+
+
+_STEP_COLS = ("t", "id", "it", "pos", "code", "thread")
+_P2P_COLS = ("t", "id", "it", "op", "peer", "ch", "seq", "nbytes", "shape", "dtype", "code")
+_END_COLS = ("id", "t")
+_I64 = np.int64
+
+
+class _Interner:
+    def __init__(self, values: list) -> None:
+        self.values = values
+        self.codes: dict[Any, int] = {}
+
+    def get(self, value: Any) -> int:
+        code = self.codes.get(value)
+        if code is None:
+            code = self.codes[value] = len(self.values)
+            self.values.append(value)
+        return code
+
+
+def parse_rank_file(path: str | Path) -> RawRank:
+    """Parse one rank log; never raises for bad content (``error`` says why it is unusable)."""
+    # A chunk is tens of thousands of fresh dicts: the cyclic collector would walk them again
+    # and again for nothing (they hold no cycles); reference counting frees them.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse(path)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _parse(path: str | Path) -> RawRank:
+    raw = RawRank(str(path))
+    try:
+        header, handle, _ = open_log(path)
+    except TraceFormatError as exc:
+        raw.error = str(exc)
+        return raw
+    raw.header = header
+    texts, threads = _Interner(raw.texts), _Interner(raw.threads)
+    threads.get("main")
+    shapes, dtypes = _Interner(raw.shapes), _Interner(raw.dtypes)
+    steps, p2p, ends = _Columns(_STEP_COLS), _Columns(_P2P_COLS), _Columns(_END_COLS)
+    interners = (texts, threads, shapes, dtypes)
+    try:
+        for items, first_line in event_batches(handle, raw.problems):
+            marks = [len(i.values) for i in interners]
+            try:
+                columns = _fast_batch(items, raw, interners)
+                _check_new_values(interners, marks)
+            except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+                for interner, mark in zip(interners, marks):
+                    _truncate(interner, mark)
+                columns = _slow_batch(items, first_line, raw, interners)
+            sb, pp, en, other = columns
+            steps.add(sb)
+            p2p.add(pp)
+            ends.add(en)
+            raw.events += len(items)
+            for event in other:
+                _lifecycle(event, raw)
+    except OSError as exc:
+        raw.problems.notes.append(f"read error: {exc}")
+    _finish(raw, steps, p2p, ends)
+    return raw
+
+
+def _truncate(interner: _Interner, mark: int) -> None:
+    for value in interner.values[mark:]:
+        del interner.codes[value]
+    del interner.values[mark:]
+
+
+def _check_new_values(interners: tuple[_Interner, ...], marks: list[int]) -> None:
+    texts, threads, shapes, dtypes = interners
+    for interner, mark in ((texts, marks[0]), (threads, marks[1]), (dtypes, marks[3])):
+        for value in interner.values[mark:]:
+            if type(value) is not str:
+                raise TypeError
+    for shape in shapes.values[marks[2] :]:
+        for dim in shape:
+            if type(dim) is not int:
+                raise TypeError
+
+
+def _codes(interner: _Interner, values: Any, count: int) -> np.ndarray:
+    """Intern an iterable of hashable values; returns their codes."""
+    values = list(values)
+    codes = interner.codes
+    try:  # after the first chunk nearly every value is known: skip building a set
+        return np.fromiter(map(codes.__getitem__, values), np.int32, count)
+    except KeyError:
+        for value in dict.fromkeys(values):
+            interner.get(value)
+        return np.fromiter(map(codes.__getitem__, values), np.int32, count)
+
+
+def _fast_batch(items: list, raw: RawRank, interners: tuple[_Interner, ...]):
+    """Columns of one chunk, trusting types (any surprise raises; the caller falls back)."""
+    texts, threads, shapes, dtypes = interners
+    sb: list = []
+    pp: list = []
+    en: list = []
+    other: list = []
+    sb_add, pp_add, en_add, other_add = sb.append, pp.append, en.append, other.append
+    for d in items:
+        e = d["e"]
+        if e == "step_end" or e == "p2p_done":
+            en_add(d)
+        elif e == "step_begin":
+            sb_add(d)
+        elif e == "p2p_post":
+            pp_add(d)
+        else:
+            other_add(d)
+    for d in other:
+        d["t"]  # noqa: B018 (a KeyError sends the chunk to the checked path)
+    n_sb, n_pp, n_en = len(sb), len(pp), len(en)
+
+    def ints(rows: list, key: str, count: int, dtype: Any = _I64) -> np.ndarray:
+        return np.fromiter(map(itemgetter(key), rows), dtype, count)
+
+    step_cols = {
+        "t": ints(sb, "t", n_sb),
+        "id": ints(sb, "id", n_sb),
+        "it": ints(sb, "it", n_sb),
+        "pos": ints(sb, "pos", n_sb),
+        "code": _codes(texts, map(itemgetter("step"), sb), n_sb),
+        "thread": _codes(threads, map(itemgetter("th"), sb), n_sb),
+    }
+    p2p_cols = {
+        "t": ints(pp, "t", n_pp),
+        "id": ints(pp, "id", n_pp),
+        "it": ints(pp, "it", n_pp),
+        "op": np.fromiter(map(_OPS.__getitem__, map(itemgetter("op"), pp)), np.int8, n_pp),
+        "peer": ints(pp, "peer", n_pp),
+        "ch": np.fromiter(map(_CHANNELS.__getitem__, map(itemgetter("ch"), pp)), np.int8, n_pp),
+        "seq": ints(pp, "seq", n_pp),
+        "nbytes": ints(pp, "bytes", n_pp),
+        "shape": _codes(shapes, map(tuple, map(itemgetter("shape"), pp)), n_pp),
+        "dtype": _codes(dtypes, map(itemgetter("dtype"), pp), n_pp),
+        "code": _codes(texts, map(itemgetter("step"), pp), n_pp),
+    }
+    end_cols = {"id": ints(en, "id", n_en), "t": ints(en, "t", n_en)}
+    return step_cols, p2p_cols, end_cols, other
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int and _I64_MIN <= value <= _I64_MAX
+
+
+def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_Interner, ...]):
+    """Columns of one chunk, checking every event; invalid events are counted as corrupt."""
+    texts, threads, shapes, dtypes = interners
+    sb: dict[str, list] = {n: [] for n in _STEP_COLS}
+    pp: dict[str, list] = {n: [] for n in _P2P_COLS}
+    en: dict[str, list] = {n: [] for n in _END_COLS}
+    other: list = []
+    for offset, d in enumerate(items):
+        if d is SKIP:
+            continue
+        if not _valid(d):
+            raw.problems.note_corrupt(first_line + offset)
+            continue
+        e = d["e"]
+        if e == "step_end" or e == "p2p_done":
+            en["id"].append(d["id"])
+            en["t"].append(d["t"])
+        elif e == "step_begin":
+            for name, value in (("t", d["t"]), ("id", d["id"]), ("it", d["it"]), ("pos", d["pos"]),
+                                ("code", texts.get(d["step"])), ("thread", threads.get(d["th"]))):  # fmt: skip
+                sb[name].append(value)
+        elif e == "p2p_post":
+            values = _p2p_values(d, interners)
+            for name, value in zip(_P2P_COLS, values):
+                pp[name].append(value)
+        else:
+            other.append(d)
+    dtypes_of = {"code": np.int32, "thread": np.int32, "op": np.int8, "ch": np.int8, "shape": np.int32,
+                 "dtype": np.int32}  # fmt: skip
+    def arrays(cols: dict[str, list]) -> dict[str, np.ndarray]:
+        return {n: np.array(v, dtypes_of.get(n, _I64)) for n, v in cols.items()}
+
+    return arrays(sb), arrays(pp), arrays(en), other
+
+
+def _p2p_values(d: dict[str, Any], interners: tuple[_Interner, ...]) -> tuple:
+    texts, _, shapes, dtypes = interners
+    return (d["t"], d["id"], d["it"], _OPS[d["op"]], d["peer"], _CHANNELS.get(d["ch"], -1),
+            d["seq"], d["bytes"], shapes.get(tuple(d["shape"])), dtypes.get(d["dtype"]),
+            texts.get(d["step"]))  # fmt: skip
+
+
+_REQUIRED: dict[str, tuple[tuple[str, str], ...]] = {
+    "step_begin": (("id", "int"), ("it", "int"), ("pos", "int"), ("step", "str"), ("th", "str")),
+    "step_end": (("id", "int"),),
+    "p2p_done": (("id", "int"),),
+    "p2p_post": (("id", "int"), ("it", "int"), ("op", "op"), ("step", "str"), ("peer", "int"),
+                 ("ch", "str"), ("seq", "int"), ("bytes", "int"), ("shape", "shape"), ("dtype", "str")),
+    "iter_begin": (("it", "int"),),
+    "iter_end": (("it", "int"),),
+    "clock": (("offset_ns", "int"),),
+    "run_start": (("plan", "texts"),),
+}  # fmt: skip
+
+
+def _valid(d: Any) -> bool:
+    if type(d) is not dict or type(d.get("e")) is not str or not _is_int(d.get("t")):
+        return False
+    for name, kind in _REQUIRED.get(d["e"], ()):
+        value = d.get(name)
+        if kind == "int":
+            ok = _is_int(value)
+        elif kind == "str":
+            ok = type(value) is str
+        elif kind == "op":
+            ok = value in _OPS
+        elif kind == "shape":
+            ok = type(value) is list and all(_is_int(v) for v in value)
+        else:  # texts
+            ok = type(value) is list and all(type(v) is str for v in value)
+        if not ok:
+            return False
+    return True
+
+
+def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
+    """Iteration, clock and failure events (few per rank), checked one by one."""
+    if not _valid(d):
+        raw.problems.corrupt_lines += 1
+        return
+    e, t = d["e"], d["t"]
+    if e == fmt.ITER_BEGIN:
+        raw.iterations.setdefault(d["it"], [t, OPEN, None])[0] = t
+    elif e == fmt.ITER_END:
+        row = raw.iterations.setdefault(d["it"], [OPEN, t, None])
+        row[1] = t
+        loss = d.get("loss")
+        row[2] = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+    elif e in _LIFECYCLE:
+        fields = {k: v for k, v in d.items() if k not in ("e", "t")}
+        if e == fmt.RUN_START and raw.run_start is None:
+            raw.run_start = fields
+        else:
+            raw.lifecycle.append((e, t, fields))
+    else:
+        raw.unknown_events += 1
+
+
+def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> None:
+    sb = steps.result({n: np.int32 if n in ("code", "thread") else _I64 for n in _STEP_COLS})
+    pp = p2p.result({n: (np.int8 if n in ("op", "ch") else np.int32 if n in ("shape", "dtype", "code")
+                         else _I64) for n in _P2P_COLS})  # fmt: skip
+    en = ends.result({"id": _I64, "t": _I64})
+    _add_listed_open(raw, sb, pp)
+    raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
+    end_ids, end_t = en["id"], en["t"]
+    order = np.argsort(end_ids, kind="stable")
+    end_ids, end_t = end_ids[order], end_t[order]
+
+    def end_of(ids: np.ndarray) -> np.ndarray:
+        if not len(end_ids) or not len(ids):
+            return np.full(len(ids), OPEN, _I64)
+        idx = np.searchsorted(end_ids, ids)
+        idx_c = np.minimum(idx, len(end_ids) - 1)
+        return np.where(end_ids[idx_c] == ids, end_t[idx_c], OPEN)
+
+    raw.steps = {"begin": sb["t"], "end": end_of(sb["id"]), "it": sb["it"].astype(np.int32),
+                 "pos": sb["pos"].astype(np.int32), "code": sb["code"],
+                 "thread": sb["thread"].astype(np.int8)}  # fmt: skip
+    raw.p2p = {"post": pp["t"], "done": end_of(pp["id"]), "it": pp["it"].astype(np.int32),
+               "op": pp["op"], "peer": pp["peer"].astype(np.int32), "ch": pp["ch"], "seq": pp["seq"],
+               "nbytes": pp["nbytes"], "shape": pp["shape"], "dtype": pp["dtype"], "code": pp["code"]}  # fmt: skip
+
+
+def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.ndarray]) -> None:
+    """Steps and ops that the last stall/dump/signal/exception lists as open but whose begin
+    is not in the log (lost with a damaged chunk): add them, begun at that event's time."""
+    listing = [ev for ev in raw.lifecycle if ev[0] in (fmt.STALL, fmt.DUMP, fmt.SIGNAL, fmt.EXCEPTION)]
+    if not listing:
+        return
+    _, t, fields = listing[-1]
+    known_steps = set(sb["id"].tolist())
+    texts = _Interner(raw.texts)
+    texts.codes = {v: i for i, v in enumerate(raw.texts)}
+    threads = _Interner(raw.threads)
+    threads.codes = {v: i for i, v in enumerate(raw.threads)}
+    add_steps = []
+    for item in fields.get("open_steps") or ():
+        if (isinstance(item, dict) and _is_int(item.get("id")) and item["id"] not in known_steps
+                and _is_int(item.get("pos")) and isinstance(item.get("step"), str)):  # fmt: skip
+            thread = item.get("thread") if isinstance(item.get("thread"), str) else "main"
+            add_steps.append((t, item["id"], -1, item["pos"], texts.get(item["step"]), threads.get(thread)))
+    if add_steps:
+        for name, values in zip(_STEP_COLS, zip(*add_steps)):
+            sb[name] = np.concatenate([sb[name], np.array(values, sb[name].dtype)])
+    known_ops = set(pp["id"].tolist())
+    shapes = _Interner(raw.shapes)
+    shapes.codes = {v: i for i, v in enumerate(raw.shapes)}
+    dtypes = _Interner(raw.dtypes)
+    dtypes.codes = {v: i for i, v in enumerate(raw.dtypes)}
+    add_ops = []
+    for item in fields.get("inflight") or ():
+        if isinstance(item, dict) and item.get("e") == fmt.P2P_POST and _valid(item) and item["id"] not in known_ops:
+            add_ops.append(_p2p_values(item, (texts, threads, shapes, dtypes)))
+    if add_ops:
+        for name, values in zip(_P2P_COLS, zip(*add_ops)):
+            pp[name] = np.concatenate([pp[name], np.array(values, pp[name].dtype)])

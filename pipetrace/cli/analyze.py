@@ -1,0 +1,78 @@
+"""`pipetrace analyze DIR`: what went wrong in a recorded run, and where the time went."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
+
+
+class _LazyProgress:
+    """A rich progress bar on stderr, shown only on a terminal and only once loading has
+    taken more than `delay` seconds."""
+
+    def __init__(self, delay: float = 0.5) -> None:
+        self.delay = delay
+        self.started = time.monotonic()
+        self.bar = None
+        self.task = None
+        self.enabled = sys.stderr.isatty()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            if time.monotonic() - self.started < self.delay or done >= total:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress("loading rank logs", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                console=Console(file=sys.stderr), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("load", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Findings and metrics as JSON (docs/analyze.md).")
+@click.option("--workers", type=click.IntRange(min=0), default=None,
+              help="Processes that parse rank logs (default: automatic; 0: none).")
+@click.option("--no-segments", is_flag=True, help="Leave the critical path's segments out of --json.")
+def analyze(run_dir: str, as_json: bool, workers: int | None, no_segments: bool) -> int:
+    """Diagnose a recorded run: hangs, failures, message problems, plan divergence,
+    stragglers, exposed communication; then iteration time, bubbles, per-stage step
+    times, the critical path and clock alignment.
+
+    Exit code 0: no errors; 1: findings of severity error; 2: unusable input.
+
+    \b
+    Examples:
+      pipetrace run -s 1f1b -p 4 -m 8 --out runs/a && pipetrace analyze runs/a
+      pipetrace analyze runs/a --json | jq '.findings[] | select(.severity == "error")'
+    """
+    from pipetrace.analyze.analysis import analyze as run_analysis
+    from pipetrace.analyze.load import load_run
+    from pipetrace.cli.schedule import echo_json, use_color
+
+    progress = _LazyProgress()
+    try:
+        run = load_run(run_dir, progress=progress, workers=workers)
+    finally:
+        progress.close()
+    result = run_analysis(run)
+    if as_json:
+        echo_json(result.to_json(segments=not no_segments))
+    else:
+        from pipetrace.analyze.report import render
+
+        render(result, sys.stdout, color=use_color())
+    return EXIT_PROBLEMS if result.has_errors else EXIT_OK

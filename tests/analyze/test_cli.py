@@ -1,0 +1,79 @@
+"""`pipetrace analyze` and `pipetrace diff` end to end, in-process."""
+
+from __future__ import annotations
+
+import orjson
+
+from pipetrace.cli import main
+
+from .driver import Fault, record_run
+
+
+def test_analyze_clean_text_report(clean_run, capsys):
+    assert main(["analyze", str(clean_run)]) == 0
+    out = capsys.readouterr().out
+    assert "Findings: 0 error(s), 0 warning(s)" in out
+    assert "iteration time" in out and "bubble ratio" in out and "critical path" in out
+    assert "\x1b[" not in out  # plain when not a terminal
+
+
+def test_analyze_json_structure(clean_run, capsys):
+    assert main(["analyze", str(clean_run), "--json", "--workers", "0"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["format"] == "pipetrace-analysis" and data["version"] == 1
+    assert data["findings"] == [] or all({"kind", "severity", "ranks"} <= set(f) for f in data["findings"])
+    m = data["metrics"]
+    assert {"iterations", "iteration_time", "ranks", "bubble", "stages", "critical_path", "clocks"} <= set(m)
+    assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
+    assert all(r["state"] == "finished" for r in data["ranks"])
+    assert m["critical_path"]["segments"]
+
+
+def test_analyze_exit_1_on_errors_and_findings_first(tmp_path, capsys):
+    record_run(tmp_path, faults=[Fault("wrong_shape", 2, "2SEND_F1")])
+    assert main(["analyze", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.index("ERROR   [message_mismatch]") < out.index("Metrics")
+    assert main(["analyze", str(tmp_path), "--json"]) == 1
+    data = orjson.loads(capsys.readouterr().out)
+    first = data["findings"][0]
+    assert first["kind"] == "message_mismatch" and first["severity"] == "error" and first["ranks"] == [2, 3]
+
+
+def test_diff(tmp_path, clean_run, capsys):
+    slow = tmp_path / "slow"
+    record_run(slow, faults=[Fault("slow", 1, factor=6)], compute_s=0.002)
+    assert main(["diff", str(clean_run), str(slow)]) == 0
+    out = capsys.readouterr().out
+    assert "iteration time" in out and "stage   1 F" in out
+    assert main(["diff", str(clean_run), str(slow), "--json"]) == 0
+    data = orjson.loads(capsys.readouterr().out)
+    assert data["format"] == "pipetrace-diff"
+    assert data["iteration_time_ns"]["delta"] > 0
+    stage1 = next(s for s in data["stages"] if s["stage"] == 1 and s["kind"] == "F")
+    assert stage1["mean_ns"]["change"] > 2
+    assert main(["diff", str(clean_run), str(tmp_path / "absent")]) == 2
+
+
+def test_progress_bar_only_on_a_terminal_and_after_a_delay(monkeypatch):
+    import io
+
+    from pipetrace.cli.analyze import _LazyProgress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    quiet = _LazyProgress(delay=0)
+    quiet(1, 10)
+    assert quiet.bar is None  # not a terminal
+    monkeypatch.setattr("sys.stderr", Tty())
+    fast = _LazyProgress(delay=60)
+    fast(1, 10)
+    assert fast.bar is None  # loading has not taken long yet
+    slow = _LazyProgress(delay=0)
+    slow(1, 10)
+    slow(10, 10)
+    assert slow.bar is not None
+    slow.close()

@@ -1,0 +1,133 @@
+"""Damaged inputs: each gives a clear message and exit code 2, or a partial analysis with a
+warning. Logs are real recordings (tests/analyze/driver.py) damaged afterwards."""
+
+from __future__ import annotations
+
+import shutil
+
+import orjson
+import pytest
+
+from pipetrace.analyze.load import SAME_RUN_WINDOW_NS, load_run
+from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.cli import main
+from pipetrace.recorder import format as fmt
+
+from .conftest import analyzed
+
+
+@pytest.fixture
+def run(tmp_path, clean_run):
+    path = tmp_path / "run"
+    shutil.copytree(clean_run, path)
+    return path
+
+
+def log(path, rank):
+    return path / fmt.rank_log_name(rank)
+
+
+def rewrite_header(path, rank, **changes):
+    lines = log(path, rank).read_bytes().split(b"\n", 1)
+    header = orjson.loads(lines[0])
+    header.update(changes)
+    log(path, rank).write_bytes(orjson.dumps(header) + b"\n" + lines[1])
+
+
+def problems(path):
+    return [p.message for p in load_run(path, workers=0).problems]
+
+
+def test_exit_2_without_meta(run, capsys):
+    (run / fmt.META_FILE).unlink()
+    assert main(["analyze", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "no meta.json" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_exit_2_for_a_newer_meta_schema(run, capsys):
+    meta = orjson.loads((run / fmt.META_FILE).read_bytes())
+    meta["schema_version"] = fmt.SCHEMA_VERSION + 1
+    (run / fmt.META_FILE).write_bytes(orjson.dumps(meta))
+    assert main(["analyze", str(run)]) == 2
+    assert "upgrade pipetrace" in capsys.readouterr().err
+
+
+def test_exit_2_for_corrupt_meta_and_for_a_file(run, tmp_path, capsys):
+    (run / fmt.META_FILE).write_bytes(b"{not json")
+    assert main(["analyze", str(run)]) == 2
+    assert "corrupt JSON" in capsys.readouterr().err
+    assert main(["analyze", str(log(run, 0))]) == 2
+    assert main(["analyze", str(tmp_path / "nowhere")]) == 2
+
+
+def test_exit_2_when_no_log_is_usable(run, capsys):
+    for rank in range(4):
+        log(run, rank).unlink()
+    assert main(["analyze", str(run)]) == 2
+    assert "no usable event log" in capsys.readouterr().err
+
+
+def test_missing_rank_is_a_partial_analysis(run):
+    log(run, 3).unlink()
+    result = analyzed(run)
+    assert any("rank-00003.ndjson: missing event log" in p.message for p in result.run.problems)
+    assert result.run.ranks[3].status.state == "missing"
+    failed = [f for f in result.findings if f.kind == "rank_failed"]
+    assert failed and failed[0].ranks == [3] and failed[0].severity == "warning"
+
+
+def test_empty_log(run):
+    log(run, 2).write_bytes(b"")
+    assert any("empty event log" in m for m in problems(run))
+
+
+def test_torn_last_line_is_reported_and_the_rest_used(run):
+    data = log(run, 1).read_bytes()
+    log(run, 1).write_bytes(data[:-9])
+    loaded = load_run(run, workers=0)
+    assert any("torn last line" in p.message for p in loaded.problems)
+    assert loaded.ranks[1].events == data.count(b"\n") - 2
+
+
+def test_corrupt_lines_are_counted_with_the_first_location(run):
+    lines = log(run, 0).read_bytes().split(b"\n")
+    lines[5] = b'{"e":"step_begin","t":'
+    lines[9] = b'{"e":"step_end","t":"soon","id":3}'  # valid JSON, invalid event
+    lines[12] = b"\x00\xff garbage"
+    log(run, 0).write_bytes(b"\n".join(lines))
+    messages = problems(run)
+    assert any("3 corrupt line(s) skipped, first at line 6" in m for m in messages), messages
+
+
+def test_newer_schema_on_one_rank_is_set_aside(run):
+    rewrite_header(run, 2, schema_version=fmt.SCHEMA_VERSION + 1)
+    assert any("newer than this pipetrace understands" in m for m in problems(run))
+
+
+def test_log_from_another_run_is_set_aside(run):
+    header = orjson.loads(log(run, 1).read_bytes().split(b"\n", 1)[0])
+    rewrite_header(run, 1, t0=header["t0"] - 2 * SAME_RUN_WINDOW_NS)
+    rewrite_header(run, 2, world_size=8)
+    messages = problems(run)
+    assert any("rank-00001.ndjson is from another run" in m and "away from meta.json" in m for m in messages)
+    assert any("rank-00002.ndjson is from another run" in m and "world size 8" in m for m in messages)
+    (run / fmt.rank_log_name(7)).write_bytes(log(run, 0).read_bytes())
+    assert any("rank-00007.ndjson is not a rank of this run" in m for m in problems(run))
+
+
+def test_not_a_header(run):
+    data = log(run, 0).read_bytes()
+    log(run, 0).write_bytes(b'{"format":"something-else","schema_version":1}\n' + data.split(b"\n", 1)[1])
+    assert any("does not look like a pipetrace event log" in m for m in problems(run))
+
+
+def test_unknown_event_types_are_ignored(run):
+    with open(log(run, 0), "ab") as handle:
+        handle.write(b'{"e":"from_the_future","t":1,"x":2}\n')
+    assert any("unknown type ignored" in m for m in problems(run))
+
+
+def test_load_errors_are_trace_format_errors(tmp_path):
+    with pytest.raises(TraceFormatError, match="no such run directory"):
+        load_run(tmp_path / "absent")

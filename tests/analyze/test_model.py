@@ -1,0 +1,102 @@
+"""The run model: clock refinement, pairing, parallel loading and the synthetic generator."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipetrace.analyze.analysis import analyze
+from pipetrace.analyze.load import load_run
+from pipetrace.analyze.model import OP_SEND, OPEN
+from pipetrace.analyze.synthetic import write_synthetic_run
+
+from .driver import record_run
+
+
+def matched_slack(run):
+    """done(recv) - post(send) of every matched pair, aligned."""
+    out = []
+    for rank in run.present_ranks:
+        p = rank.p2p
+        sends = np.flatnonzero((p.op == OP_SEND) & (p.match_rank >= 0))
+        for row in sends:
+            other = run.ranks[int(p.match_rank[row])].p2p
+            done = other.done[p.match_index[row]]
+            if done != OPEN:
+                out.append(int(done - p.post[row]))
+    return np.array(out)
+
+
+def test_clock_refinement_puts_every_recv_after_its_send(tmp_path):
+    # ranks' clocks are skewed and the recorded offsets of ranks 1 and 2 are 3 ms wrong
+    record_run(tmp_path, clock_skew_ns=[0, 40_000_000, -25_000_000, 7_000_000],
+               clock_error_ns=[0, 3_000_000, -3_000_000, 0])  # fmt: skip
+    run = load_run(tmp_path, workers=0)
+    q = run.clock_quality
+    assert q["early_receives_before"] > 0 and q["refined"] and q["min_slack_ns"] >= 0
+    assert matched_slack(run).min() >= 0
+    assert abs(run.ranks[1].clock.correction_ns) > 1_000_000
+
+
+def test_clean_recording_needs_no_refinement(clean_run):
+    run = load_run(clean_run, workers=0)
+    assert not run.clock_quality["refined"] and matched_slack(run).min() >= 0
+    assert all((r.p2p.match_rank >= 0).all() for r in run.ranks)
+
+
+def test_every_op_is_paired_with_its_seq_counterpart(clean_run):
+    run = load_run(clean_run, workers=0)
+    for rank in run.ranks:
+        p = rank.p2p
+        for row in range(len(p)):
+            other = run.ranks[int(p.match_rank[row])].p2p
+            j = int(p.match_index[row])
+            assert other.match_rank[j] == rank.rank and other.match_index[j] == row
+            assert (other.seq[j], other.it[j], other.ch[j]) == (p.seq[row], p.it[row], p.ch[row])
+            assert other.op[j] != p.op[row]
+
+
+def test_parallel_and_serial_loading_agree(tmp_path):
+    write_synthetic_run(tmp_path, num_ranks=4, num_microbatches=8, iterations=3, jitter=0.1)
+    a, b = load_run(tmp_path, workers=0), load_run(tmp_path, workers=2)
+    assert a.catalog.texts == b.catalog.texts
+    for ra, rb in zip(a.ranks, b.ranks):
+        for name in ("begin", "end", "code", "pos", "it"):
+            assert np.array_equal(getattr(ra.steps, name), getattr(rb.steps, name))
+        for name in ("post", "done", "seq", "match_rank", "match_index"):
+            assert np.array_equal(getattr(ra.p2p, name), getattr(rb.p2p, name))
+
+
+def test_synthetic_straggler_and_clean(tmp_path):
+    write_synthetic_run(tmp_path / "clean", num_ranks=4, num_microbatches=8, iterations=3)
+    assert [f.kind for f in analyze(load_run(tmp_path / "clean")).findings] == []
+    write_synthetic_run(tmp_path / "slow", num_ranks=4, num_microbatches=8, iterations=3, slow_stages={2: 3.0})
+    found = analyze(load_run(tmp_path / "slow")).findings
+    assert [(f.kind, f.ranks) for f in found] == [("straggler", [2])]
+
+
+def test_overlapping_substeps_are_folded_into_their_composite(tmp_path):
+    record_run(tmp_path, schedule="dualpipev", ranks=2, microbatches=4, stages_per_rank=2, iterations=1)
+    run = load_run(tmp_path, workers=0)
+    assert "overlap" in run.threads
+    assert [f.kind for f in analyze(run).findings if f.severity != "info"] == []
+
+
+def test_pairing_by_channel_equals_the_global_sort_with_duplicates(tmp_path, clean_run):
+    import shutil
+
+    from pipetrace.analyze import matching
+    from pipetrace.recorder import format as fmt
+
+    shutil.copytree(clean_run, tmp_path / "run")
+    log = tmp_path / "run" / fmt.rank_log_name(1)
+    lines = log.read_bytes().splitlines(keepends=True)
+    posts = [line for line in lines if b'"p2p_post"' in line][:6]
+    log.write_bytes(b"".join(lines + posts))  # the same ops (ids, seqs) again
+    run = load_run(tmp_path / "run", workers=0)
+    fast = [(r.p2p.match_rank.copy(), r.p2p.match_index.copy()) for r in run.ranks]
+    for r in run.ranks:
+        r.p2p.match_rank[:] = -1
+        r.p2p.match_index[:] = -1
+    matching._match_general(run.ranks)
+    for (rank_a, index_a), r in zip(fast, run.ranks):
+        assert np.array_equal(rank_a, r.p2p.match_rank) and np.array_equal(index_a, r.p2p.match_index)

@@ -1,0 +1,82 @@
+"""Runs recorded by the real torch runtime (`pipetrace.runtime.launch`, gloo on local ranks,
+the real recorder), with faults injected through `register_custom_function`."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipetrace.analyze import findings as fk
+from pipetrace.schedule.ir import StepKind
+
+from . import runtime_faults as rf
+from .conftest import analyzed
+
+pytestmark = pytest.mark.multiproc
+
+SCHEDULES = [("gpipe", None, False), ("1f1b", None, True), ("interleaved-1f1b", 2, False),
+             ("zb1p", None, True), ("zbv", 2, False), ("dualpipev", 2, True)]  # fmt: skip
+
+
+def test_clean_runs_of_every_schedule(tmp_path):
+    configs = [dict(schedule=s, microbatches=8, steps=2, stages_per_rank=v, overlap_p2p=o) for s, v, o in SCHEDULES]
+    result = rf.run_many(tmp_path, configs, ranks=4)
+    assert not result.failures
+    for i, (schedule, _, overlap) in enumerate(SCHEDULES):
+        analysis = analyzed(tmp_path / f"case-{i}")
+        above_info = [(f.kind, f.message) for f in analysis.findings if f.severity != fk.INFO]
+        assert above_info == [], schedule
+        assert {r.status.state for r in analysis.run.ranks} == {"finished"}
+        assert all((r.p2p.match_rank >= 0).all() for r in analysis.run.ranks), schedule
+        metrics = analysis.to_json()["metrics"]
+        assert metrics["overlap_mode"] == overlap, schedule
+        assert metrics["bubble"]["ideal"]["available"] and metrics["critical_path"]["length_ns"] > 0
+        assert analysis.run.clock_quality["feasible"]
+
+
+def test_straggler_rank(tmp_path):
+    custom = [(StepKind.F, rf.SlowRank(1, 0.01)), (StepKind.B, rf.SlowRank(1, 0.02))]
+    rf.run(tmp_path, ranks=2, microbatches=4, steps=2, custom=custom)
+    analysis = analyzed(tmp_path)
+    stragglers = [f for f in analysis.findings if f.kind == fk.STRAGGLER]
+    assert [(f.ranks, f.severity) for f in stragglers] == [([1], fk.WARNING)]
+    assert not [f for f in analysis.findings if f.severity == fk.ERROR]
+
+
+def test_raising_rank_is_the_first_failure(tmp_path):
+    rf.run(tmp_path, ranks=2, microbatches=4, steps=2, custom=[(StepKind.F, rf.RaiseAt(1, "1F1"))])
+    analysis = analyzed(tmp_path)
+    first = analysis.findings[0]
+    assert first.kind == fk.RANK_FAILED and first.ranks == [1]
+    assert "injected failure in 1F1" in first.message and first.steps[0].step == "1F1"
+    others = [f for f in analysis.findings if f.kind == fk.RANK_FAILED and f.ranks != [1]]
+    assert all("follows rank 1's failure" in f.cause for f in others)
+
+
+def test_swapped_sends_deadlock_on_gloo(tmp_path):
+    swap = rf.SwapSends(0, "0SEND_F1", "0SEND_F2")
+    rf.run(tmp_path, ranks=2, microbatches=4, steps=1, timeout=4.0, custom=[(StepKind.SEND_F, swap)])
+    analysis = analyzed(tmp_path)
+    # 1F1B on 2 ranks: rank 0 holds 0SEND_F1 back until 0SEND_F2, which comes after 0RECV_B0;
+    # rank 1 needs micro-batch 1 before it can send B0: a cycle. Both ranks' gloo waits then
+    # time out, which is a symptom (warning), not the cause.
+    assert analysis.findings[0].kind == fk.DEADLOCK
+    deadlock = analysis.findings[0]
+    assert sorted(deadlock.details["cycle"]) == [0, 1]
+    assert deadlock.details["blocked"]["0"]["step"] == "0RECV_B0"
+    assert deadlock.details["blocked"]["1"]["step"] == "1RECV_F1"
+    timeouts = [f for f in analysis.findings if f.kind == fk.RANK_FAILED]
+    # each rank's wait times out, or the second one sees the first one's connection close
+    assert timeouts and all(f.severity == fk.WARNING for f in timeouts)
+    assert all("symptom" in f.cause or "follows rank" in f.cause for f in timeouts)
+    unmatched = next(f for f in analysis.findings if f.kind == fk.UNMATCHED_RECV)
+    assert "0SEND_F1 without posting" in unmatched.cause
+
+
+def test_rank_that_never_returns_ends_the_wait_chain(tmp_path):
+    rf.run(tmp_path, ranks=2, microbatches=4, steps=1, custom=[(StepKind.B, rf.BlockAt(1, "1B1"))],
+           stall_timeout=1.0, abort_timeout=1.0)  # fmt: skip
+    analysis = analyzed(tmp_path)
+    stalled = next(f for f in analysis.findings if f.kind == fk.RANK_STALLED)
+    assert stalled.details["chain"] == [0, 1] and stalled.details["terminal_state"] == "computing"
+    assert "1B1" in stalled.message
+    assert analysis.run.ranks[1].status.state == "aborted"
