@@ -24,6 +24,14 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     findings = []
     finished = sum(r.status.state == RankState.FINISHED for r in run.ranks)
     failures = sorted((ev.t, r.rank) for r in run.present_ranks for ev in r.events_of(fmt.EXCEPTION))
+    lost_peer = [(t, r) for t, r in failures if any(w in str(run.ranks[r].status.error).lower() for w in _CLOSED)]
+    # A rank killed outright (SIGKILL, OOM) leaves no event; its peers then fail with
+    # "connection closed". Its last event is when it was last alive: count it as a failure.
+    silent = {rank.rank: _last_time(rank) for rank in run.ranks
+              if rank.status.state == RankState.ENDED and not len(_open_rows(rank))
+              and not (rank.p2p.done == OPEN).any()
+              and (finished or any(t > _last_time(rank) for t, _ in lost_peer))}  # fmt: skip
+    failures = sorted(failures + [(t, r) for r, t in silent.items()])
     first_failure = failures[0] if failures else None
     for rank in run.ranks:
         st = rank.status
@@ -59,13 +67,23 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
                 fk.RANK_FAILED, fk.WARNING, f"rank {rank.rank} has no usable log ({st.detail})",
                 "the rank never started recording (it crashed at start) or its file was lost",
                 ranks=[rank.rank], details={"last_step": None}))  # fmt: skip
-        elif st.state == RankState.ENDED and finished and not len(_open_rows(rank)) and not (rank.p2p.done == OPEN).any():
+        elif rank.rank in silent:
             findings.append(Finding(
                 fk.RANK_FAILED, fk.ERROR,
                 f"rank {rank.rank}'s log stops after {where.step} with no run_end, no error and nothing open",
                 "the process died without a trace (SIGKILL, the OOM killer, a segfault)",
                 ranks=[rank.rank], steps=[where], iterations=_it(where), details={"last_step": where.step}))  # fmt: skip
     return findings
+
+
+def _last_time(rank: RankTimeline) -> int:
+    """The last moment the rank's log shows it alive."""
+    times = [int(rank.steps.begin.max()) if len(rank.steps) else 0,
+             int(rank.steps.end.max()) if len(rank.steps) else 0,
+             int(rank.p2p.done.max()) if len(rank.p2p) else 0,
+             int(rank.iterations.end.max()) if len(rank.iterations) else 0,
+             max((ev.t for ev in rank.lifecycle), default=0)]  # fmt: skip
+    return max(times)
 
 
 def _it(ref: StepRef) -> list[int]:

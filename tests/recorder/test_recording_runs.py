@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 
+from pipetrace.analyze.analysis import analyze
+from pipetrace.analyze.load import load_run
 from pipetrace.analyze.reader import read_log, read_meta
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.config import RunConfig
@@ -86,6 +88,9 @@ def test_sigkill_leaves_every_log_readable(tmp_path):
         assert kinds.count(fmt.ITER_END) >= 1
         # each survivor explains its own end: an exception (lost peer) or the launcher's SIGTERM
         assert kinds[-1] in (fmt.EXCEPTION, fmt.SIGNAL, fmt.STALL, fmt.ABORT), kinds[-3:]
+    # and the analysis names the killed rank as the root cause, its peers' errors as consequences
+    errors = [f for f in analyze(load_run(out)).findings if f.severity == "error" and f.kind == "rank_failed"]
+    assert [f.ranks for f in errors] == [[1]]
 
 
 def test_a_hung_rank_ends_by_the_watchdog_with_stacks_everywhere(tmp_path):
