@@ -57,10 +57,15 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
                 details={"error": st.error, "traceback": tb, "last_step": where.step}))  # fmt: skip
         elif st.state == RankState.SIGNALED:
             sig = rank.last_of(fmt.SIGNAL)
+            severity, cause = fk.ERROR, ("killed from outside (job scheduler timeout, a user's Ctrl-C, "
+                                         "or a peer's failure tearing the job down)")  # fmt: skip
+            if sig and first_failure and first_failure[1] != rank.rank and sig.t > first_failure[0]:
+                severity = fk.WARNING
+                cause = (f"follows rank {first_failure[1]}'s failure {(sig.t - first_failure[0]) / 1e9:.3g} s "
+                         "earlier: the launcher ended the ranks left behind")  # fmt: skip
             findings.append(Finding(
-                fk.RANK_FAILED, fk.ERROR, f"rank {rank.rank} was ended by {st.error} in {where.step}",
-                "killed from outside (job scheduler timeout, a user's Ctrl-C, or a peer's failure "
-                "tearing the job down)", ranks=[rank.rank], steps=[where], iterations=_it(where),
+                fk.RANK_FAILED, severity, f"rank {rank.rank} was ended by {st.error} in {where.step}",
+                cause, ranks=[rank.rank], steps=[where], iterations=_it(where),
                 time_ns=(sig.t, sig.t) if sig else None, details={"signal": st.error, "last_step": where.step}))  # fmt: skip
         elif st.state == RankState.MISSING:
             findings.append(Finding(
