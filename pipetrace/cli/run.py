@@ -10,10 +10,11 @@ import click
 
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
 from pipetrace.runtime.config import RunConfig, run_options
+from pipetrace.runtime.faults import FAULT_HELP
 from pipetrace.runtime.results import ParityReport
 
 
-@click.command()
+@click.command(epilog=FAULT_HELP)
 @run_options
 def run(make_config: Callable[[int], RunConfig]) -> int:
     """Train on local ranks with a pipeline schedule.
@@ -27,6 +28,7 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
       pipetrace run --schedule 1f1b --ranks 4 --microbatches 8
       pipetrace run -s zbv -p 4 -m 8 --overlap-p2p --check-parity
       pipetrace run -s 1f1b -p 4 -m 8 --out run/ && pipetrace analyze run/
+      pipetrace run -s zbv -p 4 -m 8 --inject hang:rank=2 --out run/ && pipetrace analyze run/
     """
     config = make_config(2)
     config.check_backend()
@@ -39,6 +41,8 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
         f"{'overlapped' if config.overlap_p2p else 'plain'} P2P"
         + (f", FSDP over {config.data_parallel} replica(s)" if config.fsdp else "")
     )
+    for fault in config.faults:
+        click.echo(f"injecting {fault.describe(plan, overlap=config.overlap_p2p)}")
 
     from pipetrace.runtime.launch import launch  # only the ranks it starts import torch
 
@@ -52,11 +56,12 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
         if recorded:
             click.echo(f"trace in {config.out}; diagnose with: pipetrace analyze {config.out}", err=True)
         return EXIT_PROBLEMS
+    code = EXIT_OK
+    if config.check_parity:
+        code = _report_parity([cases[0].parity for _, cases in sorted(result.results.items())])
     if recorded:
         click.echo(f"recorded to {config.out}; next: pipetrace analyze {config.out}")
-    if config.check_parity:
-        return _report_parity([cases[0].parity for _, cases in sorted(result.results.items())])
-    return EXIT_OK
+    return code
 
 
 def _report_parity(reports: list[ParityReport]) -> int:

@@ -58,12 +58,13 @@ def test_a_failed_rank_is_named_and_exits_1(capsys, monkeypatch):
         RankFailure(3, "RuntimeError: Connection closed by peer", at=1.5),
     ]
     monkeypatch.setattr(pipetrace.runtime.launch, "launch", fake_launch(LaunchResult(4, failures=failures)))
-    code = main(["run", "-s", "1f1b", "-p", "4"])
+    code = main(["run", "-s", "1f1b", "-p", "4", "--out", "run-dir"])
     _, err = capsys.readouterr()
     assert code == 1
     assert err.splitlines() == [
         "pipetrace: error: rank 2 failed: RuntimeError: injected",
         "  then rank 3: RuntimeError: Connection closed by peer",
+        "trace in run-dir; diagnose with: pipetrace analyze run-dir",
     ]
 
 
@@ -100,10 +101,10 @@ def test_help_does_not_import_torch():
 
 
 @pytest.mark.multiproc
-def test_run_trains_and_passes_the_parity_check():
+def test_run_trains_and_passes_the_parity_check(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "pipetrace", "run", "-s", "ScheduleZBVZeroBubble", "-p", "2", "-m", "4",
-         "-n", "3", "--overlap-p2p", "--check-parity", "--timeout", "60"],
+         "-n", "3", "--overlap-p2p", "--check-parity", "--timeout", "60", "--out", str(tmp_path / "run")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -111,4 +112,5 @@ def test_run_trains_and_passes_the_parity_check():
     assert lines[0].startswith("zbv: 2 ranks, 4 stages on ranks 0,1,1,0, 4 micro-batches, overlapped P2P")
     losses = [float(line.split()[-1]) for line in lines if line.startswith("step ")]
     assert len(losses) == 3 and losses[2] < losses[0]
-    assert lines[-1].startswith("parity ok: loss and gradients match a single-process run (17 quantities")
+    assert lines[-2].startswith("parity ok: loss and gradients match a single-process run (17 quantities")
+    assert lines[-1] == f"recorded to {tmp_path / 'run'}; next: pipetrace analyze {tmp_path / 'run'}"
