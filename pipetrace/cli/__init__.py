@@ -46,8 +46,13 @@ def cli() -> None:
 
     \b
     Typical use:
-      pipetrace schedule verify 1f1b --ranks 4 --microbatches 8
-      pipetrace schedule simulate zbv --ranks 4 --microbatches 16
+      pipetrace run --schedule 1f1b --ranks 4 --microbatches 8 --out run/
+      pipetrace analyze run/
+      pipetrace tui run/
+      pipetrace export run/ -o run.pftrace
+      pipetrace schedule verify zbv --ranks 4 --microbatches 16 --semantics rendezvous
+
+    Exit codes: 0 clean, 1 problems found, 2 usage or input error.
     """
 
 
