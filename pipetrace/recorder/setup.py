@@ -1,7 +1,8 @@
 """Choosing and building a recorder: from `pipetrace run` flags or from the environment.
 
-In a user's own script under torchrun, ``PIPETRACE_DIR=run/`` turns recording on with no
-code change beyond using pipetrace's runtime; the other variables tune it.
+In a user's own script (under torchrun, or as a MindSpore worker), ``PIPETRACE_DIR=run/``
+turns recording on with no code change beyond using pipetrace's runtime; the other
+variables tune it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ ENV_MODE = "PIPETRACE_RECORD"
 ENV_STALL = "PIPETRACE_STALL_TIMEOUT"
 ENV_ABORT = "PIPETRACE_ABORT_TIMEOUT"
 ENV_FLUSH = "PIPETRACE_FLUSH_INTERVAL"
+ENV_BUFFER = "PIPETRACE_BUFFER_EVENTS"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class RecordSettings:
     stall_timeout: float = 30.0
     abort_timeout: float = 30.0
     flush_interval: float = 0.2
+    buffer_events: int = 200_000
+    """Pending events before the recording thread writes them itself (bounds memory)."""
 
     def __post_init__(self) -> None:
         if self.mode not in RECORD_MODES:
@@ -42,6 +46,8 @@ class RecordSettings:
                 raise PipetraceError(f"{name} must be >= 0 seconds (0 turns it off)")
         if self.flush_interval <= 0:
             raise PipetraceError("flush_interval must be > 0 seconds")
+        if self.buffer_events < 1:
+            raise PipetraceError("buffer_events must be >= 1")
 
     @property
     def enabled(self) -> bool:
@@ -64,7 +70,19 @@ class RecordSettings:
             stall_timeout=number(ENV_STALL, 30.0),
             abort_timeout=number(ENV_ABORT, 30.0),
             flush_interval=number(ENV_FLUSH, 0.2),
+            buffer_events=int(number(ENV_BUFFER, 200_000)),
         )
+
+
+def _recorder_config(settings: RecordSettings) -> RecorderConfig:
+    return RecorderConfig(
+        run_dir=Path(settings.run_dir),  # type: ignore[arg-type]
+        mode=settings.mode,
+        flush_interval=settings.flush_interval,
+        stall_timeout=settings.stall_timeout,
+        abort_timeout=settings.abort_timeout,
+        capacity=settings.buffer_events,
+    )
 
 
 def torch_recorder(settings: RecordSettings) -> RecorderHooks:
@@ -76,17 +94,31 @@ def torch_recorder(settings: RecordSettings) -> RecorderHooks:
     from pipetrace.recorder.clock import torch_int_exchange
     from pipetrace.recorder.profiler import TorchProfilerRanges
 
-    config = RecorderConfig(
-        run_dir=Path(settings.run_dir),
-        mode=settings.mode,
-        flush_interval=settings.flush_interval,
-        stall_timeout=settings.stall_timeout,
-        abort_timeout=settings.abort_timeout,
-    )
     return Recorder(
-        config,
+        _recorder_config(settings),
         framework="torch",
         framework_version=torch.__version__,
         profiler=TorchProfilerRanges(),
         clock_exchange=torch_int_exchange(),
+    )
+
+
+def mindspore_recorder(settings: RecordSettings) -> RecorderHooks:
+    """The recorder for a MindSpore rank: the same recorder and trace format (header
+    framework "mindspore"), profiler ranges through MindSpore's RecordFunction, clock
+    alignment over mindspore.communication (which must be initialised: the MindSpore runner
+    makes its recorder after joining the cluster)."""
+    if not settings.enabled:
+        return NullRecorder()
+    import mindspore
+
+    from pipetrace.recorder.clock import mindspore_int_exchange
+    from pipetrace.recorder.profiler import MindSporeProfilerRanges
+
+    return Recorder(
+        _recorder_config(settings),
+        framework="mindspore",
+        framework_version=mindspore.__version__,
+        profiler=MindSporeProfilerRanges(),
+        clock_exchange=mindspore_int_exchange(),
     )
