@@ -102,7 +102,8 @@ def _demo_rank(rank: int, iterations: int, port: int, results: object) -> None:
         times: dict[str, list[float]] = {key: [] for key in runners}
         cpu: dict[str, list[float]] = {key: [] for key in runners}
         for iteration in range(5 + iterations):
-            for key, runner in runners.items():
+            order = list(runners.items())
+            for key, runner in order if iteration % 2 else order[::-1]:  # ABBA: no order bias
                 dist.barrier()
                 start, start_cpu = time.perf_counter(), time.process_time()
                 runner.step(inputs, targets)

@@ -13,7 +13,7 @@ from pipetrace.recorder.writer import EventWriter
 def test_a_full_buffer_is_written_by_the_appending_thread(tmp_path):
     path = tmp_path / "log.ndjson"
     # the background thread never runs in this test (hour-long interval): only backpressure writes
-    writer = EventWriter(path, {"h": 1}, lambda rec: {"n": rec[0]}, flush_interval=3600, capacity=100)
+    writer = EventWriter(path, {"h": 1}, lambda rec: b'{"n":%d}\n' % rec[0], flush_interval=3600, capacity=100)
     for n in range(250):
         writer.append((n,))
         assert len(writer._pending) < 100  # never more than the bound waits in memory
