@@ -1,0 +1,39 @@
+"""`pipetrace tui`: inspect a recorded run interactively."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from pipetrace.errors import EXIT_OK, PipetraceError
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def tui(run_dir: Path) -> int:
+    """Inspect a recorded run interactively.
+
+    A timeline of every rank (steps coloured by kind, P2P ops in flight, the plan beside what
+    ran), the analyzers' findings, step details and metrics. The run loads in the background;
+    press ? for the keys.
+
+    \b
+    Example:
+      pipetrace tui runs/demo
+    """
+    from pipetrace.analyze.reader import read_meta
+
+    read_meta(run_dir)  # a missing or foreign directory fails here, before the screen changes
+    try:
+        from pipetrace.tui.app import PipetraceApp
+    except ImportError as exc:
+        raise PipetraceError(f"the TUI needs textual ({exc.name} is missing): pip install 'pipetrace[tui]'") from None
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise PipetraceError("pipetrace tui needs a terminal (stdin and stdout); run it in a terminal")
+    app = PipetraceApp(run_dir)
+    code = app.run()
+    if app.load_error:
+        click.echo(f"pipetrace: error: {app.load_error}", err=True)
+    return code if isinstance(code, int) else EXIT_OK

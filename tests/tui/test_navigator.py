@@ -1,0 +1,63 @@
+"""The Navigator (every move on the timeline) without the UI."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipetrace.tui.navigator import Navigator
+from pipetrace.tui.session import open_session
+from pipetrace.tui.lanes import COMM, MAIN
+
+
+@pytest.fixture(scope="module")
+def session(synthetic_run):
+    return open_session(synthetic_run, workers=0)
+
+
+def test_open_selects_the_first_step_of_a_clean_run(session):
+    nav = Navigator(session)
+    assert nav.open(100) is False
+    assert nav.state.cursor == (session.index.main_lane(0), 0)
+    assert nav.viewport.columns == 100
+
+
+def test_peer_back_and_the_filter(session):
+    nav = Navigator(session)
+    nav.open(100)
+    index = session.index
+    nav.step(1)  # 0SEND_F0
+    start = nav.state.cursor
+    assert nav.peer() is None and index.lanes[nav.state.cursor[0]].rank == 1
+    assert nav.back() is None and nav.state.cursor == start
+    assert nav.back() == "nothing to go back to"
+    assert nav.set_filter("rank=0") is None
+    assert nav.peer() == "rank 1 is hidden by the filter"
+    assert nav.set_filter("rank=9") == "no such rank: the run has ranks 0-3"
+    assert "expected rank=" in nav.set_filter("nonsense")
+    assert nav.clear() is None and nav.filter.empty
+    nav.select(start[0], 0)  # 0F0
+    assert nav.peer().startswith("not a P2P op")
+
+
+def test_iterations_and_lanes(session):
+    nav = Navigator(session)
+    nav.open(100)
+    assert nav.iteration(-1) is None  # from the whole run: the last iteration
+    index = session.index
+    b, e = index.iteration_span(1)
+    assert nav.viewport.start <= b and nav.viewport.end >= e
+    assert nav.goto_iteration(7) == "no iteration 7; this run has iterations 0-1"
+    nav.lane(1)
+    assert index.lanes[nav.state.cursor[0]].role == COMM
+    nav.toggle_comm()
+    assert all(index.lanes[i].role == MAIN for i in nav.state.lane_ids)
+    assert index.lanes[nav.state.cursor[0]].role == MAIN  # the cursor left the hidden row
+
+
+def test_findings_cycle_and_clear(deadlock_run):
+    nav = Navigator(open_session(deadlock_run, workers=0))
+    assert nav.open(80) is True and nav.finding_index == 0 and nav.state.highlight
+    assert nav.clear() is None and not nav.state.highlight
+    assert nav.finding(-1) is None and nav.finding_index == len(nav.session.findings) - 1
+    nav.set_filter("rank=1")
+    assert nav.goto_finding(0) == "rank(s) [0] of this finding are hidden by the filter"
