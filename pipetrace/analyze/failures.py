@@ -31,7 +31,9 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
               if rank.status.state == RankState.ENDED and not len(_open_rows(rank))
               and not (rank.p2p.done == OPEN).any()
               and (finished or any(t > _last_time(rank) for t, _ in lost_peer))}  # fmt: skip
-    failures = sorted(failures + [(t, r) for r, t in silent.items()])
+    # A rank its watchdog ended (a hang) or a signal ended drops its connections too.
+    ended = [(ev.t, r.rank) for r in run.present_ranks for e in (fmt.ABORT, fmt.SIGNAL) for ev in r.events_of(e)]
+    failures = sorted(failures + ended + [(t, r) for r, t in silent.items()])
     first_failure = failures[0] if failures else None
     for rank in run.ranks:
         st = rank.status
