@@ -1,0 +1,237 @@
+"""Start a local MindSpore cluster (one scheduler, one worker per rank), collect what the
+workers report, and make sure no process outlives the run.
+
+MindSpore's CPU backend (mccl) needs a scheduler process that the workers register with;
+``msrun`` would start it, but msrun starts workers with the ``python`` on PATH, not this
+interpreter. So this module starts every process itself with ``sys.executable``, configured
+by MindSpore's environment variables: ``MS_ROLE`` (MS_SCHED or MS_WORKER), ``MS_SCHED_HOST``
+(127.0.0.1), ``MS_SCHED_PORT`` (a free port picked here), ``MS_WORKER_NUM`` and, per worker,
+``MS_NODE_ID``/``RANK_ID``. ``MS_CPU_COMM_OP_TIMEOUT`` and ``MS_TOPO_TIMEOUT`` carry
+``--timeout`` (a P2P wait on a peer, and joining the cluster, fail after about that many
+seconds).
+
+Workers are supervised exactly as torch ranks are (`pipetrace.runtime.launch`: the same
+report pipe, the same grace after a first failure, then SIGTERM and SIGKILL; every process
+asks Linux to kill it if the launcher dies). The scheduler is not a rank: it is stopped once
+the workers are gone (it would otherwise wait for their unregistration), and if it dies while
+they still run, the launch fails with its exit code and the tail of its log.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Sequence
+
+from pipetrace.errors import EXIT_PROBLEMS, PipetraceError
+from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig, WorkerSpec
+from pipetrace.runtime.launch import _die_with_parent, _is_consequence, _Rank, _stop, _supervise, free_port
+from pipetrace.runtime.results import LaunchResult, RankFailure, describe_error
+from pipetrace.schedule.ir import StepKind
+
+_REPORT_FD_ENV = "PIPETRACE_REPORT_FD"
+_SYS_PATH_ENV = "PIPETRACE_SYS_PATH"
+_BOOTSTRAP = (
+    "import os, sys; sys.path[:0] = os.environ.pop('PIPETRACE_SYS_PATH').split(os.pathsep); "
+    "from pipetrace.runtime.mindspore.cluster import {entry}; {entry}()"
+)
+# MindSpore logs every cluster-building retry as a WARNING; keep errors unless the user chose.
+_QUIET_LOGS = {"GLOG_v": "3"}
+_EXIT_DEADLINE = 60  # seconds a worker may take to leave the cluster after it reported
+
+
+def launch(
+    cases: Sequence[RunConfig],
+    *,
+    make_recorder: RecorderFactory | None = None,
+    custom_functions: Sequence[tuple[StepKind | str, CustomFunction]] = (),
+    on_loss: LossCallback | None = None,
+    kill_grace: float = 5.0,
+) -> LaunchResult:
+    """Run ``cases`` one after the other on ``cases[0].ranks`` local MindSpore workers.
+
+    Same contract as `pipetrace.runtime.launch.launch`; ``result.pids`` also lists the
+    scheduler. Raises PipetraceError (exit 1) if the scheduler fails while workers run.
+    """
+    world_size = cases[0].world_size
+    if any(case.world_size != world_size for case in cases):
+        raise ValueError(f"cases in one launch share one cluster: {[c.world_size for c in cases]} processes")
+    spec = WorkerSpec(
+        tuple(cases),
+        make_recorder,
+        tuple((StepKind(kind), fn) for kind, fn in custom_functions),
+        threads_per_rank=max(1, (os.cpu_count() or 1) // world_size),
+    )
+    payload = pickle.dumps(spec)
+    env = _cluster_env(world_size, free_port(), max(case.timeout for case in cases))
+    result = LaunchResult(world_size)
+    ranks: list[_Rank] = []
+    with tempfile.TemporaryDirectory(prefix="pipetrace-ms-") as scratch:
+        log_path = Path(scratch) / "scheduler.log"
+        scheduler = _start_scheduler(env, log_path)
+        result.pids.append(scheduler.pid)
+        watch = _SchedulerWatch(scheduler, ranks)
+        try:
+            for rank in range(world_size):
+                ranks.append(_start_worker(rank, env))
+                result.pids.append(ranks[-1].process.pid)
+                ranks[-1].send_spec(payload)
+            watch.start()
+            _supervise(ranks, result, on_loss, kill_grace)
+        finally:
+            watch.stop()
+            _stop(ranks)
+            _stop_process(scheduler)
+        if watch.failed_with is not None:
+            raise PipetraceError(
+                f"MindSpore's scheduler exited with code {watch.failed_with} while workers were "
+                f"running: {_tail(log_path)}",
+                exit_code=EXIT_PROBLEMS,
+            )
+    result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
+    return result
+
+
+def _cluster_env(world_size: int, port: int, timeout: float) -> dict[str, str]:
+    env = {**_QUIET_LOGS, **os.environ}
+    env.update(
+        MS_SCHED_HOST="127.0.0.1",
+        MS_SCHED_PORT=str(port),
+        MS_WORKER_NUM=str(world_size),
+        MS_CPU_COMM_OP_TIMEOUT=str(max(1, math.ceil(timeout))),
+        MS_TOPO_TIMEOUT=str(max(1, math.ceil(timeout))),  # joining the cluster
+        **{_SYS_PATH_ENV: os.pathsep.join(sys.path)},
+    )
+    for name in ("MS_ROLE", "MS_NODE_ID", "RANK_ID", "RANK_SIZE"):
+        env.pop(name, None)  # from an enclosing MindSpore job: they would confuse ours
+    return env
+
+
+def _start_scheduler(env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    # The scheduler's log is kept aside (it is noisy) and shown only if it fails.
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP.format(entry="scheduler_main")],
+            env=dict(env, MS_ROLE="MS_SCHED"),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _start_worker(rank: int, env: dict[str, str]) -> _Rank:
+    read_fd, write_fd = os.pipe()
+    worker_env = dict(env, MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank), RANK_ID=str(rank),
+                      **{_REPORT_FD_ENV: str(write_fd)})  # fmt: skip
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP.format(entry="worker_main")],
+            stdin=subprocess.PIPE,
+            env=worker_env,
+            pass_fds=(write_fd,),
+        )
+    finally:
+        os.close(write_fd)
+    return _Rank(rank, process, Connection(read_fd, writable=False))
+
+
+class _SchedulerWatch:
+    """Notices the scheduler dying while workers run, and stops the workers then (without a
+    scheduler they would wait for it until MindSpore's own, much longer, timeouts)."""
+
+    def __init__(self, scheduler: subprocess.Popen, ranks: list[_Rank]) -> None:
+        self.scheduler = scheduler
+        self.ranks = ranks
+        self.failed_with: int | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipetrace-ms-scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.2):
+            code = self.scheduler.poll()
+            if code is None:
+                continue
+            if code != 0 and any(rank.process.poll() is None for rank in self.ranks):
+                self.failed_with = code
+                _stop(self.ranks)
+            return
+
+
+def _stop_process(process: subprocess.Popen, grace: float = 2.0) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(text[-lines:]) if text else "(empty log)"
+
+
+# -- inside the started processes ------------------------------------------------------------
+
+
+def scheduler_main() -> None:
+    """Entry point of the scheduler process: MindSpore's ``init()`` in the MS_SCHED role
+    serves the cluster until the workers leave (or the launcher stops it)."""
+    _die_with_parent()
+    from mindspore.communication import init
+
+    init()
+
+
+def worker_main() -> None:
+    """Entry point of a worker process started by `launch`."""
+    _die_with_parent()
+    reports = Connection(int(os.environ.pop(_REPORT_FD_ENV)), readable=False)
+    rank, world_size = int(os.environ["MS_NODE_ID"]), int(os.environ["MS_WORKER_NUM"])
+    try:
+        spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
+        from pipetrace.runtime.mindspore.worker import run_rank
+
+        results = run_rank(rank, world_size, spec, lambda *loss: reports.send(("loss", loss)))
+    except BaseException as exc:
+        reports.send(("error", RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time())))
+        reports.close()
+        # Leave at once: MindSpore's finalisation at exit would wait for peers that may be
+        # stuck or gone; the launcher stops them and the scheduler.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    reports.send(("done", results))
+    reports.close()
+    # A clean exit runs MindSpore's finalisation, which unregisters this worker from the
+    # scheduler and lets its last messages leave (with os._exit here, one run in a few lost
+    # the other worker to a SIGTERM at the very end). Should it hang, SIGALRM ends it.
+    # The rank has said all it will: the finalisation's log lines (INFO, whatever GLOG_v
+    # says) are not shown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    signal.alarm(_EXIT_DEADLINE)

@@ -1,0 +1,264 @@
+"""Point-to-point transfers between pipeline ranks over ``mindspore.ops.communication``
+(isend/irecv on the mccl TCP backend on CPU). Same interface and recorder reports as the
+torch `pipetrace.runtime.p2p.P2P`, so the shared executor drives either.
+
+What differs from torch, measured on MindSpore 2.10 (CPU):
+
+- **The default-group bug.** ``send``/``isend`` check the destination against
+  ``get_cache_group_rank()``, whose default group was bound at import time to
+  ``"hccl_world_group"``, which does not exist on CPU ("The group hccl_world_group does not
+  exist"). `fix_default_group` seeds that module-level cache with this process's rank after
+  ``init()``; then send/recv/isend/irecv work (4 MiB arrives bit-exact).
+- **No tags, no batching.** mccl ignores tags and matches messages in posting order per pair
+  of ranks (as NCCL does); lowered plans post sends and recvs in the same order on both
+  sides, and the first message of a stream is preceded by its metadata on both sides too.
+  ``batch_isend_irecv`` is not available on CPU, so each message is its own isend/irecv.
+- **One queue per process.** PyNative runs ops in order on one asynchronous queue: a posted
+  irecv holds back every op queued after it until its data arrives, and ``handle.wait()``
+  returns before the data is there. Completion is therefore ``wait()`` plus a sync of the
+  queue, and in overlap mode later compute waits behind a posted recv anyway: the mode
+  changes when waits happen and are recorded, but on CPU a recv does not overlap compute.
+  Plain mode has the same order as lowered plans assume, so neither mode can deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.runtime.mindspore.stage import COMPUTE_LOCK, pynative_executor
+from pipetrace.schedule.ir import Step
+
+if TYPE_CHECKING:
+    from mindspore import Tensor
+
+_MAX_DIMS = 8
+_META_LEN = 2 + _MAX_DIMS  # dtype code, number of dims, dims
+# dtype <-> small integer for the metadata message (names as mindspore's dtype attributes).
+_DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+                "uint8", "bool_", "complex64", "complex128")  # fmt: skip
+
+
+def fix_default_group() -> None:
+    """Make ``mindspore.ops.communication`` P2P usable on CPU (call after ``init()``).
+
+    The functions ask ``get_cache_group_rank()`` for this process's rank in the group its
+    default argument names, bound at import time to ``"hccl_world_group"`` (Ascend's world
+    group); on CPU the world group is ``"mccl_world_group"`` and the lookup fails. Seeding
+    the cache for the import-time name with the real rank is all it takes. Idempotent.
+    """
+    import inspect
+
+    from mindspore.communication import get_rank
+    from mindspore.ops.function import comm_func
+
+    default = inspect.signature(comm_func.get_cache_group_rank).parameters["group"].default
+    cache = getattr(comm_func, "_GROPU_RANK_CACHE", None)  # sic: MindSpore's spelling
+    if cache is not None and default not in cache:
+        cache[default] = get_rank()
+
+
+def dtype_name(dtype: Any) -> str:
+    """A MindSpore dtype as the trace writes dtypes ("float64", "bool", ...)."""
+    return str(dtype).lower().removesuffix("_")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorMeta:
+    """Shape and dtype of the tensors on one (channel, sending stage) stream."""
+
+    shape: tuple[int, ...]
+    dtype: Any  # a mindspore dtype
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for size in self.shape:
+            numel *= size
+        return numel * _itemsize(self.dtype)
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.dtype)
+
+
+def _itemsize(dtype: Any) -> int:
+    name = dtype_name(dtype)
+    if name == "bool":
+        return 1
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return int(digits) // 8 if digits else 1
+
+
+class _Work:
+    """A posted isend/irecv: done once its handle is waited and the op queue has run it.
+
+    In an OVERLAP_F_B composite the backward half waits for its recv on the overlap thread
+    while the forward half computes on the main thread: the wait takes the stages' compute
+    lock, as PyNative's executor is not safe for two threads."""
+
+    __slots__ = ("_handle", "_sync")
+
+    def __init__(self, handle: Any, sync: Any) -> None:
+        self._handle = handle
+        self._sync = sync
+
+    def wait(self) -> None:
+        with COMPUTE_LOCK:
+            self._handle.wait()
+            self._sync()
+
+
+class PendingRecv:
+    """A posted recv; `wait` returns the received tensor (once) and reports completion."""
+
+    __slots__ = ("_work", "_buffer", "_token", "_recorder")
+
+    def __init__(self, work: _Work, buffer: Tensor, token: Any, recorder: RecorderHooks) -> None:
+        self._work = work
+        self._buffer = buffer
+        self._token = token
+        self._recorder = recorder
+
+    def wait(self) -> Tensor:
+        self._work.wait()
+        self._recorder.p2p_completed(self._token)
+        return self._buffer
+
+
+class MindSporeP2P:
+    """Sends and receives the messages of one rank's plan (peers are world ranks, as in
+    the plan: the pipeline is the whole MindSpore world)."""
+
+    def __init__(
+        self,
+        *,
+        num_stages: int,
+        recorder: RecorderHooks,
+        overlap: bool = False,
+        known: dict[tuple[str, int], TensorMeta] | None = None,
+    ) -> None:
+        from mindspore.ops import communication
+
+        fix_default_group()
+        self.num_stages = num_stages
+        self.recorder = recorder
+        self.overlap = overlap
+        self._comm = communication
+        self._sync = pynative_executor().sync
+        self._meta: dict[tuple[str, int], TensorMeta] = dict(known or {})
+        self._seq: dict[tuple[str, int, str], int] = {}
+        self._sends: list[tuple[_Work, Tensor, Any]] = []
+
+    def begin_iteration(self) -> None:
+        self._seq.clear()
+
+    def _next_seq(self, op: str, peer: int, channel: str) -> int:
+        key = (op, peer, channel)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        return seq
+
+    def send(self, step: Step, tensor: Tensor, *, peer: int, channel: str) -> None:
+        """Send ``tensor`` for ``step`` (SEND_F or SEND_B of stage ``step.stage``)."""
+        src_stage = step.stage
+        assert src_stage is not None
+        key = (channel, src_stage)
+        meta = self._meta.get(key)
+        shape = tuple(tensor.shape)
+        if meta is None:
+            meta = TensorMeta(shape, tensor.dtype)
+            self._meta[key] = meta
+            self._post_send(_encode_meta(meta), peer, None)
+        elif shape != meta.shape or tensor.dtype != meta.dtype:
+            raise RuntimeError(
+                f"{step}: stage {src_stage} {'output' if channel == 'F' else 'input gradient'} "
+                f"is {shape} {dtype_name(tensor.dtype)}, but earlier messages were "
+                f"{meta.shape} {meta.dtype_name}; shapes are exchanged once, so every "
+                "micro-batch must have the same shape (build a new runner for a new shape)"
+            )
+        token = self.recorder.p2p_posted(
+            op="send",
+            step=step,
+            peer=peer,
+            channel=channel,
+            seq=self._next_seq("send", peer, channel),
+            nbytes=meta.nbytes,
+            shape=meta.shape,
+            dtype=meta.dtype_name,
+        )
+        self._post_send(tensor, peer, token)
+
+    def _post_send(self, tensor: Tensor, peer: int, token: Any) -> None:
+        work = _Work(self._comm.isend(tensor, dst=peer), self._sync)
+        if self.overlap:
+            self._sends.append((work, tensor, token))
+        else:
+            work.wait()
+            if token is not None:
+                self.recorder.p2p_completed(token)
+
+    def recv(self, step: Step, *, peer: int, channel: str, src_stage: int) -> Tensor | PendingRecv:
+        """Receive the message for ``step`` (RECV_F or RECV_B) sent by stage ``src_stage``.
+
+        Plain mode returns the tensor; overlap mode returns a `PendingRecv`.
+        """
+        from mindspore import ops
+
+        key = (channel, src_stage)
+        meta = self._meta.get(key)
+        if meta is None:
+            import mindspore as ms
+
+            header = ops.zeros((_META_LEN,), ms.int64)
+            _Work(self._comm.irecv(header, src=peer), self._sync).wait()
+            meta = _decode_meta(header)
+            self._meta[key] = meta
+        buffer = ops.zeros(meta.shape, meta.dtype)
+        token = self.recorder.p2p_posted(
+            op="recv",
+            step=step,
+            peer=peer,
+            channel=channel,
+            seq=self._next_seq("recv", peer, channel),
+            nbytes=meta.nbytes,
+            shape=meta.shape,
+            dtype=meta.dtype_name,
+        )
+        work = _Work(self._comm.irecv(buffer, src=peer), self._sync)
+        if self.overlap:
+            return PendingRecv(work, buffer, token, self.recorder)
+        work.wait()
+        self.recorder.p2p_completed(token)
+        return buffer
+
+    def drain(self) -> None:
+        """Wait for every send still in flight (overlap mode); called at iteration end."""
+        sends, self._sends = self._sends, []
+        for work, _tensor, token in sends:
+            work.wait()
+            if token is not None:
+                self.recorder.p2p_completed(token)
+
+
+def _encode_meta(meta: TensorMeta) -> Tensor:
+    import mindspore as ms
+    import numpy as np
+
+    if len(meta.shape) > _MAX_DIMS:
+        raise RuntimeError(f"cannot send a {len(meta.shape)}-dim tensor; at most {_MAX_DIMS} dims")
+    codes = [getattr(ms, name) for name in _DTYPE_NAMES]
+    if meta.dtype not in codes:
+        raise RuntimeError(f"cannot send dtype {meta.dtype}; supported: {', '.join(_DTYPE_NAMES)}")
+    values = [codes.index(meta.dtype), len(meta.shape), *meta.shape]
+    values += [0] * (_META_LEN - len(values))
+    return ms.Tensor(np.array(values, dtype=np.int64))
+
+
+def _decode_meta(header: Tensor) -> TensorMeta:
+    import mindspore as ms
+
+    values = [int(v) for v in header.asnumpy().tolist()]
+    ndim = values[1]
+    return TensorMeta(tuple(values[2 : 2 + ndim]), getattr(ms, _DTYPE_NAMES[values[0]]))
