@@ -10,11 +10,13 @@ DEMO_DIR ?= runs/demo
 venv: $(STAMP)
 
 # torch is installed first and pinned: pip then keeps it, instead of resolving a CUDA build.
+# The MindSpore backend's extra comes last (~2.8 GB; it holds numpy below 2, see pyproject.toml).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[torch,tui,perfetto,test]'
+	$(PY) -m pip install --quiet -e '.[mindspore]'
 	touch $(STAMP)
 
 # Train the demo model on 4 local ranks with 1F1B (recorded, checked against a

@@ -19,15 +19,17 @@ from pipetrace.runtime.results import ParityReport
 def run(make_config: Callable[[int], RunConfig]) -> int:
     """Train on local ranks with a pipeline schedule.
 
-    Starts P x D processes joined by a gloo group on 127.0.0.1, trains the built-in demo
-    model (a float64 MLP on synthetic data, SGD) for --steps iterations and prints the loss
-    after each. Flags and the schedule are checked before any process starts.
+    Starts P x D processes joined by a gloo group on 127.0.0.1 (with --backend mindspore:
+    a MindSpore scheduler and P workers), trains the built-in demo model (a float64 MLP on
+    synthetic data, SGD) for --steps iterations and prints the loss after each. Flags and
+    the schedule are checked before any process starts.
 
     \b
     Examples:
       pipetrace run --schedule 1f1b --ranks 4 --microbatches 8
       pipetrace run -s zbv -p 4 -m 8 --overlap-p2p --check-parity
       pipetrace run -s 1f1b -p 4 -m 8 --out run/ && pipetrace analyze run/
+      pipetrace run -s zb1p -p 2 -m 4 --backend mindspore --check-parity
       pipetrace run -s zbv -p 4 -m 8 --inject hang:rank=2 --out run/ && pipetrace analyze run/
     """
     config = make_config(2)
@@ -44,7 +46,10 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     for fault in config.faults:
         click.echo(f"injecting {fault.describe(plan, overlap=config.overlap_p2p)}")
 
-    from pipetrace.runtime.launch import launch  # only the ranks it starts import torch
+    if config.backend == "mindspore":  # a MindSpore scheduler and workers, all started here
+        from pipetrace.runtime.mindspore.cluster import launch
+    else:
+        from pipetrace.runtime.launch import launch  # only the ranks it starts import torch
 
     result = launch([config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}"))
     recorded = config.out is not None and config.record != "off"

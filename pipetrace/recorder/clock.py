@@ -72,3 +72,33 @@ def torch_int_exchange() -> tuple[SendInts, RecvInts]:
         return [int(v) for v in buffer.tolist()]
 
     return send_ints, recv_ints
+
+
+def mindspore_int_exchange() -> tuple[SendInts, RecvInts]:
+    """send_ints / recv_ints over MindSpore's world group (blocking send/recv of int64).
+
+    Needs ``mindspore.communication.init()`` and, on CPU, the default-group fix
+    (`pipetrace.runtime.mindspore.p2p.fix_default_group`) first; the MindSpore runner does
+    both before it makes its recorder. mccl matches messages in posting order, so the
+    exchange must not interleave with data messages: the recorder runs it at the start and
+    the clean end of a run, when none are in flight.
+    """
+    import numpy as np
+    from mindspore import Tensor
+    from mindspore.ops import communication as comm
+
+    try:
+        from mindspore.graph.api import _pynative_executor
+    except ImportError:  # MindSpore < 2.9
+        from mindspore.common.api import _pynative_executor
+
+    def send_ints(peer: int, values: list[int]) -> None:
+        comm.send(Tensor(np.array(values, dtype=np.int64)), dst=peer)
+        _pynative_executor.sync()  # ops run on a queue: return once the send has run
+
+    def recv_ints(peer: int, count: int) -> list[int]:
+        buffer = Tensor(np.zeros(count, dtype=np.int64))
+        comm.recv(buffer, src=peer)
+        return [int(v) for v in buffer.asnumpy().tolist()]  # asnumpy waits for the data
+
+    return send_ints, recv_ints

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import click
 
 from pipetrace.errors import PipetraceError
+from pipetrace.runtime import faults as _faults
+from pipetrace.runtime.faults import Fault
 from pipetrace.schedule.ir import Plan, ScheduleError, Step, StepKind
 
 if TYPE_CHECKING:
@@ -58,7 +60,7 @@ class RunConfig:
     steps: int = 3
     """Training iterations (an SGD step after each)."""
     backend: str = "torch"
-    """The framework that executes the plan; only "torch" exists so far."""
+    """The framework that executes the plan: "torch" or "mindspore" (`pipetrace.runtime.mindspore`)."""
     out: str | None = None
     """The run directory for recordings, passed through to the recorder factory."""
     seed: int = 0
@@ -85,6 +87,9 @@ class RunConfig:
     """Also capture a torch.profiler trace per rank into ``out/profiler/``."""
     demo: DemoConfig = DemoConfig()
     """The demo model's size."""
+    faults: tuple[Fault, ...] = ()
+    """Faults to inject (`pipetrace.runtime.faults`; specs such as "hang:rank=2" are parsed).
+    Construction fills in their defaults and checks them against the plan."""
 
     def __post_init__(self) -> None:
         checks = [
@@ -112,6 +117,13 @@ class RunConfig:
             raise PipetraceError("--torch-profiler writes into the run directory: it needs recording on")
         if self.backend not in BACKENDS:
             raise PipetraceError(f"unknown --backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
+        if self.faults:  # last: the check builds the plan from the fields above
+            object.__setattr__(self, "faults", _faults.resolve_faults(tuple(self.faults), self))
+
+    @property
+    def hangs(self) -> bool:
+        """Whether an injected fault leaves the run hung until the watchdog or a timeout ends it."""
+        return any(fault.HANGS for fault in self.faults)
 
     @property
     def world_size(self) -> int:
@@ -135,8 +147,12 @@ class RunConfig:
             raise PipetraceError(str(exc)) from None
 
     def check_backend(self) -> None:
+        """Refuse, before any process starts, a run the chosen backend cannot do (MindSpore
+        not installed: the message says how to install it)."""
         if self.backend == "mindspore":
-            raise PipetraceError("the MindSpore backend is not available yet")
+            from pipetrace.runtime.mindspore.support import check_run
+
+            check_run(self)
 
     def record_settings(self) -> RecordSettings:
         """The recorder settings of this run; without ``out`` (under torchrun), PIPETRACE_DIR
@@ -153,8 +169,8 @@ class RunConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for the recorder's run header."""
-        return dataclasses.asdict(self)
+        """Plain data for the recorder's run header (faults as their resolved specs)."""
+        return {**dataclasses.asdict(self), "faults": [fault.spec for fault in self.faults]}
 
 
 @dataclass
@@ -177,7 +193,11 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
     The wrapped function receives ``make_config(default_ranks) -> RunConfig``: ``--ranks``
     defaults to 2 for `pipetrace run` but to WORLD_SIZE / D under torchrun, which only the
-    caller knows. Building the config validates the flags.
+    caller knows. Building the config validates the flags; ``make_config(..., inject=False)``
+    leaves out the --inject faults (for a probe that only reads other flags).
+
+    With a fault that hangs (`RunConfig.hangs`), --stall-timeout, --abort-timeout and --timeout
+    default to `faults.HANG_STALL_TIMEOUT` etc., so that the run ends within seconds.
     """
 
     @click.option("--schedule", "-s", required=True, help="Schedule name, e.g. 1f1b, zbv, dualpipev, or a torch class name.")
@@ -188,22 +208,29 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True, help="Framework that runs the plan.")
     @click.option("--out", "-o", type=click.Path(file_okay=False), default=None, help="Run directory for the recording.  [default: runs/SCHEDULE-TIME]")
     @click.option("--record", type=click.Choice(["off", "steps", "full"]), default="steps", show_default=True, help="steps: every step, P2P op and lifecycle event; full: also the stack of each P2P post.")
-    @click.option("--stall-timeout", type=float, default=30.0, show_default=True, help="Seconds without progress before a rank records a stall with every thread's stack (0: off).")
-    @click.option("--abort-timeout", type=float, default=30.0, show_default=True, help="Further seconds after a stall before the watchdog ends the rank (0: never).")
+    @click.option("--stall-timeout", type=float, default=None, help="Seconds without progress before a rank records a stall with every thread's stack (0: off).  [default: 30; 3 with a fault that hangs]")
+    @click.option("--abort-timeout", type=float, default=None, help="Further seconds after a stall before the watchdog ends the rank (0: never).  [default: 30; 2 with a fault that hangs]")
     @click.option("--torch-profiler", is_flag=True, help="Also capture a torch.profiler trace per rank into OUT/profiler/.")
     @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the model and the synthetic data.")
     @click.option("--overlap-p2p", is_flag=True, help="Post recvs early, wait them where consumed; drain sends at iteration end.")
     @click.option("--check-parity", is_flag=True, help="After step 1, compare loss and gradients with a single-process run.")
-    @click.option("--timeout", type=float, default=60.0, show_default=True, help="Seconds a rank waits on a peer before failing.")
+    @click.option("--timeout", type=float, default=None, help="Seconds a rank waits on a peer before failing.  [default: 60; 20 with a fault that hangs]")
     @click.option("--data-parallel", "-d", type=int, default=1, show_default=True, help="Data-parallel replicas D (P * D processes).")
     @click.option("--fsdp", is_flag=True, help="Shard each stage with FSDP2 across the D replicas.")
+    @click.option("--inject", multiple=True, metavar="KIND[:KEY=VALUE,...]", help=f"Inject a fault (repeatable): {', '.join(_faults.FAULT_KINDS)}; keys and defaults below.")
     @functools.wraps(func)
     def wrapper(schedule: str, ranks: int | None, microbatches: int, stages_per_rank: int | None,
                 steps: int, backend: str, out: str | None, seed: int, overlap_p2p: bool,
-                check_parity: bool, timeout: float, data_parallel: int, fsdp: bool,
-                record: str, stall_timeout: float, abort_timeout: float, torch_profiler: bool,
-                **kwargs: Any) -> Any:  # fmt: skip
-        def make(default_ranks: int) -> RunConfig:
+                check_parity: bool, timeout: float | None, data_parallel: int, fsdp: bool,
+                record: str, stall_timeout: float | None, abort_timeout: float | None, torch_profiler: bool,
+                inject: tuple[str, ...], **kwargs: Any) -> Any:  # fmt: skip
+        faults = tuple(_faults.parse_fault(spec) for spec in inject)
+        hangs = any(fault.HANGS for fault in faults)
+
+        def pick(given: float | None, usual: float, hanging: float) -> float:
+            return given if given is not None else hanging if hangs else usual
+
+        def make(default_ranks: int, *, inject: bool = True) -> RunConfig:
             return RunConfig(
                 schedule=schedule,
                 ranks=default_ranks if ranks is None else ranks,
@@ -215,13 +242,14 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
                 seed=seed,
                 overlap_p2p=overlap_p2p,
                 check_parity=check_parity,
-                timeout=timeout,
+                timeout=pick(timeout, 60.0, _faults.HANG_P2P_TIMEOUT),
                 data_parallel=data_parallel,
                 fsdp=fsdp,
                 record=record,
-                stall_timeout=stall_timeout,
-                abort_timeout=abort_timeout,
+                stall_timeout=pick(stall_timeout, 30.0, _faults.HANG_STALL_TIMEOUT),
+                abort_timeout=pick(abort_timeout, 30.0, _faults.HANG_ABORT_TIMEOUT),
                 torch_profiler=torch_profiler,
+                faults=faults if inject else (),
             )
 
         return func(make_config=make, **kwargs)

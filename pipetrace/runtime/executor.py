@@ -13,20 +13,69 @@ holds no message for it.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.runtime import fsdp
 from pipetrace.runtime.config import CustomFunction
-from pipetrace.runtime.p2p import P2P, PendingRecv
-from pipetrace.runtime.stage import PipelineStage
 from pipetrace.schedule.ir import Plan, Step, StepKind
 
+if TYPE_CHECKING:
+    import torch
+
+    from pipetrace.runtime.p2p import P2P
+    from pipetrace.runtime.stage import PipelineStage
+
 Handler = Callable[[int, Step], None]  # (position in the rank's plan, step)
+
+
+class FrameworkOps(Protocol):
+    """The little the executor needs from a framework besides its stages and its P2P (both
+    duck-typed: `pipetrace.runtime.stage.PipelineStage` and `pipetrace.runtime.p2p.P2P` are
+    the torch ones, `pipetrace.runtime.mindspore` has the MindSpore ones)."""
+
+    @property
+    def pending_type(self) -> type:
+        """The class of the posted-recv handles that the P2P returns in overlap mode."""
+
+    def mean_loss(self, losses: Iterable[Any]) -> float:
+        """The mean of the last stage's micro-batch losses, as a float."""
+
+    def thread_initializer(self) -> Callable[[], None]:
+        """Called on the main thread when the overlap thread is made; what it returns runs
+        once on that thread (per-thread framework state, e.g. torch's thread count)."""
+
+    def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
+        """The handlers of UNSHARD / RESHARD / REDUCE_GRAD (no-ops without sharded stages)."""
+
+
+class TorchOps:
+    """`FrameworkOps` for torch (the default); torch is imported on first use."""
+
+    @functools.cached_property
+    def pending_type(self) -> type:
+        from pipetrace.runtime.p2p import PendingRecv
+
+        return PendingRecv
+
+    def mean_loss(self, losses: Iterable[Any]) -> float:
+        import torch
+
+        return float(torch.stack(list(losses)).mean())
+
+    def thread_initializer(self) -> Callable[[], None]:
+        import torch
+
+        # torch.set_num_threads is per thread for MKL and OpenMP: a new thread would run
+        # its kernels with the library default (all cores), which on a shared CPU made
+        # the overlapped backward ~100x slower. Give it the caller's setting.
+        return functools.partial(torch.set_num_threads, torch.get_num_threads())
+
+    def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
+        return fsdp.FsdpSteps(stages)
 
 
 @dataclass
@@ -60,6 +109,7 @@ class Executor:
     """Executes ``plan.ranks[rank]`` over the given stages.
 
     ``p2p`` may be None when the plan holds no messages for this rank (e.g. one rank).
+    ``ops`` are the framework's few operations the executor needs (default: torch's).
     """
 
     def __init__(
@@ -70,6 +120,7 @@ class Executor:
         stages: dict[int, PipelineStage],
         p2p: P2P | None,
         recorder: RecorderHooks | None = None,
+        ops: FrameworkOps | None = None,
     ) -> None:
         expected = set(plan.stages_of(rank))
         if set(stages) != expected:
@@ -79,10 +130,12 @@ class Executor:
         self.stages = stages
         self.p2p = p2p
         self.recorder: RecorderHooks = recorder if recorder is not None else NullRecorder()
+        self._ops: FrameworkOps = ops if ops is not None else TorchOps()
+        self._pending = self._ops.pending_type
         self._placement = plan.placement
         self._last_stage = plan.num_stages - 1
         self._loss_scale = 1.0 / plan.num_microbatches
-        self._fsdp = fsdp.FsdpSteps(stages)
+        self._fsdp = self._ops.fsdp_steps(stages)
         self._builtin: dict[StepKind, Handler] = {
             StepKind.F: self._forward,
             StepKind.B: self._backward,
@@ -106,6 +159,7 @@ class Executor:
             raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
         self._program: list[tuple[int, Step, Handler]] = []
         self._compile()
+        self._step_order: Callable[[int], Sequence[int] | None] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._iteration = -1
         self._failed: BaseException | None = None
@@ -128,6 +182,12 @@ class Executor:
 
         self._handlers[StepKind(kind)] = handler
         self._compile()
+
+    def set_step_order(self, order: Callable[[int], Sequence[int] | None] | None) -> None:
+        """Fault injection only (`pipetrace.runtime.inject`): ``order(iteration)`` returns the
+        plan positions in the order to run them in that iteration, or None for the plan's
+        order. The recorder sees each step with its plan position, as it ran."""
+        self._step_order = order
 
     def _compile(self) -> None:
         handlers = self._handlers
@@ -167,8 +227,11 @@ class Executor:
         if self.p2p is not None:
             self.p2p.begin_iteration()
         begin, end = recorder.begin_step, recorder.end_step
+        program = self._program
+        if self._step_order is not None and (order := self._step_order(self._iteration)) is not None:
+            program = [program[position] for position in order]
         try:
-            for position, step, handler in self._program:
+            for position, step, handler in program:
                 token = begin(position, step)
                 handler(position, step)
                 end(token)
@@ -179,7 +242,7 @@ class Executor:
             self._failed = exc
             raise
         losses = context.losses
-        loss = float(torch.stack(list(losses.values())).mean()) if losses else None
+        loss = self._ops.mean_loss(losses.values()) if losses else None
         recorder.end_iteration(self._iteration, loss)
         return loss
 
@@ -219,7 +282,7 @@ class Executor:
             x = context.inputs[mb]
         else:
             x = self._act_in.pop((s, mb))
-            if type(x) is PendingRecv:
+            if type(x) is self._pending:
                 x = x.wait()
         if s == self._last_stage:
             targets = context.targets
@@ -235,7 +298,7 @@ class Executor:
         if s == self._last_stage:
             return None
         grad = self._grad_in.pop((s, mb))
-        if type(grad) is PendingRecv:
+        if type(grad) is self._pending:
             grad = grad.wait()
         return grad
 
@@ -271,14 +334,10 @@ class Executor:
         forward = next(sub for sub in step.sub_steps if sub.kind is StepKind.F)
         backward = next(sub for sub in step.sub_steps if sub is not forward)
         if self._pool is None:
-            # torch.set_num_threads is per thread for MKL and OpenMP: a new thread would run
-            # its kernels with the library default (all cores), which on a shared CPU made
-            # the overlapped backward ~100x slower. Give it the caller's setting.
             self._pool = ThreadPoolExecutor(
                 1,
                 thread_name_prefix=f"pipetrace-overlap-r{self.rank}",
-                initializer=torch.set_num_threads,
-                initargs=(torch.get_num_threads(),),
+                initializer=self._ops.thread_initializer(),
             )
         future = self._pool.submit(self._sub_step, position, backward, "overlap")
         try:

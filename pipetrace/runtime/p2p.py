@@ -17,10 +17,15 @@ Two modes:
 
 Every data message is reported to the recorder when posted and when its wait returns; the
 metadata messages are not (they exist only in the first iteration).
+
+Fault injection (`pipetrace.runtime.inject`) sends some messages wrongly on purpose, through
+`send`'s ``wire`` argument (`WireFault`): the one place that can put a message on the wire
+under another message's tag, with an unchecked shape, late, or without ever waiting for it.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +73,22 @@ class TensorMeta:
         return str(self.dtype).removeprefix("torch.")
 
 
+@dataclass(frozen=True, slots=True)
+class WireFault:
+    """How one data message departs from the plan on the wire (fault injection only)."""
+
+    as_message: tuple[int, int] | None = None
+    """(sending stage, micro-batch) whose tag the message carries instead of its own: the
+    recv posted for that message takes it, as an order-matching transport would."""
+    unchecked: bool = False
+    """Send the tensor even if its shape or dtype differs from its stream's, and report
+    its own shape, dtype and size."""
+    delay: float = 0.0
+    """Seconds between posting the send (when the recorder sees it) and the wire."""
+    detached: bool = False
+    """Never wait for the send (a leaked request): it stays posted, never done."""
+
+
 class PendingRecv:
     """A posted recv; `wait` returns the received tensor (once) and reports completion."""
 
@@ -112,6 +133,7 @@ class P2P:
         self._meta: dict[tuple[str, int], TensorMeta] = dict(known or {})
         self._seq: dict[tuple[str, int, str], int] = {}
         self._sends: list[tuple[Any, torch.Tensor, Any]] = []
+        self._detached: list[tuple[Any, torch.Tensor, Any]] = []  # kept alive, never waited
 
     def begin_iteration(self) -> None:
         self._seq.clear()
@@ -125,8 +147,15 @@ class P2P:
         self._seq[key] = seq + 1
         return seq
 
-    def send(self, step: Step, tensor: torch.Tensor, *, peer: int, channel: str) -> None:
-        """Send ``tensor`` for ``step`` (SEND_F or SEND_B of stage ``step.stage``)."""
+    def stream_meta(self, channel: str, src_stage: int) -> TensorMeta | None:
+        """Shape and dtype of the (channel, sending stage) stream, once known."""
+        return self._meta.get((channel, src_stage))
+
+    def send(
+        self, step: Step, tensor: torch.Tensor, *, peer: int, channel: str, wire: WireFault | None = None
+    ) -> None:
+        """Send ``tensor`` for ``step`` (SEND_F or SEND_B of stage ``step.stage``); ``wire``
+        only for fault injection."""
         src_stage, mb = step.stage, step.microbatch
         assert src_stage is not None and mb is not None
         key = (channel, src_stage)
@@ -136,13 +165,15 @@ class P2P:
             meta = TensorMeta(tuple(tensor.shape), tensor.dtype)
             self._meta[key] = meta
             self._post_send(_encode_meta(meta, self.device), peer, self._tag(channel, src_stage, mb, True), None)
-        elif tensor.shape != meta.shape or tensor.dtype != meta.dtype:
+        elif (tensor.shape != meta.shape or tensor.dtype != meta.dtype) and not (wire is not None and wire.unchecked):
             raise RuntimeError(
                 f"{step}: stage {src_stage} {'output' if channel == 'F' else 'input gradient'} "
                 f"is {tuple(tensor.shape)} {tensor.dtype}, but earlier messages were "
                 f"{meta.shape} {meta.dtype}; shapes are exchanged once, so every micro-batch "
                 "must have the same shape (build a new runner for a new shape)"
             )
+        if wire is not None and wire.unchecked:
+            meta = TensorMeta(tuple(tensor.shape), tensor.dtype)
         token = self.recorder.p2p_posted(
             op="send",
             step=step,
@@ -153,7 +184,16 @@ class P2P:
             shape=meta.shape,
             dtype=meta.dtype_name,
         )
-        self._post_send(tensor, peer, self._tag(channel, src_stage, mb), token)
+        if wire is None:
+            self._post_send(tensor, peer, self._tag(channel, src_stage, mb), token)
+            return
+        tag = self._tag(channel, *(wire.as_message or (src_stage, mb)))
+        if wire.delay > 0:
+            time.sleep(wire.delay)
+        if wire.detached:
+            self._detached.append((dist.isend(tensor, group=self.group, group_dst=peer, tag=tag), tensor, token))
+        else:
+            self._post_send(tensor, peer, tag, token)
 
     def _post_send(self, tensor: torch.Tensor, peer: int, tag: int, token: Any) -> None:
         work = dist.isend(tensor, group=self.group, group_dst=peer, tag=tag)

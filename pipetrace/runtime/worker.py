@@ -22,6 +22,7 @@ import torch.distributed as dist
 from pipetrace.recorder.format import PROFILER_DIR
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.recorder.setup import torch_recorder
+from pipetrace.runtime import faults as _faults
 from pipetrace.runtime import parity
 from pipetrace.runtime.api import PipelineRunner, init_distributed
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
@@ -96,6 +97,10 @@ def _run_case(
     with runner:  # reports an exception to the recorder, or ends the recording cleanly
         for kind, fn in spec.custom_functions:
             runner.register_custom_function(kind, fn)
+        if case.faults and replica == 0:  # faults strike the recorded pipeline (D is 1 with faults)
+            from pipetrace.runtime.inject import install_faults
+
+            install_faults(runner, case.faults, overlap=case.overlap_p2p)
         optimizer = torch.optim.SGD(runner.parameters(), lr=case.learning_rate)
         batch = case.microbatches * case.demo.microbatch_size
         losses: list[float] = []
@@ -158,7 +163,7 @@ def _stop_profiler(profiler: torch.profiler.profile, case: RunConfig, rank: int)
     profiler.export_chrome_trace(str(directory / f"rank-{rank:05d}.json"))
 
 
-@click.command()
+@click.command(epilog=_faults.FAULT_HELP)
 @run_options
 def main(make_config: Callable[[int], RunConfig]) -> None:
     """One rank of a demo training run under torchrun (same flags as `pipetrace run`)."""
@@ -168,7 +173,7 @@ def main(make_config: Callable[[int], RunConfig]) -> None:
         raise click.UsageError(
             "RANK and WORLD_SIZE are not set: start this under torchrun, or use `pipetrace run`"
         ) from None
-    replicas = make_config(1).data_parallel
+    replicas = make_config(1, inject=False).data_parallel
     default_ranks, rest = divmod(world_size, replicas)
     config = make_config(default_ranks)
     if rest or config.world_size != world_size:

@@ -33,7 +33,6 @@ def no_launch(monkeypatch):
         (["-s", "zbv", "-p", "2", "-m", "4", "-v", "3"], "zbv runs exactly 2 stages per rank"),
         (["-s", "dualpipev", "-p", "4", "-m", "4"], "needs at least as many micro-batches as stages"),
         (["-s", "1f1b", "--data-parallel", "2"], "--data-parallel > 1 needs --fsdp"),
-        (["-s", "1f1b", "--backend", "mindspore"], "the MindSpore backend is not available yet"),
     ],
 )
 def test_bad_runs_fail_in_one_line_before_starting_ranks(capsys, no_launch, args, message):

@@ -1,0 +1,582 @@
+"""Faults injected on purpose: what ``pipetrace run --inject KIND[:KEY=VALUE,...]`` asks for.
+
+Pure Python (no torch), like `pipetrace.runtime.config`: a spec is parsed into one of the
+typed fault records below and checked against the run's plan in the parent, before any rank
+starts; every default is filled in then, so each rank applies exactly the same fault.
+`pipetrace.runtime.inject` applies them on the ranks.
+
+Words as in `pipetrace.schedule.ir`. ``step=`` is the training step (iteration) counted from
+0, as ``it`` in the trace; ``microbatch=`` counts from 0; ``channel=`` is ``F`` (activations)
+or ``B`` (gradients). What each fault does on the wire is described in docs/runtime.md,
+"Fault injection".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from pipetrace.errors import PipetraceError
+from pipetrace.runtime.fault_plan import (
+    consecutive_sends, finishes, is_stream_first, message_step, peer_of, sends_to,
+)  # fmt: skip
+from pipetrace.schedule.ir import Plan, Step, StepKind, format_step
+
+if TYPE_CHECKING:
+    from pipetrace.runtime.config import RunConfig
+
+# Faults that leave the run hung: `pipetrace run` then lowers the watchdog and P2P timeouts
+# it was not given (seconds), so that an injected run ends within seconds, recorded.
+HANG_STALL_TIMEOUT = 3.0
+HANG_ABORT_TIMEOUT = 2.0
+HANG_P2P_TIMEOUT = 20.0
+
+NOBODY_MICROBATCH = 1 << 20
+"""The micro-batch whose tag an extra-send message carries: no recv is ever posted for it."""
+
+FAULT_HELP = """\b
+Faults for --inject KIND[:KEY=VALUE,...] (repeatable), e.g. straggler:rank=2,factor=3
+  crash           raise in a step             rank step microbatch phase=F|B|W
+  hang            block forever in a step     rank step microbatch phase=F|B|W
+  deadlock        hold a send to peer until   rank peer step microbatch
+                  a recv from peer completes
+  drop-recv       skip one recv               rank step microbatch channel=F|B
+  drop-send       skip one send               rank step microbatch channel=F|B
+  extra-send      send a message twice        rank step microbatch channel=F|B
+  shape-mismatch  send a smaller tensor       rank step microbatch channel shape=AxB
+  swap-order      send two messages of a      rank step microbatch channel
+                  channel in swapped order
+  straggler       compute factor x slower     rank step factor=3 phase=F|B|all
+  slow-link       delay every send            rank step delay=20ms
+
+Defaults: rank = P/2 (deadlock: (P-1)/2 with peer = rank+1); step = 1, the iteration
+counted from 0 (straggler and slow-link: 0, and every step after); microbatch = 1
+(deadlock, swap-order: the first that can); channel = F where the rank has one. With a
+fault that hangs (hang, deadlock, drop-recv, drop-send), --stall-timeout, --abort-timeout and
+--timeout default to 3, 2 and 20 s. Details: docs/runtime.md, "Fault injection".
+"""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Where a fault strikes: a pipeline rank, at (or from) a training step.
+
+    Fields left None take their defaults in `resolve`; a resolved fault has none left.
+    """
+
+    KIND: ClassVar[str] = ""
+    HANGS: ClassVar[bool] = False
+    """True when the run cannot end by itself: only the watchdog or a timeout ends it."""
+    ENDS_RUN: ClassVar[bool] = False
+    """True when the run fails (hangs or crashes): `launch` stops at such a case, so run it
+    alone rather than with other cases in one launch."""
+    DEFAULT_STEP: ClassVar[int] = 1
+
+    rank: int | None = None
+    """The pipeline rank that misbehaves (default: the middle rank, P // 2)."""
+    step: int | None = None
+    """The training step (iteration, from 0) it happens in."""
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @property
+    def spec(self) -> str:
+        """The fault as a --inject spec (with every default filled in once resolved)."""
+        values = [f"{name}={_format_value(getattr(self, name))}" for name in self.keys()
+                  if getattr(self, name) is not None]  # fmt: skip
+        return self.KIND + (":" + ",".join(values) if values else "")
+
+    def resolve(self, where: _Where) -> Fault:
+        """This fault with its defaults filled in, checked against the run; raises
+        PipetraceError naming the problem."""
+        num_ranks = where.plan.num_ranks
+        rank = num_ranks // 2 if self.rank is None else self.rank
+        _check_range(self, "rank", rank, num_ranks, f"--ranks {num_ranks}")
+        step = min(self.DEFAULT_STEP, where.steps - 1) if self.step is None else self.step
+        _check_range(self, "step", step, where.steps, f"--steps {where.steps}; step counts iterations from 0")
+        return dataclasses.replace(self, rank=rank, step=step)
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        """One line: what this (resolved) fault does in this plan."""
+        raise NotImplementedError
+
+    def error(self, problem: str) -> PipetraceError:
+        return PipetraceError(f"--inject {self.spec}: {problem}")
+
+
+@dataclass(frozen=True)
+class _Where:
+    """What a fault is checked against: the run's plan and settings."""
+
+    plan: Plan
+    steps: int
+    overlap: bool
+    message_shape: tuple[int, ...]
+    """The shape of every message of the demo model (micro-batch samples, width)."""
+
+
+# -- faults inside a compute step --------------------------------------------------------
+
+_PHASES = {"F": (StepKind.F,), "B": (StepKind.B, StepKind.I), "W": (StepKind.W,)}
+
+
+@dataclass(frozen=True)
+class _AtComputeStep(Fault):
+    microbatch: int | None = None
+    """The micro-batch whose step it strikes."""
+    phase: str | None = None
+    """F (forward), B (backward: B or I) or W (weight gradient)."""
+
+    PHASES: ClassVar[tuple[str, ...]] = tuple(_PHASES)
+
+    def resolve(self, where: _Where) -> Fault:
+        fault = super().resolve(where)
+        mb = _microbatch(fault, where.plan)
+        phase = "F" if self.phase is None else self.phase
+        fault = dataclasses.replace(fault, microbatch=mb, phase=phase)
+        fault.target(where.plan)
+        return fault
+
+    def target(self, plan: Plan) -> Step:
+        """The step it strikes: the rank's first step of this phase and micro-batch (a
+        composite's sub-step included)."""
+        kinds = _PHASES[self.phase or "F"]
+        for step in plan.steps(self.rank or 0):
+            for leaf in step.leaves():
+                if leaf.kind in kinds and leaf.microbatch == self.microbatch:
+                    return leaf
+        raise self.error(f"rank {self.rank}'s plan has no {self.phase} step of micro-batch "
+                         f"{self.microbatch} ({plan.name} has no {'/'.join(k.value for k in kinds)} steps there); "
+                         f"use phase={'|'.join(p for p in self.PHASES if p != self.phase)}")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Crash(_AtComputeStep):
+    KIND = "crash"
+    ENDS_RUN = True
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        return f"crash: rank {self.rank} raises RuntimeError in {format_step(self.target(plan))} at step {self.step}"
+
+
+@dataclass(frozen=True)
+class Hang(_AtComputeStep):
+    KIND = "hang"
+    HANGS = True
+    ENDS_RUN = True
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        return f"hang: rank {self.rank} blocks forever in {format_step(self.target(plan))} at step {self.step}"
+
+
+_STRAGGLER_PHASES = {"F": (StepKind.F,), "B": (StepKind.B, StepKind.I, StepKind.W),
+                     "all": (StepKind.F, StepKind.B, StepKind.I, StepKind.W)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Straggler(Fault):
+    KIND = "straggler"
+    DEFAULT_STEP = 0
+
+    factor: float | None = None
+    """Each step of the phase takes this many times its own duration (default 3)."""
+    phase: str | None = None
+    """F (forwards, the default), B (backward work: B, I and W) or all."""
+
+    PHASES: ClassVar[tuple[str, ...]] = tuple(_STRAGGLER_PHASES)
+
+    def resolve(self, where: _Where) -> Fault:
+        fault = super().resolve(where)
+        return dataclasses.replace(fault, factor=3.0 if self.factor is None else self.factor,
+                                   phase="F" if self.phase is None else self.phase)  # fmt: skip
+
+    @property
+    def kinds(self) -> tuple[StepKind, ...]:
+        return _STRAGGLER_PHASES[self.phase or "F"]
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        which = {"F": "forward", "B": "backward", "all": "compute"}[self.phase or "F"]
+        return (f"straggler: every {which} step of rank {self.rank} takes {self.factor:g}x as long, "
+                f"from step {self.step} on")  # fmt: skip
+
+
+# -- faults on the wire ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlowLink(Fault):
+    KIND = "slow-link"
+    DEFAULT_STEP = 0
+
+    delay: float | None = None
+    """Seconds between posting each send and putting it on the wire (default 0.02)."""
+
+    def resolve(self, where: _Where) -> Fault:
+        fault = super().resolve(where)
+        if not any(s.kind in (StepKind.SEND_F, StepKind.SEND_B) for s in where.plan.steps(fault.rank or 0)):
+            raise fault.error(f"rank {fault.rank} sends no messages in this plan")
+        return dataclasses.replace(fault, delay=0.02 if self.delay is None else self.delay)
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        return f"slow-link: every send of rank {self.rank} reaches the wire {self.delay * 1e3:g} ms after it is posted, from step {self.step} on"
+
+
+@dataclass(frozen=True)
+class _OneMessage(Fault):
+    """A fault on one message the rank sends (or receives) on a channel."""
+
+    microbatch: int | None = None
+    """The micro-batch whose message it strikes."""
+    channel: str | None = None
+    """F or B (default: F if the rank has such a message of that micro-batch, else B)."""
+
+    RECEIVES: ClassVar[bool] = False
+    """The message is one the rank receives (else one it sends)."""
+    CHANGES_MESSAGE: ClassVar[bool] = True
+    """The fault changes or drops the message itself, which at step 0 must then not be the
+    first of its stream: that one also carries the stream's shape to the receiver."""
+
+    def resolve(self, where: _Where) -> Fault:
+        fault = super().resolve(where)
+        mb = _microbatch(fault, where.plan)
+        channel = self.channel
+        if channel is None:
+            channel = "F" if message_step(where.plan, fault.rank or 0, "F", mb, self.RECEIVES) else "B"
+        fault = dataclasses.replace(fault, microbatch=mb, channel=channel)
+        step = fault.target(where.plan)
+        if self.CHANGES_MESSAGE and fault.step == 0 and is_stream_first(where.plan, step, self.RECEIVES):
+            raise fault.error(f"{format_step(step)} is the first message of its stream at step 0 (it carries the "
+                              "stream's shape to the receiver); use step>=1 or another microbatch=")  # fmt: skip
+        return fault
+
+    def target(self, plan: Plan) -> Step:
+        """The SEND (or RECV) step of the message: the rank's first of that channel and
+        micro-batch."""
+        step = message_step(plan, self.rank or 0, self.channel or "F", self.microbatch or 0, self.RECEIVES)
+        if step is None:
+            what = "receives" if self.RECEIVES else "sends"
+            raise self.error(f"rank {self.rank} {what} no {self.channel} message of micro-batch "
+                             f"{self.microbatch} in this plan; use another channel= or rank=")  # fmt: skip
+        return step
+
+
+@dataclass(frozen=True)
+class DropRecv(_OneMessage):
+    KIND = "drop-recv"
+    HANGS = True
+    ENDS_RUN = True
+    RECEIVES = True
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        step = self.target(plan)
+        return (f"drop-recv: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing, "
+                f"computes on zeros); rank {peer_of(plan, step)}'s send is never received")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DropSend(_OneMessage):
+    KIND = "drop-send"
+    HANGS = True
+    ENDS_RUN = True
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        step = self.target(plan)
+        return (f"drop-send: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing); "
+                f"rank {peer_of(plan, step)} waits for it")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ExtraSend(_OneMessage):
+    KIND = "extra-send"
+    CHANGES_MESSAGE = False  # the copy goes after the real message
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        step = self.target(plan)
+        return (f"extra-send: rank {self.rank} sends {format_step(step)} a second time at step {self.step}, "
+                f"under a tag rank {peer_of(plan, step)} never receives (never waited, like a leaked request)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ShapeMismatch(_OneMessage):
+    KIND = "shape-mismatch"
+
+    shape: tuple[int, ...] | None = None
+    """The shape sent instead (default: half the rows); at most as many elements as the
+    right one, since gloo aborts a process that receives more than its buffer holds."""
+
+    def resolve(self, where: _Where) -> Fault:
+        fault = super().resolve(where)
+        assert isinstance(fault, ShapeMismatch)
+        right = where.message_shape
+        shape = self.shape if self.shape is not None else _smaller(right)
+        fault = dataclasses.replace(fault, shape=shape)
+        if shape == right:
+            raise fault.error(f"shape={_format_value(shape)} is the message's right shape; give another")
+        if math.prod(shape) > math.prod(right):
+            raise fault.error(
+                f"shape={_format_value(shape)} has more elements than the right {_format_value(right)}: gloo "
+                f"aborts the receiving process (SIGABRT) before its recording is flushed; give at most "
+                f"{math.prod(right)} elements"
+            )
+        return fault
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        step = self.target(plan)
+        return (f"shape-mismatch: rank {self.rank} sends {format_step(step)} at step {self.step} as a "
+                f"{_format_value(self.shape or ())} tensor; rank {peer_of(plan, step)} receives it into its usual buffer")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SwapOrder(_OneMessage):
+    KIND = "swap-order"
+
+    def resolve(self, where: _Where) -> Fault:
+        fault = Fault.resolve(self, where)
+        assert isinstance(fault, SwapOrder)
+        rank, plan = fault.rank or 0, where.plan
+        channel = self.channel
+        if channel is None:  # the first channel with a pair that can be swapped, else F
+            channel = next((c for c in ("F", "B") if dataclasses.replace(fault, channel=c).pairs(
+                plan, overlap=where.overlap)), "F")  # fmt: skip
+        fault = dataclasses.replace(fault, channel=channel)
+        if not consecutive_sends(plan, rank, channel):
+            raise fault.error(f"rank {rank} sends fewer than two {channel} messages to one peer; "
+                              "use another channel= or rank=")  # fmt: skip
+        usable = fault.pairs(plan, overlap=where.overlap)
+        if self.microbatch is None:
+            if not usable:
+                raise fault.error(f"no two {channel} messages of rank {rank} can be swapped without a deadlock "
+                                  f"in {plan.name} ({_mode(where.overlap)}); use another channel= or rank=")  # fmt: skip
+            return dataclasses.replace(fault, microbatch=usable[0][0].microbatch)
+        if not any(a.microbatch == self.microbatch for a, _ in consecutive_sends(plan, rank, channel)):
+            raise fault.error(f"rank {rank} sends no {channel} message after micro-batch {self.microbatch}'s on "
+                              "its channel to swap it with; give an earlier microbatch=")  # fmt: skip
+        if not any(a.microbatch == self.microbatch for a, _ in usable):
+            can = sorted({a.microbatch for a, _ in usable})
+            raise fault.error(
+                f"rank {rank} cannot send its {channel} message of micro-batch {self.microbatch} after the "
+                f"next one without a deadlock in {plan.name} ({_mode(where.overlap)}); "
+                + (f"microbatch= can be {', '.join(map(str, can))}" if can else "no micro-batch can")
+            )
+        return fault
+
+    def pairs(self, plan: Plan, *, overlap: bool) -> list[tuple[Step, Step]]:
+        """Every (first, second) pair of consecutive sends on the channel that can be swapped
+        without a deadlock, in plan order."""
+        rank = self.rank or 0
+        return [(a, b) for a, b in consecutive_sends(plan, rank, self.channel or "F")
+                if not (self.step == 0 and (is_stream_first(plan, a, False) or is_stream_first(plan, b, False)))
+                and finishes(plan, rank, a, before=b, overlap=overlap)]  # fmt: skip
+
+    def pair(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
+        """(first, second): the first runs right after the second."""
+        return next(p for p in self.pairs(plan, overlap=overlap) if p[0].microbatch == self.microbatch)
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        a, b = self.pair(plan, overlap=overlap)
+        return (f"swap-order: rank {self.rank} runs {format_step(b)} before {format_step(a)} at step {self.step}, "
+                f"each message under the other's tag: rank {peer_of(plan, a)} receives {format_step(b)}'s "
+                f"tensor as {format_step(a)}'s and the other way round")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Deadlock(Fault):
+    KIND = "deadlock"
+    HANGS = True
+    ENDS_RUN = True
+
+    peer: int | None = None
+    """The neighbour it deadlocks with. Default: rank + 1, with rank (P-1)//2; another
+    neighbouring pair when that one cannot deadlock the plan."""
+    microbatch: int | None = None
+    """The micro-batch of the held send (default: the first whose hold deadlocks)."""
+
+    def resolve(self, where: _Where) -> Fault:
+        plan = where.plan
+        num_ranks = plan.num_ranks
+        if num_ranks < 2:
+            raise self.error("a deadlock needs two ranks (--ranks >= 2)")
+        for key in ("rank", "peer"):
+            if getattr(self, key) is not None:
+                _check_range(self, key, getattr(self, key), num_ranks, f"--ranks {num_ranks}")
+        # Defaults: the middle pair of neighbours, (P-1)//2 holding a send to the next rank;
+        # when that pair cannot deadlock this plan, the other direction, then the rank before.
+        if self.rank is not None:
+            rank = self.rank
+            tries = [(rank, self.peer)] if self.peer is not None else [(rank, rank + 1), (rank, rank - 1)]
+        elif self.peer is not None:
+            tries = [(self.peer - 1, self.peer), (self.peer + 1, self.peer)]
+        else:
+            low = (num_ranks - 1) // 2
+            tries = [(low, low + 1), (low + 1, low), (low, low - 1), (low - 1, low)]
+        tries = [(r, p) for r, p in tries if 0 <= r < num_ranks and 0 <= p < num_ranks] or tries[:1]
+        fault: Deadlock = self
+        for rank, peer in tries:
+            fault = dataclasses.replace(Fault.resolve(dataclasses.replace(self, rank=rank), where), peer=peer)
+            _check_range(fault, "peer", peer, num_ranks, f"--ranks {num_ranks}")
+            if peer == rank:
+                raise fault.error("peer must be another rank than rank")
+            if fault.holds(plan, overlap=where.overlap):
+                break
+        holds = fault.holds(plan, overlap=where.overlap)
+        rank, peer = fault.rank, fault.peer
+        if not holds:
+            if not sends_to(plan, rank or 0, peer or 0):
+                raise fault.error(f"rank {rank} sends nothing to rank {peer} in {plan.name}; peer= must be a "
+                                  "neighbour it sends to")  # fmt: skip
+            raise fault.error(f"no send of rank {rank} to rank {peer} deadlocks {plan.name} ({_mode(where.overlap)}) "
+                              "when held back; try another peer= or rank=")  # fmt: skip
+        if self.microbatch is not None:
+            chosen = [h for h in holds if h[0].microbatch == self.microbatch]
+            if not chosen:
+                can = sorted({h[0].microbatch for h in holds})
+                raise fault.error(f"holding rank {rank}'s send of micro-batch {self.microbatch} to rank {peer} does "
+                                  f"not deadlock {plan.name}; microbatch= can be {', '.join(map(str, can))}")  # fmt: skip
+            return fault
+        return dataclasses.replace(fault, microbatch=holds[0][0].microbatch)
+
+    def holds(self, plan: Plan, *, overlap: bool) -> list[tuple[Step, Step]]:
+        """Every (held send, the recv from the peer it waits for) that deadlocks, in plan order."""
+        rank, peer = self.rank or 0, self.peer or 0
+        steps = plan.steps(rank)
+        sends = sends_to(plan, rank, peer)
+        out = []
+        for i, send in enumerate(steps):
+            if send not in sends:
+                continue
+            recv = next((s for s in steps[i + 1:] if s.kind in (StepKind.RECV_F, StepKind.RECV_B)
+                         and peer_of(plan, s) == peer), None)  # fmt: skip
+            if recv is not None and not finishes(plan, rank, send, after=recv, overlap=overlap):
+                out.append((send, recv))
+        return out
+
+    def hold(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
+        return next(h for h in self.holds(plan, overlap=overlap) if h[0].microbatch == self.microbatch)
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        send, recv = self.hold(plan, overlap=overlap)
+        return (f"deadlock: rank {self.rank} runs {format_step(send)} only once {format_step(recv)} (from rank "
+                f"{self.peer}) has completed, at step {self.step}; rank {self.peer} sends that only after it")  # fmt: skip
+
+
+FAULT_KINDS: dict[str, type[Fault]] = {cls.KIND: cls for cls in (
+    Crash, Hang, Deadlock, DropRecv, DropSend, ExtraSend, ShapeMismatch, SwapOrder, Straggler, SlowLink)}  # fmt: skip
+
+
+# -- parsing -----------------------------------------------------------------------------
+
+
+def parse_fault(text: str) -> Fault:
+    """``KIND[:KEY=VALUE,...]`` -> a fault with the given values (defaults still None)."""
+    kind, _, rest = text.strip().partition(":")
+    cls = FAULT_KINDS.get(kind.strip().lower())
+    if cls is None:
+        raise PipetraceError(f"--inject {text!r}: unknown fault kind {kind.strip()!r}; choose from "
+                             f"{', '.join(FAULT_KINDS)}")  # fmt: skip
+    keys = cls.keys()
+    values: dict[str, object] = {}
+    for item in rest.split(",") if rest.strip() else []:
+        key, eq, raw = item.partition("=")
+        key = key.strip().lower()
+        if not eq or not key or not raw.strip():
+            raise PipetraceError(f"--inject {text!r}: expected KEY=VALUE, got {item.strip()!r}")
+        if key not in keys:
+            raise PipetraceError(f"--inject {text!r}: {cls.KIND} takes {', '.join(keys)}; got {key!r}")
+        if key in values:
+            raise PipetraceError(f"--inject {text!r}: {key} given twice")
+        values[key] = _convert(text, cls, key, raw.strip())
+    return cls(**values)  # type: ignore[arg-type]
+
+
+def _convert(text: str, cls: type[Fault], key: str, raw: str) -> object:
+    def bad(allowed: str) -> PipetraceError:
+        return PipetraceError(f"--inject {text!r}: {key} must be {allowed}, got {raw!r}")
+
+    if key in ("rank", "peer", "step", "microbatch"):
+        if not raw.isdigit():
+            raise bad("an integer >= 0")
+        return int(raw)
+    if key == "factor":
+        try:
+            value = float(raw)
+        except ValueError:
+            raise bad("a number > 1") from None
+        if not value > 1 or math.isinf(value):
+            raise bad("a number > 1")
+        return value
+    if key == "delay":
+        scale, number = (1e-3, raw[:-2]) if raw.endswith("ms") else (1.0, raw.removesuffix("s"))
+        try:
+            value = float(number) * scale
+        except ValueError:
+            raise bad("a time such as 0.02, 20ms or 1s") from None
+        if not 0 < value <= 60:
+            raise bad("a time > 0 and at most 60 s (e.g. 20ms)")
+        return value
+    if key == "phase":
+        phases: tuple[str, ...] = getattr(cls, "PHASES")
+        value_ = "all" if raw.lower() == "all" else raw.upper()
+        if value_ not in phases:
+            raise bad(" or ".join(phases))
+        return value_
+    if key == "channel":
+        if raw.upper() not in ("F", "B"):
+            raise bad("F or B")
+        return raw.upper()
+    if key == "shape":
+        dims = raw.lower().split("x")
+        if not all(d.isdigit() and int(d) > 0 for d in dims) or len(dims) > 8:
+            raise bad("dimensions > 0 joined by x, e.g. 16x128")
+        return tuple(int(d) for d in dims)
+    raise AssertionError(key)
+
+
+def _format_value(value: object) -> str:
+    if isinstance(value, tuple):
+        return "x".join(map(str, value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+# -- checking against a run --------------------------------------------------------------
+
+
+def resolve_faults(faults: tuple[Fault | str, ...], config: RunConfig) -> tuple[Fault, ...]:
+    """Parse (strings), fill in defaults and check every fault against ``config``'s plan."""
+    parsed = [parse_fault(f) if isinstance(f, str) else f for f in faults]
+    if not parsed:
+        return ()
+    if config.data_parallel > 1:
+        raise PipetraceError("--inject works on one pipeline: use --data-parallel 1")
+    if config.backend != "torch":
+        raise PipetraceError(f"--inject works with --backend torch only, not {config.backend}")
+    where = _Where(config.plan(), config.steps, config.overlap_p2p,
+                   (config.demo.microbatch_size, config.demo.width))  # fmt: skip
+    return tuple(f.resolve(where) for f in parsed)
+
+
+def _check_range(fault: Fault, key: str, value: int, limit: int, why: str) -> None:
+    if not 0 <= value < limit:
+        raise fault.error(f"{key} must be 0..{limit - 1} ({why}), got {value}")
+
+
+def _microbatch(fault: Fault, plan: Plan) -> int:
+    given = getattr(fault, "microbatch")
+    mb = min(1, plan.num_microbatches - 1) if given is None else given
+    _check_range(fault, "microbatch", mb, plan.num_microbatches, f"--microbatches {plan.num_microbatches}")
+    return mb
+
+
+def _mode(overlap: bool) -> str:
+    return "overlapped P2P" if overlap else "plain P2P"
+
+
+def _smaller(shape: tuple[int, ...]) -> tuple[int, ...]:
+    if shape[0] > 1:
+        return ((shape[0] + 1) // 2, *shape[1:])
+    return (*shape[:-1], max(1, shape[-1] // 2)) if shape[-1] > 1 else (*shape, 0)
