@@ -24,16 +24,16 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     findings = []
     finished = sum(r.status.state == RankState.FINISHED for r in run.ranks)
     failures = sorted((ev.t, r.rank) for r in run.present_ranks for ev in r.events_of(fmt.EXCEPTION))
-    lost_peer = [(t, r) for t, r in failures if any(w in str(run.ranks[r].status.error).lower() for w in _CLOSED)]
     # A rank killed outright (SIGKILL, OOM) leaves no event; its peers then fail with
     # "connection closed". Its last event is when it was last alive: count it as a failure.
+    # A rank its watchdog ended (a hang) or a signal ended drops its connections too.
+    ended = [(ev.t, r.rank) for r in run.present_ranks for e in (fmt.ABORT, fmt.SIGNAL) for ev in r.events_of(e)]
+    later = failures + ended
     silent = {rank.rank: _last_time(rank) for rank in run.ranks
               if rank.status.state == RankState.ENDED and not len(_open_rows(rank))
               and not (rank.p2p.done == OPEN).any()
-              and (finished or any(t > _last_time(rank) for t, _ in lost_peer))}  # fmt: skip
-    # A rank its watchdog ended (a hang) or a signal ended drops its connections too.
-    ended = [(ev.t, r.rank) for r in run.present_ranks for e in (fmt.ABORT, fmt.SIGNAL) for ev in r.events_of(e)]
-    failures = sorted(failures + ended + [(t, r) for r, t in silent.items()])
+              and (finished or any(t > _last_time(rank) and r != rank.rank for t, r in later))}  # fmt: skip
+    failures = sorted(later + [(t, r) for r, t in silent.items()])
     first_failure = failures[0] if failures else None
     for rank in run.ranks:
         st = rank.status

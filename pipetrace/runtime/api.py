@@ -30,13 +30,12 @@ import torch.distributed as dist
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
-from pipetrace.runtime.executor import CustomFunction, Executor, StepContext
+from pipetrace.runtime.executor import Executor, StepContext
+from pipetrace.runtime.runner import RunnerBase, resolve_plan, split_batch
 from pipetrace.runtime.p2p import P2P, TensorMeta
 from pipetrace.runtime.split import split_sequential, stages_of_rank
 from pipetrace.runtime.stage import LossFn, PipelineStage
-from pipetrace.schedule.builders import build_plan, resolve_schedule_name
-from pipetrace.schedule.ir import Plan, StepKind
-from pipetrace.schedule.lowering import lower
+from pipetrace.schedule.ir import Plan
 
 __all__ = ["PipelineRunner", "StepContext", "TensorMeta", "init_distributed"]
 
@@ -56,7 +55,7 @@ def init_distributed(device: torch.device | str, *, timeout: float = 60.0) -> No
     )
 
 
-class PipelineRunner:
+class PipelineRunner(RunnerBase):
     """This rank's part of a pipeline: its stages, its plan, its messages.
 
     ``model`` is the whole model as an ``nn.Sequential`` (split into the plan's stages), a
@@ -94,7 +93,7 @@ class PipelineRunner:
             init_distributed(self.device, timeout=timeout)
         self.group = group
         self.rank = dist.get_rank(group)
-        self.plan = _resolve_plan(schedule, dist.get_world_size(group), num_microbatches, stages_per_rank)
+        self.plan = resolve_plan(schedule, dist.get_world_size(group), num_microbatches, stages_per_rank)
         modules = _stage_modules(model, self.plan, self.rank)
         num_stages = self.plan.num_stages
         self.stages = {
@@ -141,43 +140,8 @@ class PipelineRunner:
         for stage in self.stages.values():
             yield from stage.module.parameters()
 
-    def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
-        """Replace the handler of a step kind with ``fn(step, context)`` (see `StepContext`)."""
-        self.executor.register_custom_function(kind, fn)
-
-    def step(self, inputs: Batch = None, targets: Batch = None) -> float | None:
-        """Forward and backward of one batch, split into the plan's micro-batches along
-        dim 0 (or given already split, as a sequence of M tensors). Only the rank holding
-        stage 0 needs ``inputs`` and only the one holding the last stage needs ``targets``.
-        Returns the mean micro-batch loss on the last stage's rank, None on the others.
-        Gradients accumulate: zero them between steps."""
-        try:
-            num = self.plan.num_microbatches
-            if inputs is None and 0 in self.stages:
-                raise ValueError(f"rank {self.rank} holds stage 0: step() needs the inputs")
-            return self.executor.run_iteration(_split(inputs, num, "inputs") or (), _split(targets, num, "targets"))
-        except BaseException as exc:
-            self._failure = exc
-            self.recorder.exception(exc)
-            raise
-
-    def close(self) -> None:
-        """Stop the overlap thread and close the recording (cleanly, if nothing failed)."""
-        if self._closed:
-            return
-        self._closed = True
-        self.executor.close()
-        if self._failure is None:
-            self.recorder.end_run()
-
-    def __enter__(self) -> PipelineRunner:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None and self._failure is None:
-            self._failure = exc
-            self.recorder.exception(exc)
-        self.close()
+    def _split(self, batch: Batch, num: int, what: str) -> Sequence[torch.Tensor] | None:
+        return split_batch(batch, num, what, tensor_type=torch.Tensor, split=torch.Tensor.split)
 
 
 def _device_of(model: Any) -> torch.device:
@@ -186,25 +150,6 @@ def _device_of(model: Any) -> torch.device:
         for param in module.parameters():
             return param.device
     return torch.device("cpu")
-
-
-def _resolve_plan(
-    schedule: str | Plan, num_ranks: int, num_microbatches: int | None, stages_per_rank: int | None
-) -> Plan:
-    if isinstance(schedule, Plan):
-        plan = schedule
-        if plan.num_ranks != num_ranks:
-            raise ValueError(f"the plan is for {plan.num_ranks} ranks but the group has {num_ranks}")
-        return plan if plan.has_comms() or num_ranks == 1 else lower(plan)
-    if num_microbatches is None:
-        raise ValueError("give num_microbatches with a schedule name")
-    return build_plan(
-        resolve_schedule_name(schedule),
-        num_ranks=num_ranks,
-        num_microbatches=num_microbatches,
-        stages_per_rank=stages_per_rank,
-        comms=True,
-    )
 
 
 def _stage_modules(
@@ -222,17 +167,3 @@ def _stage_modules(
     if isinstance(model, torch.nn.Module):
         raise TypeError("give a whole model as nn.Sequential, or one module per stage")
     return stages_of_rank(list(model), plan, rank)
-
-
-def _split(batch: Batch, num: int, what: str) -> Sequence[torch.Tensor] | None:
-    if batch is None or not isinstance(batch, torch.Tensor):
-        if batch is not None and len(batch) != num:
-            raise ValueError(f"{what}: expected {num} micro-batches, got {len(batch)}")
-        return batch
-    size, rest = divmod(batch.shape[0], num)
-    if rest or not size:
-        raise ValueError(
-            f"{what}: a batch of {batch.shape[0]} samples does not split into {num} equal "
-            "micro-batches; make the batch size a multiple of the micro-batch count"
-        )
-    return batch.split(size)

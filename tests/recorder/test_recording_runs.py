@@ -90,7 +90,7 @@ def test_sigkill_leaves_every_log_readable(tmp_path):
         assert kinds[-1] in (fmt.EXCEPTION, fmt.SIGNAL, fmt.STALL, fmt.ABORT), kinds[-3:]
     # and the analysis names the killed rank as the root cause, its peers' errors as consequences
     errors = [f for f in analyze(load_run(out)).findings if f.severity == "error" and f.kind == "rank_failed"]
-    assert [f.ranks for f in errors] == [[1]]
+    assert [f.ranks for f in errors] == [[1]], [(f.ranks, f.message, f.cause) for f in errors]
 
 
 def test_a_hung_rank_ends_by_the_watchdog_with_stacks_everywhere(tmp_path):

@@ -28,12 +28,11 @@ import numpy as np
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, mindspore_recorder
 from pipetrace.runtime import fsdp
-from pipetrace.runtime.executor import CustomFunction, Executor, StepContext
+from pipetrace.runtime.executor import Executor, StepContext
+from pipetrace.runtime.runner import RunnerBase, resolve_plan, split_batch
 from pipetrace.runtime.mindspore.p2p import MindSporeP2P, PendingRecv, TensorMeta, fix_default_group
 from pipetrace.runtime.mindspore.stage import LossFn, MindSporeStage, enable_grad_on_this_thread
-from pipetrace.schedule.builders import build_plan, resolve_schedule_name
-from pipetrace.schedule.ir import Plan, StepKind
-from pipetrace.schedule.lowering import lower
+from pipetrace.schedule.ir import Plan
 
 if TYPE_CHECKING:
     from mindspore import Parameter, Tensor, nn
@@ -74,7 +73,7 @@ def init_cluster(*, timeout: float = 60.0) -> tuple[int, int]:
     return get_rank(), get_group_size()
 
 
-class PipelineRunner:
+class PipelineRunner(RunnerBase):
     """This rank's part of a pipeline on MindSpore: its stages, its plan, its messages.
 
     ``model`` is the whole model as an ``nn.SequentialCell`` (split into the plan's stages,
@@ -104,7 +103,7 @@ class PipelineRunner:
         import mindspore as ms
 
         self.rank, world_size = init_cluster(timeout=timeout)
-        self.plan = _resolve_plan(schedule, world_size, num_microbatches, stages_per_rank)
+        self.plan = resolve_plan(schedule, world_size, num_microbatches, stages_per_rank)
         cells = _stage_cells(model, self.plan, self.rank)
         num_stages = self.plan.num_stages
         self.stages = {
@@ -125,7 +124,6 @@ class PipelineRunner:
         self.executor = Executor(
             plan=self.plan, rank=self.rank, stages=self.stages, p2p=p2p, recorder=recorder, ops=MindSporeOps()
         )
-        self._split = _splitter()
         self._failure: BaseException | None = None
         self._closed = False
         config = {"overlap_p2p": overlap_p2p, "device": ms.get_context("device_target"), **(run_config or {})}
@@ -159,63 +157,10 @@ class PipelineRunner:
         for stage in self.stages.values():
             stage.zero_grad()
 
-    def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
-        """Replace the handler of a step kind with ``fn(step, context)`` (see `StepContext`)."""
-        self.executor.register_custom_function(kind, fn)
+    def _split(self, batch: Batch, num: int, what: str) -> Sequence[Tensor] | None:
+        from mindspore import Tensor, ops
 
-    def step(self, inputs: Batch = None, targets: Batch = None) -> float | None:
-        """Forward and backward of one batch, split into the plan's micro-batches along
-        dim 0 (or given already split, as a sequence of M tensors). Only the rank holding
-        stage 0 needs ``inputs`` and only the one holding the last stage needs ``targets``.
-        Returns the mean micro-batch loss on the last stage's rank, None on the others.
-        Gradients accumulate: zero them between steps."""
-        try:
-            num = self.plan.num_microbatches
-            if inputs is None and 0 in self.stages:
-                raise ValueError(f"rank {self.rank} holds stage 0: step() needs the inputs")
-            return self.executor.run_iteration(
-                self._split(inputs, num, "inputs") or (), self._split(targets, num, "targets")
-            )
-        except BaseException as exc:
-            self._failure = exc
-            self.recorder.exception(exc)
-            raise
-
-    def close(self) -> None:
-        """Stop the overlap thread and close the recording (cleanly, if nothing failed)."""
-        if self._closed:
-            return
-        self._closed = True
-        self.executor.close()
-        if self._failure is None:
-            self.recorder.end_run()
-
-    def __enter__(self) -> PipelineRunner:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is not None and self._failure is None:
-            self._failure = exc
-            self.recorder.exception(exc)
-        self.close()
-
-
-def _resolve_plan(
-    schedule: str | Plan, num_ranks: int, num_microbatches: int | None, stages_per_rank: int | None
-) -> Plan:
-    if isinstance(schedule, Plan):
-        if schedule.num_ranks != num_ranks:
-            raise ValueError(f"the plan is for {schedule.num_ranks} ranks but the cluster has {num_ranks}")
-        return schedule if schedule.has_comms() or num_ranks == 1 else lower(schedule)
-    if num_microbatches is None:
-        raise ValueError("give num_microbatches with a schedule name")
-    return build_plan(
-        resolve_schedule_name(schedule),
-        num_ranks=num_ranks,
-        num_microbatches=num_microbatches,
-        stages_per_rank=stages_per_rank,
-        comms=True,
-    )
+        return split_batch(batch, num, what, tensor_type=Tensor, split=ops.split)
 
 
 def _stage_cells(model: Any, plan: Plan, rank: int) -> dict[int, nn.Cell]:
@@ -233,22 +178,3 @@ def _stage_cells(model: Any, plan: Plan, rank: int) -> dict[int, nn.Cell]:
     if isinstance(model, nn.Cell):
         raise TypeError("give a whole model as nn.SequentialCell, or one cell per stage")
     return stages_of_rank(list(model), plan, rank)
-
-
-def _splitter() -> Callable[[Batch, int, str], Sequence[Tensor] | None]:
-    from mindspore import Tensor, ops
-
-    def split(batch: Batch, num: int, what: str) -> Sequence[Tensor] | None:
-        if batch is None or not isinstance(batch, Tensor):
-            if batch is not None and len(batch) != num:
-                raise ValueError(f"{what}: expected {num} micro-batches, got {len(batch)}")
-            return batch
-        size, rest = divmod(batch.shape[0], num)
-        if rest or not size:
-            raise ValueError(
-                f"{what}: a batch of {batch.shape[0]} samples does not split into {num} equal "
-                "micro-batches; make the batch size a multiple of the micro-batch count"
-            )
-        return ops.split(batch, size)
-
-    return split
