@@ -76,6 +76,7 @@ class Recorder:
         clock_exchange: tuple[SendInts, RecvInts] | None = None,
     ) -> None:
         self.config = config
+        self._stacks = config.mode == "full"  # read on every P2P post: decide once
         self.framework = framework
         self.framework_version = framework_version
         self.rank = -1
@@ -214,7 +215,7 @@ class Recorder:
         t = time.perf_counter_ns()
         self.last_progress = t
         pid = next(self._ids)
-        stack = _short_stack() if self.config.mode == "full" else None
+        stack = _short_stack() if self._stacks else None
         record = (_P2P_POST, t, pid, self._iteration, op, step, peer, channel, seq, nbytes,
                   shape, dtype, stack)  # fmt: skip
         self.inflight[pid] = record
