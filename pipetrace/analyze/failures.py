@@ -8,6 +8,8 @@ or stall a symptom of that hang; both are warnings.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.deadlock import _open_rows
 from pipetrace.analyze.findings import Finding, StepRef
@@ -29,11 +31,20 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     # A rank its watchdog ended (a hang) or a signal ended drops its connections too.
     ended = [(ev.t, r.rank) for r in run.present_ranks for e in (fmt.ABORT, fmt.SIGNAL) for ev in r.events_of(e)]
     later = failures + ended
-    silent = {rank.rank: _last_time(rank) for rank in run.ranks
-              if rank.status.state == RankState.ENDED and not len(_open_rows(rank))
-              and not (rank.p2p.done == OPEN).any()
-              and (finished or any(t > _last_time(rank) and r != rank.rank for t, r in later))}  # fmt: skip
-    failures = sorted(later + [(t, r) for r, t in silent.items()])
+    # A log that stops mid-step (its last flush caught the step open) is a hang, unless a
+    # peer's connection to it closed afterwards: a hung process keeps its sockets open.
+    closed = [(ev.t, r.rank) for r in run.present_ranks for ev in r.events_of(fmt.EXCEPTION)
+              if any(w in str(ev.fields.get("message", "")).lower() for w in _CLOSED)]  # fmt: skip
+    silent: dict[int, _Death] = {}
+    for rank in run.ranks:
+        if rank.status.state != RankState.ENDED:
+            continue
+        last = _last_time(rank)
+        idle = not len(_open_rows(rank)) and not (rank.p2p.done == OPEN).any()
+        after = any(t > last and r != rank.rank for t, r in (later if idle else closed))
+        if after or (idle and finished):
+            silent[rank.rank] = _Death(last, open=not idle)
+    failures = sorted(later + [(d.t, r) for r, d in silent.items()])
     first_failure = failures[0] if failures else None
     for rank in run.ranks:
         st = rank.status
@@ -77,10 +88,20 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
         elif rank.rank in silent:
             findings.append(Finding(
                 fk.RANK_FAILED, fk.ERROR,
-                f"rank {rank.rank}'s log stops after {where.step} with no run_end, no error and nothing open",
-                "the process died without a trace (SIGKILL, the OOM killer, a segfault)",
+                f"rank {rank.rank}'s log stops {'inside' if silent[rank.rank].open else 'after'} {where.step} "
+                "with no run_end and no error",
+                "the process died without a trace (SIGKILL, the OOM killer, a segfault)"
+                + (": a peer's connection to it closed later" if silent[rank.rank].open else ""),
                 ranks=[rank.rank], steps=[where], iterations=_it(where), details={"last_step": where.step}))  # fmt: skip
     return findings
+
+
+@dataclass(frozen=True)
+class _Death:
+    t: int
+    """The last moment the log shows the rank alive."""
+    open: bool
+    """The log stops inside a step or P2P op."""
 
 
 def _last_time(rank: RankTimeline) -> int:

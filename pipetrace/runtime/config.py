@@ -156,12 +156,15 @@ class RunConfig:
 
     def record_settings(self) -> RecordSettings:
         """The recorder settings of this run; without ``out`` (under torchrun), PIPETRACE_DIR
-        and the other PIPETRACE_* variables decide."""
+        and the other PIPETRACE_* variables decide. With ``out``, the flags decide what they
+        name and the variables the rest (flush interval, buffer size)."""
         from pipetrace.recorder.setup import RecordSettings
 
+        from_env = RecordSettings.from_env()
         if self.out is None:
-            return RecordSettings.from_env()
-        return RecordSettings(
+            return from_env
+        return dataclasses.replace(
+            from_env,
             run_dir=self.out if self.record != "off" else None,
             mode=self.record if self.record != "off" else "steps",
             stall_timeout=self.stall_timeout,

@@ -15,7 +15,7 @@ from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
 from pipetrace.schedule.ir import StepKind, format_step
 
-from recorder_faults import hang_rank2_in_iteration1, sigkill_rank1_in_iteration1
+from recorder_faults import hang_rank2_in_iteration1, sigkill_rank1_after_a_flush, sigkill_rank1_in_iteration1
 
 pytestmark = pytest.mark.multiproc
 
@@ -70,10 +70,16 @@ def test_clean_runs_record_exactly_the_plan_in_order(tmp_path):
                 assert any(e["e"] == fmt.STEP_BEGIN and e["th"] == "overlap" for e in events)
 
 
-def test_sigkill_leaves_every_log_readable(tmp_path):
+@pytest.mark.parametrize("stops_inside_a_step", [False, True], ids=["idle-log", "open-step"])
+def test_sigkill_leaves_every_log_readable(tmp_path, monkeypatch, stops_inside_a_step):
     out = tmp_path / "killed"
     case = RunConfig(schedule="1f1b", ranks=4, microbatches=4, steps=3, timeout=20, out=str(out))
-    result = launch([case], custom_functions=[(StepKind.F, sigkill_rank1_in_iteration1)], kill_grace=10)
+    if stops_inside_a_step:
+        kill = sigkill_rank1_after_a_flush
+    else:  # only the iteration-end flush runs: iteration 1's open step never reaches the file
+        monkeypatch.setenv("PIPETRACE_FLUSH_INTERVAL", "60")
+        kill = sigkill_rank1_in_iteration1
+    result = launch([case], custom_functions=[(StepKind.F, kill)], kill_grace=10)
     assert result.failures[0].rank == 1 and "SIGKILL" in result.failures[0].error
     _, events, problems = events_of(out, 1)
     assert problems.corrupt_lines == 0  # at most a torn last line
@@ -81,6 +87,8 @@ def test_sigkill_leaves_every_log_readable(tmp_path):
     # flushed at the end of iteration 0, so everything up to there survived the kill
     assert {"it": 0} in [{"it": e["it"]} for e in events if e["e"] == fmt.ITER_END]
     assert fmt.RUN_END not in kinds
+    stopped_inside = [e["step"] for e in events if e["e"] == fmt.STEP_BEGIN][-1] == "1F2"
+    assert stopped_inside == stops_inside_a_step
     for rank in (0, 2, 3):
         _, events, problems = events_of(out, rank)
         assert problems.corrupt_lines == 0 and not problems.torn_last_line
@@ -91,6 +99,7 @@ def test_sigkill_leaves_every_log_readable(tmp_path):
     # and the analysis names the killed rank as the root cause, its peers' errors as consequences
     errors = [f for f in analyze(load_run(out)).findings if f.severity == "error" and f.kind == "rank_failed"]
     assert [f.ranks for f in errors] == [[1]], [(f.ranks, f.message, f.cause) for f in errors]
+    assert ("inside 1F2" in errors[0].message) == stops_inside_a_step
 
 
 def test_a_hung_rank_ends_by_the_watchdog_with_stacks_everywhere(tmp_path):
