@@ -19,6 +19,7 @@ from pipetrace.analyze import findings as fk
 from pipetrace.analyze.derive import counterpart_text, message_identity
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
+from pipetrace.recorder import format as fmt
 
 _ALIVE_STATES = (RankState.STALLED, RankState.ABORTED, RankState.ENDED, RankState.SIGNALED, RankState.FAILED)
 
@@ -256,13 +257,43 @@ def find_hangs(run: Run) -> list[Finding]:
             time_ns=(b.posted_ns, _end_of_log(run)),
             details={"chain": [b.rank, b.peer], "terminal_state": "transfer"}))  # fmt: skip
     in_findings = {r for f in findings for r in f.ranks}
+    waiting = waiting_outside_iterations(run)
     for rank in run.present_ranks:
         if rank.status.state in (RankState.STALLED, RankState.ABORTED) and rank.rank not in in_findings:
+            if rank.rank in waiting:
+                findings.append(_stalled_at_end(run, rank, waiting))
+                continue
             word, text, cause = _terminal(run, rank.rank, "", -1)
             findings.append(Finding(
                 fk.RANK_STALLED, fk.ERROR, f"rank {rank.rank} stalled: {text.split(';')[0]}", cause,
                 ranks=[rank.rank], details={"chain": [rank.rank], "terminal_state": word}))  # fmt: skip
     return findings
+
+
+def waiting_outside_iterations(run: Run) -> dict[int, str]:
+    """Ranks whose watchdog caught them waiting in a collective outside iterations (the
+    end-of-run clock exchange), with what they waited in."""
+    waiting = {}
+    for rank in run.present_ranks:
+        for name in (fmt.ABORT, fmt.STALL):
+            ev = rank.last_of(name)
+            if ev is not None and isinstance(ev.fields.get("waiting_in"), str):
+                waiting[rank.rank] = ev.fields["waiting_in"]
+                break
+    return waiting
+
+
+def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Finding:
+    absent = [r.rank for r in run.ranks if r.rank not in waiting and r.status.state != RankState.FINISHED]
+    who = f"rank(s) {', '.join(map(str, absent))}" if absent else "a peer"
+    return Finding(
+        fk.RANK_STALLED, fk.ERROR,
+        f"rank {rank.rank} finished its iterations and stalled in {waiting[rank.rank]}: "
+        f"{who} never got there",
+        f"{who} stopped outside the pipeline's iterations (hung or slow in user code between "
+        "iterations: checkpointing, evaluation, data loading) or died",
+        ranks=[rank.rank, *absent], details={"chain": [rank.rank, *absent], "terminal_state": "stopped",
+                                             "waiting_in": waiting[rank.rank]})  # fmt: skip
 
 
 def _end_of_log(run: Run) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipetrace.analyze import findings as fk
-from pipetrace.analyze.deadlock import _open_rows
+from pipetrace.analyze.deadlock import _open_rows, waiting_outside_iterations
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import OPEN, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
@@ -46,6 +46,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
             silent[rank.rank] = _Death(last, open=not idle)
     failures = sorted(later + [(d.t, r) for r, d in silent.items()])
     first_failure = failures[0] if failures else None
+    waiting = waiting_outside_iterations(run)
     for rank in run.ranks:
         st = rank.status
         where = _last_step(run, rank)
@@ -86,12 +87,16 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
                 "the rank never started recording (it crashed at start) or its file was lost",
                 ranks=[rank.rank], details={"last_step": None}))  # fmt: skip
         elif rank.rank in silent:
+            cause = "the process died without a trace (SIGKILL, the OOM killer, a segfault)"
+            if silent[rank.rank].open:
+                cause += ": a peer's connection to it closed later"
+            elif waiting:
+                cause = (f"it never reached the end of the run that rank(s) {', '.join(map(str, sorted(waiting)))} "
+                         f"waited in: hung or slow between iterations, or {cause}")  # fmt: skip
             findings.append(Finding(
                 fk.RANK_FAILED, fk.ERROR,
                 f"rank {rank.rank}'s log stops {'inside' if silent[rank.rank].open else 'after'} {where.step} "
-                "with no run_end and no error",
-                "the process died without a trace (SIGKILL, the OOM killer, a segfault)"
-                + (": a peer's connection to it closed later" if silent[rank.rank].open else ""),
+                "with no run_end and no error", cause,
                 ranks=[rank.rank], steps=[where], iterations=_it(where), details={"last_step": where.step}))  # fmt: skip
     return findings
 

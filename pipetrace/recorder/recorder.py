@@ -87,6 +87,8 @@ class Recorder:
         self._ids = itertools.count()
         self._iteration = -1
         self._in_iteration = False
+        self.waiting_in: str | None = None
+        """A collective wait outside iterations that the watchdog must watch."""
         self._epoch_anchor = time.time_ns()
         self._perf_anchor = time.perf_counter_ns()
         self.last_progress = self._perf_anchor
@@ -135,7 +137,12 @@ class Recorder:
             self._watchdog.start()
 
     def end_run(self) -> None:
+        # A peer that never gets here (hung between iterations, or killed) leaves this rank
+        # waiting in the exchange: the watchdog watches that wait like an iteration.
+        self.waiting_in = "the end-of-run clock exchange"
+        self.last_progress = time.perf_counter_ns()
         self._align_clock("end")
+        self.waiting_in = None
         self._other(fmt.RUN_END)
         self.close()
 
@@ -175,8 +182,10 @@ class Recorder:
             self._writer.request_flush()
 
     @property
-    def in_iteration(self) -> bool:
-        return self._in_iteration
+    def watched(self) -> bool:
+        """Whether a lack of progress now is a stall: in an iteration or a collective wait
+        (between iterations, user code may legitimately take long)."""
+        return self._in_iteration or self.waiting_in is not None
 
     # -- the hot path ----------------------------------------------------------------------
 

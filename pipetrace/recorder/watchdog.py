@@ -125,7 +125,7 @@ class Watchdog:
             recorder = self.recorder
             progress = recorder.last_progress
             idle = (time.perf_counter_ns() - progress) / 1e9
-            if not recorder.in_iteration or idle < self.stall_timeout:
+            if not recorder.watched or idle < self.stall_timeout:
                 stalled_at_progress = None
                 continue
             if stalled_at_progress != progress:
@@ -160,21 +160,29 @@ class Watchdog:
             stacks=thread_stacks(),
             open_steps=recorder.describe_open_steps(),
             inflight=recorder.describe_inflight(),
+            **self._waiting_in(),
             **fields,
         )
+
+    def _waiting_in(self) -> dict[str, str]:
+        waiting_in = self.recorder.waiting_in
+        return {"waiting_in": waiting_in} if waiting_in else {}
 
     def _abort(self, idle: float) -> None:
         if not self._exiting.acquire(blocking=False):
             return
         message = (f"no progress for {idle:.0f} s{self._where()}: the watchdog ended the run "
                    f"(abort timeout {self.abort_timeout:g} s)")  # fmt: skip
-        self.recorder.record_event(fmt.ABORT, idle_s=round(idle, 3), message=message)
+        self.recorder.record_event(fmt.ABORT, idle_s=round(idle, 3), message=message, **self._waiting_in())
         self._say(message)
         os._exit(WATCHDOG_EXIT_CODE)
 
     def _where(self) -> str:
         steps = self.recorder.describe_open_steps()
-        return f" in step {steps[-1]['step']}" if steps else ""
+        if steps:
+            return f" in step {steps[-1]['step']}"
+        waiting_in = self.recorder.waiting_in
+        return f" in {waiting_in}" if waiting_in else ""
 
     def _say(self, message: str) -> None:
         print(f"pipetrace: rank {self.recorder.rank}: {message}", file=sys.stderr, flush=True)

@@ -1,7 +1,7 @@
 """A small recording session driven straight through the Recorder (no framework, no runtime).
 
-Run as a script so that tests can watch real processes end: by the watchdog (``hang``), by a
-signal (``wait``) or cleanly (``clean``). Two ranks run as threads and align clocks over queues.
+Run as a script so that tests can watch real processes end: by the watchdog (``hang`` in a
+step, ``late`` at the end-of-run clock exchange), by a signal (``wait``) or cleanly (``clean``). Two ranks run as threads and align clocks over queues.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def _exchange(inboxes: dict[int, queue.Queue], me: int):
 def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> None:
     plan = build_plan("1f1b", num_ranks=2, num_microbatches=2, comms=True)
     recorder = Recorder(
-        RecorderConfig(run_dir, mode=mode, stall_timeout=0.5,
-                       abort_timeout=0.5 if scenario == "hang" else 0, flush_interval=0.05),
+        # in "hang", rank 0 waits for the hung rank 1 at its end: let rank 1's watchdog act first
+        RecorderConfig(run_dir, mode=mode, stall_timeout=5 if scenario == "hang" and rank == 0 else 0.5,
+                       abort_timeout=0.5 if scenario in ("hang", "late") else 0, flush_interval=0.05),
         framework="none",
         framework_version="0",
         clock_exchange=_exchange(inboxes, rank),
@@ -53,6 +54,8 @@ def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> 
             time.sleep(3600)  # the test sends signals now
         recorder.end_step(token)
     recorder.end_iteration(0, 0.5 if rank == 1 else None)
+    if scenario == "late" and rank == 1:  # hangs between iterations: rank 0 waits at its end
+        time.sleep(3600)
     if scenario == "crash":  # rank 1 fails; rank 0 is left without a clean end
         if rank == 1:
             try:

@@ -14,6 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pipetrace.analyze.analysis import analyze
+from pipetrace.analyze.load import load_run
 from pipetrace.analyze.reader import read_log, read_meta
 from pipetrace.recorder import format as fmt
 from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
@@ -21,6 +23,7 @@ from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")
 OPTIONAL = {("p2p_post", "stack")}  # only in full mode
+OPTIONAL |= {(event, "waiting_in") for event in ("stall", "dump", "abort")}  # only at the end of a run
 
 
 def documented_fields() -> dict[str, set[str]]:
@@ -105,6 +108,27 @@ def test_hang_leaves_stall_then_abort_with_stacks(tmp_path):
     stall = next(e for e in events if e["e"] == fmt.STALL)
     assert any("time.sleep(3600)" in frame for stack in stall["stacks"].values() for frame in stack)
     assert stall["open_steps"][0]["pos"] == 2
+
+
+def test_a_peer_that_never_ends_is_a_stall_at_the_end_of_run(tmp_path):
+    """Rank 1 hangs between iterations (no watchdog there); rank 0, done, waits for it in
+    the end-of-run clock exchange: its watchdog records the wait and ends the run."""
+    process = run_session(tmp_path, "late", stderr=subprocess.PIPE)
+    assert process.wait(30) == WATCHDOG_EXIT_CODE
+    assert "in the end-of-run clock exchange" in process.stderr.read().decode()
+    _, events, _ = read_log(tmp_path / fmt.rank_log_name(0))
+    events = list(events)
+    kinds = [e["e"] for e in events]
+    assert kinds.index(fmt.ITER_END) < kinds.index(fmt.STALL) < kinds.index(fmt.ABORT)
+    abort = next(e for e in events if e["e"] == fmt.ABORT)
+    assert "end-of-run clock exchange" in abort["message"] and fmt.RUN_END not in kinds
+    assert abort["waiting_in"] == "the end-of-run clock exchange"
+    stall = next(e for e in events if e["e"] == fmt.STALL)
+    assert any("recv_ints" in frame for stack in stall["stacks"].values() for frame in stack)
+    # the analysis names the rank that never got there, not the one that waited for it
+    findings = {f.kind: f for f in analyze(load_run(tmp_path)).findings if f.severity == "error"}
+    assert findings["rank_stalled"].ranks == [0, 1] and "never got there" in findings["rank_stalled"].message
+    assert findings["rank_failed"].ranks == [1] and "never reached the end of the run" in findings["rank_failed"].cause
 
 
 def test_reader_refuses_newer_schema(tmp_path):
