@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,9 +21,10 @@ from pipetrace.analyze.failures import find_failures
 from pipetrace.analyze.divergence import find_divergence
 from pipetrace.analyze.findings import DEADLOCK, ERROR, RANK_STALLED, Finding, counts, sort_findings
 from pipetrace.analyze.messages import find_message_problems
-from pipetrace.analyze.metrics import OVERLAPPED, Metrics, compute_metrics
+from pipetrace.analyze.metrics import OVERLAPPED, Metrics, compute_metrics, reduce_groups
 from pipetrace.analyze.performance import find_exposed_comm, find_stragglers
 from pipetrace.analyze.model import Run
+from pipetrace.schedule.lowering import gc_paused
 
 ANALYSIS_FORMAT = "pipetrace-analysis"
 ANALYSIS_VERSION = 1
@@ -54,6 +55,7 @@ class Analysis:
         }
 
 
+@gc_paused()  # the analyzers make many small acyclic objects: see gc_paused
 def analyze(run: Run) -> Analysis:
     metrics = compute_metrics(run)
     findings: list[Finding] = find_hangs(run)
@@ -93,44 +95,64 @@ def rank_json(rank) -> dict[str, Any]:
             "last_iteration": st.last_iteration, "error": st.error, "events": rank.events}  # fmt: skip
 
 
-def _stats(values: np.ndarray) -> dict[str, float | None]:
-    values = values[np.isfinite(values)] if values.dtype.kind == "f" else values
-    if not len(values):
-        return {"count": 0, "mean_ns": None, "p50_ns": None, "p95_ns": None, "min_ns": None, "max_ns": None}
-    return {"count": int(len(values)), "mean_ns": float(np.mean(values)), "p50_ns": float(np.percentile(values, 50)),
-            "p95_ns": float(np.percentile(values, 95)), "min_ns": float(np.min(values)),
-            "max_ns": float(np.max(values))}  # fmt: skip
+_STATS = ("mean_ns", "p50_ns", "p95_ns", "min_ns", "max_ns")
 
 
-def _mean(values: np.ndarray) -> float | None:
-    values = values[np.isfinite(values)]
-    return float(np.mean(values)) if len(values) else None
+def _per_group(groups: list[np.ndarray], reduce: Callable[[np.ndarray], np.ndarray]) -> list[Any]:
+    """`reduce_groups` over each group's finite values; None for a group without any. A big
+    run has thousands of groups (ranks, stages): one numpy call each would cost more."""
+    groups = [v[np.isfinite(v)] if v.dtype.kind == "f" else v for v in groups]
+    filled = [i for i, v in enumerate(groups) if len(v)]
+    out: list = [None] * len(groups)
+    for i, value in zip(filled, reduce_groups([groups[i] for i in filled], reduce).tolist()):
+        out[i] = value
+    return out
+
+
+def _stats(groups: list[np.ndarray]) -> list[dict[str, float | None]]:
+    """count, mean, median, 95th percentile, min and max of each group's finite values."""
+    found = _per_group(groups, lambda rows: np.column_stack((
+        np.full(len(rows), rows.shape[1]), rows.mean(axis=1), *np.percentile(rows, [50, 95], axis=1),
+        rows.min(axis=1), rows.max(axis=1))))  # fmt: skip
+    return [{"count": int(row[0]), **dict(zip(_STATS, row[1:]))} if row is not None
+            else {"count": 0, **dict.fromkeys(_STATS)} for row in found]  # fmt: skip
+
+
+def _means(groups: list[np.ndarray]) -> list[float | None]:
+    """The mean of each group's finite values (None without any)."""
+    return _per_group(groups, lambda rows: rows.mean(axis=1))  # type: ignore[return-value]
 
 
 def metrics_json(run: Run, m: Metrics, critical: dict[str, Any] | None, *, segments: bool = True) -> dict[str, Any]:
     steady = m.steady()
     times = m.iteration_time
     iteration = float(np.mean(times[steady])) if len(steady) else None
+    per_rank = sorted(m.per_rank.items())
+
+    def steady_means(field: str) -> list[float | None]:
+        return _means([getattr(r, field)[steady] for _, r in per_rank]) if len(steady) else [None] * len(per_rank)
+
     ranks = []
     busy_total = bubble_total = 0.0
-    for rank, r in sorted(m.per_rank.items()):
-        busy = _mean(r.busy[steady]) if len(steady) else None
+    means = zip(*(steady_means(field) for field in ("busy", "p2p_wait", "exposed", "blocking_transfer")))
+    for (rank, _), (busy, wait, exposed, blocking) in zip(per_rank, means):
         bubble = (iteration - busy) if iteration is not None and busy is not None else None
         if busy is not None and bubble is not None:
             busy_total += busy
             bubble_total += bubble
         ranks.append({
             "rank": rank, "busy_ns": busy,
-            "p2p_wait_ns": _mean(r.p2p_wait[steady]) if len(steady) else None,
+            "p2p_wait_ns": wait,
             "bubble_ns": bubble,
             "bubble_ratio": (bubble / busy) if busy and bubble is not None else None,
-            "exposed_comm_ns": _mean(r.exposed[steady]) if len(steady) else None,
-            "blocking_transfer_ns": _mean(r.blocking_transfer[steady]) if len(steady) else None,
+            "exposed_comm_ns": exposed,
+            "blocking_transfer_ns": blocking,
         })  # fmt: skip
     ideal = dict(m.ideal)
     measured_ratio = bubble_total / busy_total if busy_total else None
-    stage_rows = [{"stage": s, "kind": k.removesuffix(OVERLAPPED), "overlapped": k.endswith(OVERLAPPED), **_stats(v)}
-                  for (s, k), v in sorted(m.stage_costs.items())]  # fmt: skip
+    stage_costs = sorted(m.stage_costs.items())
+    stage_rows = [{"stage": s, "kind": k.removesuffix(OVERLAPPED), "overlapped": k.endswith(OVERLAPPED), **stats}
+                  for ((s, k), _), stats in zip(stage_costs, _stats([v for _, v in stage_costs]))]  # fmt: skip
     cp = None
     if critical is not None:
         cp = dict(critical)
@@ -140,7 +162,7 @@ def metrics_json(run: Run, m: Metrics, critical: dict[str, Any] | None, *, segme
         "iterations": [{"iteration": it, "start_ns": int(m.start_ns[i]), "end_ns": int(m.end_ns[i]),
                         "time_ns": int(times[i]), "complete": bool(m.complete[i])}
                        for i, it in enumerate(m.iterations)],  # fmt: skip
-        "iteration_time": {**_stats(times[np.flatnonzero(m.complete)].astype(np.float64)),
+        "iteration_time": {**_stats([times[np.flatnonzero(m.complete)].astype(np.float64)])[0],
                            "steady_mean_ns": iteration, "steady_iterations": [m.iterations[i] for i in steady]},
         "ranks": ranks,
         "bubble": {

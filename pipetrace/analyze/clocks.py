@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pipetrace.analyze.derive import counterpart_values, run_starts
 from pipetrace.analyze.model import OP_SEND, OPEN, ClockInfo, LifecycleEvent, RankTimeline
 from pipetrace.recorder import format as fmt
 
@@ -85,22 +86,16 @@ _ATTEMPTS = 3
 def _pairs(ranks: list[RankTimeline]) -> tuple[np.ndarray, ...]:
     """Every matched, completed message: (sender, receiver, post on the sender's clock,
     done on the receiver's clock)."""
-    by_id = {r.rank: r for r in ranks}
+    dones = counterpart_values(ranks, "done")  # unmatched ops read OPEN
     out: list[list[np.ndarray]] = [[], [], [], []]
     for rank in ranks:
         p = rank.p2p
-        sel = np.flatnonzero((p.op == OP_SEND) & (p.match_rank >= 0))
-        for peer in np.unique(p.match_rank[sel]):
-            other = by_id.get(int(peer))
-            if other is None:
-                continue
-            rows = sel[p.match_rank[sel] == peer]
-            done = other.p2p.done[p.match_index[rows]]
-            ok = done != OPEN
-            out[0].append(np.full(int(ok.sum()), rank.rank, np.int64))
-            out[1].append(np.full(int(ok.sum()), int(peer), np.int64))
-            out[2].append(p.post[rows][ok])
-            out[3].append(done[ok])
+        done = dones[rank.rank]
+        rows = np.flatnonzero((p.op == OP_SEND) & (done != OPEN))
+        out[0].append(np.full(len(rows), rank.rank, np.int64))
+        out[1].append(p.match_rank[rows].astype(np.int64))
+        out[2].append(p.post[rows])
+        out[3].append(done[rows])
     return tuple(np.concatenate(x) if x else np.empty(0, np.int64) for x in out)
 
 
@@ -111,8 +106,8 @@ def _apply(fns: dict[int, OffsetFn], owner: np.ndarray, times: np.ndarray) -> np
         return out
     order = np.argsort(owner, kind="stable")
     sorted_owner = owner[order]
-    cuts = np.flatnonzero(sorted_owner[1:] != sorted_owner[:-1]) + 1
-    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(order)]):
+    bounds = np.append(run_starts(sorted_owner), len(order)).tolist()
+    for lo, hi in zip(bounds, bounds[1:]):
         fn = fns.get(int(sorted_owner[lo]))
         if fn is not None:
             idx = order[lo:hi]
@@ -126,7 +121,7 @@ def _bounds(src: np.ndarray, dst: np.ndarray, slack: np.ndarray) -> tuple[np.nda
         return src, dst, slack
     order = np.lexsort((slack, dst, src))
     src, dst, slack = src[order], dst[order], slack[order]
-    first = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])]
+    first = run_starts(src, dst)
     return src[first], dst[first], slack[first]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetrace.analyze.derive import containing_rows, top_level
+from pipetrace.analyze.derive import containing_rows, counterpart_values, top_level
 from pipetrace.analyze.model import COMPOSITE_CODE, COMPUTE_CODES, KINDS, OPEN, RECV_CODES, SEND_CODES, Run
 
 
@@ -35,7 +35,10 @@ class Segment:
 
 
 class _RankView:
-    def __init__(self, run: Run, rank: int, iteration: int) -> None:
+    """One rank's top-level steps and completed P2P ops in the iteration; ``partner_post``:
+    per P2P row of the rank, when its matched op was posted (-1: unmatched)."""
+
+    def __init__(self, run: Run, rank: int, iteration: int, partner_post: np.ndarray) -> None:
         r = run.ranks[rank]
         top = top_level(r, run.catalog)
         top = top[r.steps.it[top] == iteration]
@@ -49,20 +52,17 @@ class _RankView:
         self.op_post = p.post[sel]
         self.op_peer = p.match_rank[sel]
         self.op_row = sel
-        partner = np.full(len(sel), -1, np.int64)
-        for peer in np.unique(self.op_peer[self.op_peer >= 0]):
-            m = self.op_peer == peer
-            partner[m] = run.ranks[int(peer)].p2p.post[p.match_index[sel[m]]]
-        self.op_partner_post = partner
+        self.op_partner_post = partner_post[sel]
         self.op_holder = containing_rows(self.begin, self.end, self.op_done)
 
 
 def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> dict[str, Any] | None:
     views: dict[int, _RankView] = {}
+    partners = counterpart_values(run.ranks, "post")
 
     def view(rank: int) -> _RankView:
         if rank not in views:
-            views[rank] = _RankView(run, rank, iteration)
+            views[rank] = _RankView(run, rank, iteration, partners[rank])
         return views[rank]
 
     start_rank, t = -1, -1

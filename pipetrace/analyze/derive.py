@@ -31,11 +31,12 @@ def _top_level(rank: RankTimeline, catalog: StepCatalog) -> np.ndarray:
     main = np.flatnonzero(steps.thread == MAIN_THREAD)
     if len(main) < 2:
         return main
-    kinds = catalog.kind[steps.code[main]]
+    is_composite = catalog.kind[steps.code[main]] == COMPOSITE_CODE
+    if not is_composite.any():
+        return main
     pos, it = steps.pos[main], steps.it[main]
     # a sub-step follows its composite (or the composite's other sub-step) at the same position
-    same = np.r_[False, (pos[1:] == pos[:-1]) & (it[1:] == it[:-1])]
-    is_composite = kinds == COMPOSITE_CODE
+    same = np.concatenate(([False], (pos[1:] == pos[:-1]) & (it[1:] == it[:-1])))
     # propagate "inside a composite" along runs of equal positions
     run_start = np.flatnonzero(~same)
     run_id = np.cumsum(~same) - 1
@@ -61,6 +62,24 @@ def message_identity(rank: RankTimeline, catalog: StepCatalog) -> tuple[np.ndarr
     return src, mb
 
 
+def counterpart_values(ranks: list[RankTimeline], column: str) -> dict[int, np.ndarray]:
+    """Per rank and P2P row, the ``column`` ("post", "done", ...) of the op it was matched
+    with, -1 when unmatched. ``ranks`` must hold every rank an op is matched to.
+
+    One gather per rank from the ranks' concatenated columns: a loop over each rank's peers
+    costs several numpy calls per peer, and a big run has thousands of ranks."""
+    columns = [getattr(r.p2p, column) for r in ranks]
+    flat = np.concatenate([*columns, [-1]]).astype(np.int64, copy=False)  # the -1 at the end: read by unmatched rows
+    sizes = np.array([len(c) for c in columns], np.int64)
+    first = np.zeros(max((r.rank for r in ranks), default=0) + 1, np.int64)  # by rank: its first row in flat
+    first[[r.rank for r in ranks]] = np.cumsum(sizes) - sizes
+    out = {}
+    for r in ranks:
+        p = r.p2p
+        out[r.rank] = flat[np.where(p.match_rank >= 0, first[p.match_rank] + p.match_index, len(flat) - 1)]
+    return out
+
+
 def counterpart_text(op: int, channel: int, src_stage: int, mb: int) -> str:
     """The step the peer must run to complete a message: its SEND for a recv, its RECV for a send."""
     ch = "FB"[channel] if channel in (0, 1) else "?"
@@ -68,6 +87,16 @@ def counterpart_text(op: int, channel: int, src_stage: int, mb: int) -> str:
         dst = src_stage + 1 if ch == "F" else src_stage - 1
         return f"{dst}RECV_{ch}{mb}"
     return f"{src_stage}SEND_{ch}{mb}"
+
+
+def run_starts(*keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal rows begins (row 0, then every row where any key changes):
+    the groups of sorted keys. Empty for empty keys."""
+    change = np.zeros(len(keys[0]), bool)
+    change[:1] = True
+    for key in keys:
+        change[1:] |= key[1:] != key[:-1]
+    return np.flatnonzero(change)
 
 
 def containing_rows(begin: np.ndarray, end: np.ndarray, times: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipetrace.analyze import findings as fk
-from pipetrace.analyze.derive import top_level
+from pipetrace.analyze.derive import run_starts, top_level
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import OPEN, Run
 
@@ -53,20 +53,19 @@ def _executed_vs_plan(run: Run, rank) -> Finding | None:
         return None
     steps = rank.steps
     it, code, pos = steps.it[rows], steps.code[rows], steps.pos[rows]
-    starts = np.flatnonzero(np.r_[True, it[1:] != it[:-1]])
-    segment = np.cumsum(np.r_[True, it[1:] != it[:-1]]) - 1
-    within = np.arange(len(rows)) - starts[segment]
+    starts = run_starts(it)
+    counts = np.diff(np.append(starts, len(rows)))
+    within = np.arange(len(rows)) - np.repeat(starts, counts)
     n = len(plan_codes)
     expected = plan_codes[np.minimum(within, n - 1)]
     bad = (within >= n) | (code != expected) | (pos != within)
     first_bad = int(np.argmax(bad)) if bad.any() else None
     # a finished iteration must hold the whole plan
     short = None
-    ended = {int(i) for i, e in zip(rank.iterations.it, rank.iterations.end) if e != OPEN}
-    counts = np.diff(np.r_[starts, len(rows)])
-    for s, c in zip(starts, counts):
+    ended = set(rank.iterations.it[rank.iterations.end != OPEN].tolist())
+    for s, c in zip(starts.tolist(), counts.tolist()):
         if int(it[s]) in ended and c < n:
-            short = (int(s + c - 1), int(c))
+            short = (s + c - 1, c)
             break
     if first_bad is None and short is None:
         return None

@@ -18,7 +18,7 @@ import os
 import threading
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan
+from pipetrace.schedule.lowering import gc_paused
 
 Progress = Callable[[int, int], None]
 """Called as ``progress(files_done, files_total)`` while logs are parsed."""
@@ -67,32 +68,38 @@ def load_run(path: str | Path, *, progress: Progress | None = None, workers: int
             f"{run_dir}: no usable event log ("
             + "; ".join(p.message for p in problems if p.rank is not None)[:400] + ")"
         )
-    catalog, remaps = _catalog(raws, usable, meta)
-    plan = _meta_plan(meta, catalog, problems)
-    shapes, shape_maps = _merge([raw.shapes for raw in raws])
-    dtypes, dtype_maps = _merge([raw.dtypes for raw in raws])
-    threads, thread_maps = _merge([["main"]] + [raw.threads for raw in raws])
-    thread_maps = thread_maps[1:]
-    ranks: list[RankTimeline] = []
-    models: dict[int, dict[str, clocks.OffsetFn]] = {}
-    for rank, raw in enumerate(raws):
-        if usable[rank]:
-            timeline, models[rank] = _timeline(rank, raw, catalog, remaps[rank], shape_maps[rank],
-                                               dtype_maps[rank], thread_maps[rank])  # fmt: skip
-            ranks.append(timeline)
-        else:
-            ranks.append(_missing(rank, raw))
-    del raws
-    match_messages(ranks)
-    offsets, quality = clocks.align([r for r in ranks if r.present], world_size, models)
-    t0 = _shift_times(ranks, offsets)
-    for rank in ranks:
-        if rank.present:
-            rank.status = _status(rank, catalog)
-    _note_clock_problems(ranks, quality, problems)
-    return Run(path=run_dir, meta=meta, plan=plan, world_size=world_size, ranks=ranks,
-               catalog=catalog, shapes=shapes, dtypes=dtypes, threads=threads, t0_ns=t0,
-               problems=problems, clock_quality=quality)  # fmt: skip
+    # Assembly makes a million small acyclic objects for a big run (texts, plan Steps, lists):
+    # the cyclic collector would walk them again and again for nothing.
+    with gc_paused():
+        ran = [_ran_plan(raw) if ok else None for raw, ok in zip(raws, usable)]
+        catalog, remaps = _catalog(raws, usable, ran, meta)
+        plan, planned = _meta_plan(meta, catalog, problems)
+        shape_codes, shape_maps = _merge([raw.shapes for raw in raws])
+        dtype_codes, dtype_maps = _merge([raw.dtypes for raw in raws])
+        thread_codes, thread_maps = _merge([["main"]] + [raw.threads for raw in raws])
+        thread_maps = thread_maps[1:]
+        ranks: list[RankTimeline] = []
+        models: dict[int, dict[str, clocks.OffsetFn]] = {}
+        for rank, raw in enumerate(raws):
+            if usable[rank]:
+                timeline, models[rank] = _timeline(rank, raw, catalog, remaps[rank], shape_maps[rank], dtype_maps[rank],
+                                                   thread_maps[rank], ran[rank] or [],
+                                                   planned[rank] if rank < len(planned) else None)  # fmt: skip
+                ranks.append(timeline)
+            else:
+                ranks.append(_missing(rank, raw))
+        del raws
+        match_messages(ranks)
+        offsets, quality = clocks.align([r for r in ranks if r.present], world_size, models)
+        t0 = _shift_times(ranks, offsets)
+        for rank in ranks:
+            if rank.present:
+                rank.status = _status(rank, catalog)
+        _note_clock_problems(ranks, quality, problems)
+        return Run(path=run_dir, meta=meta, plan=plan, world_size=world_size, ranks=ranks,
+                   catalog=catalog, shapes=list(shape_codes), dtypes=list(dtype_codes),
+                   threads=list(thread_codes), t0_ns=t0,
+                   problems=problems, clock_quality=quality)  # fmt: skip
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -170,67 +177,88 @@ def _short(message: str, path: str) -> str:
     return message.replace(str(Path(path).parent) + os.sep, "")
 
 
-def _meta_plan(meta: dict[str, Any], catalog: StepCatalog, problems: list[InputProblem]) -> Plan | None:
-    """meta.json's plan, its steps taken from the catalog (each distinct text parsed once)."""
+PlannedRow = tuple[list[str], np.ndarray]
+"""A row of meta.json's plan without its bubbles: its step texts and their codes."""
+
+
+def _meta_plan(meta: dict[str, Any], catalog: StepCatalog,
+               problems: list[InputProblem]) -> tuple[Plan | None, list[PlannedRow]]:  # fmt: skip
+    """meta.json's plan, its steps taken from the catalog (each distinct text parsed once),
+    and its rows' texts and codes: a rank's own plan is usually its row, whose codes are then
+    not looked up again (a big plan has a few hundred thousand steps)."""
     try:
         schedule = meta.get("schedule") or {}
-        code_of = catalog._codes.__getitem__
-        step_of = catalog.step
-        rows = []
+        code_of, parsed = catalog._codes.__getitem__, catalog.steps
+        rows, planned = [], []
         for row in meta["plan"]:
-            steps = [step_of(code_of(text)) if text else None for text in row]
-            if any(step is None for step, text in zip(steps, row) if text):
-                bad = next(text for step, text in zip(steps, row) if text and step is None)
-                raise ValueError(f"bad action {bad!r}")
-            rows.append(steps)
+            texts = [text for text in row if text]
+            codes = np.fromiter(map(code_of, texts), np.int32, len(texts))
+            bad = np.flatnonzero(catalog.kind[codes] < 0)  # the texts that do not parse
+            if len(bad):
+                raise ValueError(f"bad action {texts[bad[0]]!r}")
+            next_step = map(parsed.__getitem__, codes.tolist()).__next__
+            rows.append([next_step() if text else None for text in row])
+            planned.append((texts, codes))
         return Plan(int(meta["num_microbatches"]), tuple(int(r) for r in meta["placement"]), rows,
-                    str(schedule.get("name", "custom")), dict(schedule.get("params", {})))  # fmt: skip
+                    str(schedule.get("name", "custom")), dict(schedule.get("params", {}))), planned  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         problems.append(InputProblem("warning", f"meta.json: the plan cannot be read ({exc}); "
                                      "plan checks and the ideal timeline are skipped"))  # fmt: skip
-        return None
+        return None, []
 
 
 # -- assembly ------------------------------------------------------------------------------
 
 
-def _merge(lists: list[list]) -> tuple[list, list[np.ndarray]]:
-    merged: list = []
+def _merge(lists: list[list], also: Iterable = ()) -> tuple[dict[Any, int], list[np.ndarray]]:
+    """Intern the values of several lists: value -> code for every distinct value, in
+    first-seen order (so codes are deterministic and ``list(codes)`` is the merged list), and
+    per list the codes of its values. ``also``: values interned after the lists', unmapped.
+    One dict operation per value: a big run has a few hundred thousand distinct step texts."""
     codes: dict[Any, int] = {}
-    maps = []
-    for values in lists:
-        for value in dict.fromkeys(values):  # first-seen order: codes are deterministic
-            if value not in codes:
-                codes[value] = len(merged)
-                merged.append(value)
-        maps.append(np.fromiter(map(codes.__getitem__, values), np.int32, len(values)))
-    return merged, maps
+    intern = codes.setdefault
+    maps = [np.array([intern(value, len(codes)) for value in values], np.int32) for values in lists]
+    for value in also:
+        intern(value, len(codes))
+    return codes, maps
 
 
-def _catalog(raws: list[RawRank], usable: list[bool], meta: dict[str, Any]) -> tuple[StepCatalog, list[np.ndarray]]:
+def _ran_plan(raw: RawRank) -> list[str] | None:
+    """The plan the rank ran (run_start's, bubbles removed), None without a run_start."""
+    return None if raw.run_start is None else [str(t) for t in raw.run_start.get("plan") or ()]
+
+
+def _catalog(raws: list[RawRank], usable: list[bool], ran: list[list[str] | None],
+             meta: dict[str, Any]) -> tuple[StepCatalog, list[np.ndarray]]:  # fmt: skip
+    """Every step text of the run (the ranks' texts, then the plans'), and per rank the codes
+    of its texts. The texts are all str: the parser checks them, plans' texts are converted.
+    ``ran``: per rank, `_ran_plan`."""
     lists = [raw.texts if ok else [] for raw, ok in zip(raws, usable)]
     extra = []
     rows = meta.get("plan")
     rows = rows if isinstance(rows, list) else []
-    for rank, (raw, ok) in enumerate(zip(raws, usable)):
-        if ok and raw.run_start is not None:
-            ran = [str(t) for t in raw.run_start.get("plan") or ()]
+    for rank, texts in enumerate(ran):
+        if texts is not None:
             planned = rows[rank] if rank < len(rows) and isinstance(rows[rank], list) else None
-            if planned is None or ran != [t for t in planned if t]:  # usually the same texts
-                extra.extend(ran)
-    extra.extend(t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t)
-    texts, maps = _merge(lists + [extra])
+            if planned is None or texts != [t for t in planned if t]:  # usually the same texts
+                extra.extend(texts)
+    extra += [t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t]
+    codes, maps = _merge(lists, extra)  # a planned step that no rank ran still gets a code
+    texts = list(codes)
     kind = np.full(len(texts), -2, np.int8)  # -2: not parsed by a worker
     stage = np.full(len(texts), -1, np.int32)
     mb = np.full(len(texts), -1, np.int32)
     for raw, m in zip(raws, maps):
         if len(m) and len(raw.text_parts) == 3:
             kind[m], stage[m], mb[m] = raw.text_parts
-    return StepCatalog.build([str(t) for t in texts], (kind, stage, mb)), maps[:-1]
+    return StepCatalog.build(texts, (kind, stage, mb), codes), maps
 
 
 def _timeline(rank: int, raw: RawRank, catalog: StepCatalog, remap: np.ndarray, shape_map: np.ndarray,
-              dtype_map: np.ndarray, thread_map: np.ndarray) -> tuple[RankTimeline, dict[str, clocks.OffsetFn]]:  # fmt: skip
+              dtype_map: np.ndarray, thread_map: np.ndarray, plan_texts: list[str],
+              planned: PlannedRow | None) -> tuple[RankTimeline, dict[str, clocks.OffsetFn]]:  # fmt: skip
+    """The rank's timeline, times still on its own clock. ``plan_texts``: the plan it ran;
+    ``planned``: its row of meta.json's plan."""
     lifecycle = [LifecycleEvent(e, t, f) for e, t, f in raw.lifecycle]
     info, models = clocks.offset_models(clocks.clock_events(lifecycle))
 
@@ -255,12 +283,11 @@ def _timeline(rank: int, raw: RawRank, catalog: StepCatalog, remap: np.ndarray, 
         np.array([np.nan if r[2] is None else r[2] for r in rows], np.float64),
     )
     start = raw.run_start or {}
-    plan_texts = [str(t) for t in start.get("plan") or ()]
     stages = start.get("stages")
     return RankTimeline(
         rank=rank, present=True, steps=steps, p2p=p2p, iterations=iterations,
         status=RankStatus(RankState.ENDED, ""), clock=info, header=raw.header, plan=plan_texts,
-        plan_codes=np.fromiter(map(catalog.code, plan_texts), np.int32, len(plan_texts)),
+        plan_codes=planned[1] if planned is not None and planned[0] == plan_texts else catalog.codes(plan_texts),
         stages=[int(x) for x in stages] if isinstance(stages, list) and all(isinstance(x, int) for x in stages) else [],
         config=start.get("config") if isinstance(start.get("config"), dict) else None,
         lifecycle=lifecycle, events=raw.events, path=Path(raw.path),
@@ -277,6 +304,11 @@ def _missing(rank: int, raw: RawRank) -> RankTimeline:
     )  # fmt: skip
 
 
+def _time_columns(rank: RankTimeline) -> tuple[np.ndarray, ...]:
+    """The rank's time columns (`_shift_times` shifts them in place)."""
+    return rank.steps.begin, rank.steps.end, rank.p2p.post, rank.p2p.done, rank.iterations.begin, rank.iterations.end
+
+
 def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn]) -> int:
     """Put every time on rank 0's clock (chosen offset, then correction) and make it
     relative to the earliest event; returns that event's time (t0, epoch ns)."""
@@ -284,16 +316,12 @@ def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn])
     for rank in present:
         fn = offsets[rank.rank]
         correction = rank.clock.correction_ns
-        for table, names in ((rank.steps, ("begin", "end")), (rank.p2p, ("post", "done")),
-                             (rank.iterations, ("begin", "end"))):  # fmt: skip
-            for name in names:
-                arr = getattr(table, name)
-                ended = arr != OPEN
-                if ended.all():
-                    arr -= fn(arr)
-                    arr += correction
-                else:
-                    arr[ended] += correction - fn(arr[ended])
+        for arr in _time_columns(rank):
+            ended = arr != OPEN
+            if ended.all():
+                arr += correction - fn(arr)
+            else:
+                arr[ended] += correction - fn(arr[ended])
         if rank.lifecycle:
             times = np.array([ev.t for ev in rank.lifecycle], np.int64)
             for ev, t in zip(rank.lifecycle, (times - fn(times) + correction).tolist()):
@@ -307,11 +335,8 @@ def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn])
         firsts.extend(ev.t for ev in rank.lifecycle)
     t0 = min(firsts) if firsts else 0
     for rank in present:
-        for table, names in ((rank.steps, ("begin", "end")), (rank.p2p, ("post", "done")),
-                             (rank.iterations, ("begin", "end"))):  # fmt: skip
-            for name in names:
-                arr = getattr(table, name)
-                arr[arr != OPEN] -= t0
+        for arr in _time_columns(rank):
+            np.subtract(arr, t0, out=arr, where=arr != OPEN)
         for ev in rank.lifecycle:
             ev.t -= t0
     return t0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipetrace.analyze.derive import run_starts
 from pipetrace.analyze.model import OP_SEND, RankTimeline
 
 
@@ -35,18 +36,15 @@ def _packable(p) -> bool:
                 and p.ch.min() >= -1 and p.ch.max() <= 1)  # fmt: skip
 
 
-def _packed(p, rows: np.ndarray) -> np.ndarray:
-    """(iteration, channel, seq) of rows as one int64."""
-    return (p.it[rows].astype(np.int64) << (_SEQ_BITS + 2)) | ((p.ch[rows].astype(np.int64) + 1) << _SEQ_BITS) \
-        | p.seq[rows]  # fmt: skip
+def _packed(p) -> np.ndarray:
+    """(iteration, channel, seq) of every row as one int64."""
+    return (p.it.astype(np.int64) << (_SEQ_BITS + 2)) | ((p.ch.astype(np.int64) + 1) << _SEQ_BITS) | p.seq
 
 
 def _occurrence(sorted_keys: np.ndarray) -> np.ndarray:
     """For sorted keys, how many equal keys precede each one."""
-    n = len(sorted_keys)
-    first = np.r_[True, sorted_keys[1:] != sorted_keys[:-1]]
-    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
-    return np.arange(n) - start
+    starts = run_starts(sorted_keys)
+    return np.arange(len(sorted_keys)) - np.repeat(starts, np.diff(np.append(starts, len(sorted_keys))))
 
 
 def _match_by_channel(parts: list[RankTimeline]) -> int:
@@ -54,14 +52,15 @@ def _match_by_channel(parts: list[RankTimeline]) -> int:
     packed key, the j-th occurrence of a key on one side with the j-th on the other. Small
     sorts per pair instead of one sort of every op of the run."""
     by_id = {r.rank: r for r in parts}
+    packed = {r.rank: _packed(r.p2p) for r in parts}
     groups: dict[tuple[int, int, int], np.ndarray] = {}
     for r in parts:
         p = r.p2p
         key = p.op.astype(np.int64) * 2**33 + (p.peer.astype(np.int64) + 2**31)
         order = np.argsort(key, kind="stable")  # stable: rows stay in post order
         k = key[order]
-        cuts = np.flatnonzero(k[1:] != k[:-1]) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(k)]):
+        bounds = np.append(run_starts(k), len(k)).tolist()
+        for lo, hi in zip(bounds, bounds[1:]):
             row = order[lo]
             groups[(r.rank, int(p.op[row]), int(p.peer[row]))] = order[lo:hi]
     pairs = 0
@@ -72,13 +71,16 @@ def _match_by_channel(parts: list[RankTimeline]) -> int:
         if recv_rows is None:
             continue
         a, b = by_id[rank].p2p, by_id[peer].p2p
-        ka, kb = _packed(a, send_rows), _packed(b, recv_rows)
+        ka, kb = packed[rank][send_rows], packed[peer][recv_rows]
         oa, ob = np.argsort(ka, kind="stable"), np.argsort(kb, kind="stable")
         ka, kb = ka[oa], kb[ob]
-        pos = np.searchsorted(kb, ka) + _occurrence(ka)
-        ok = pos < len(kb)
-        ok[ok] = kb[pos[ok]] == ka[ok]
-        sends, recvs = send_rows[oa[ok]], recv_rows[ob[pos[ok]]]
+        if np.array_equal(ka, kb):  # the usual case: every message has its two sides, once
+            sends, recvs = send_rows[oa], recv_rows[ob]
+        else:
+            pos = np.searchsorted(kb, ka) + _occurrence(ka)
+            ok = pos < len(kb)
+            ok[ok] = kb[pos[ok]] == ka[ok]
+            sends, recvs = send_rows[oa[ok]], recv_rows[ob[pos[ok]]]
         a.match_rank[sends], a.match_index[sends] = peer, recvs
         b.match_rank[recvs], b.match_index[recvs] = rank, sends
         pairs += len(sends)

@@ -54,8 +54,8 @@ def find_message_problems(run: Run) -> list[Finding]:
             differ = (src[rows] != osrc[orows]) | (mb[rows] != omb[orows])
             ch, it = p.ch[rows], p.it[rows]
             # order: by send row, the matched recv rows must increase within (channel, iteration)
-            same_group = np.r_[False, (ch[1:] == ch[:-1]) & (it[1:] == it[:-1])]
-            backwards = same_group & np.r_[False, orows[1:] < orows[:-1]]
+            backwards = np.zeros(len(rows), bool)
+            backwards[1:] = (ch[1:] == ch[:-1]) & (it[1:] == it[:-1]) & (orows[1:] < orows[:-1])
             for row in rows[differ | backwards]:
                 flagged.add(_group(rank.rank, p, int(row)))
             bad = (p.nbytes[rows] != other.nbytes[orows]) | (p.dtype[rows] != other.dtype[orows]) | \

@@ -19,13 +19,14 @@ Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from pipetrace.analyze.derive import containing_rows, top_level
+from pipetrace.analyze.derive import containing_rows, counterpart_values, run_starts, top_level
 from pipetrace.analyze.model import (
     IS_COMM, IS_COMPUTE, IS_COMPUTE_OR_COMPOSITE, KIND_CODE, KINDS, MAIN_THREAD, OPEN, RankTimeline, Run,
+    StepCatalog, StepTable,
 )  # fmt: skip
 from pipetrace.schedule.ir import StepKind
 
@@ -68,22 +69,44 @@ class Metrics:
     def mean_costs(self) -> dict[tuple[int, str], float]:
         """Mean cost per (stage, kind) of standalone steps; a kind a stage only runs inside
         composites (OVERLAP_F_B) takes its overlapped cost."""
-        out = {key: float(np.mean(v)) for key, v in self.stage_costs.items() if len(v) and not key[1].endswith(OVERLAPPED)}
-        for (stage, kind), v in self.stage_costs.items():
-            if kind.endswith(OVERLAPPED) and len(v):
-                out.setdefault((stage, kind[: -len(OVERLAPPED)]), float(np.mean(v)))
+        keys = [key for key, v in self.stage_costs.items() if len(v)]
+        means = reduce_groups([self.stage_costs[key] for key in keys], lambda rows: rows.mean(axis=1)).tolist()
+        out = {key: m for key, m in zip(keys, means) if not key[1].endswith(OVERLAPPED)}
+        for (stage, kind), m in zip(keys, means):
+            if kind.endswith(OVERLAPPED):
+                out.setdefault((stage, kind[: -len(OVERLAPPED)]), m)
         return out
+
+
+def reduce_groups(groups: list[np.ndarray], reduce: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``reduce`` applied to every (non-empty) group, one call per distinct group size.
+
+    ``reduce`` gets the groups of one size as the rows of a 2-D array and returns one result
+    per row (``lambda rows: np.percentile(rows, [50, 95], axis=1).T``). A big run has
+    thousands of small groups (each stage's F steps, ...): a numpy call per group would cost
+    more than its work. Each row gets the same arithmetic as a call on that group alone, so
+    the results are the same."""
+    sizes = np.fromiter(map(len, groups), np.int64, len(groups))
+    order = np.argsort(sizes, kind="stable")
+    cuts = np.flatnonzero(np.diff(sizes[order])) + 1
+    parts = [reduce(np.stack([groups[i] for i in same])) for same in np.split(order, cuts) if len(same)]
+    if not parts:
+        return np.empty(0)
+    out = np.empty((len(groups), *parts[0].shape[1:]), parts[0].dtype)
+    out[order] = np.concatenate(parts)
+    return out
 
 
 def compute_metrics(run: Run) -> Metrics:
     its = run.iterations()
+    it_values = np.array(its, np.int64)  # searched once per table: not converted from the list each time
     n = len(its)
     start = np.full(n, np.iinfo(np.int64).max, np.int64)
     end = np.full(n, -1, np.int64)
     complete = np.ones(n, bool)
     for rank in run.present_ranks:
         t = rank.iterations
-        idx = np.searchsorted(its, t.it)
+        idx = np.searchsorted(it_values, t.it)
         has = np.zeros(n, bool)
         ended = np.zeros(n, bool)
         has[idx] = t.begin != OPEN
@@ -97,8 +120,9 @@ def compute_metrics(run: Run) -> Metrics:
     per_rank = {}
     stage_costs: dict[tuple[int, str], list[np.ndarray]] = {}
     overlap = False
+    partners = counterpart_values(run.ranks, "post")
     for rank in run.present_ranks:
-        per_rank[rank.rank], costs, ov = _rank_metrics(run, rank, its)
+        per_rank[rank.rank], costs, ov = _rank_metrics(run, rank, it_values, partners[rank.rank])
         overlap |= ov
         for key, values in costs.items():
             stage_costs.setdefault(key, []).append(values)
@@ -108,14 +132,17 @@ def compute_metrics(run: Run) -> Metrics:
     return metrics
 
 
-def _rank_metrics(run: Run, rank: RankTimeline, its: list[int]):
+def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.ndarray):
+    """One rank's `RankIterations`, its step costs by (stage, kind) and whether it ran in
+    overlap mode. ``partner``: per P2P row, when the matched op was posted (-1: unmatched)."""
     catalog = run.catalog
     n = len(its)
     steps, p2p = rank.steps, rank.p2p
     top = top_level(rank, catalog)
     begin, end = steps.begin[top], steps.end[top]
-    kind = catalog.kind[steps.code[top]]
-    it_idx = np.clip(np.searchsorted(its, steps.it[top]), 0, max(n - 1, 0))
+    leaf_kind = catalog.kind[steps.code]
+    kind = leaf_kind[top]
+    it_idx = np.minimum(np.searchsorted(its, steps.it[top]), max(n - 1, 0))  # np.clip is slower
     ended = end != OPEN
     dur = np.where(ended, end - begin, 0)
     is_compute = IS_COMPUTE_OR_COMPOSITE[kind]
@@ -129,106 +156,111 @@ def _rank_metrics(run: Run, rank: RankTimeline, its: list[int]):
     if len(p2p) and n:
         done = p2p.done
         ok = done != OPEN
-        op_it = np.clip(np.searchsorted(its, p2p.it), 0, n - 1)
-        partner = _partner_post(run, rank)
+        op_it = np.minimum(np.searchsorted(its, p2p.it), n - 1)
         poster = containing_rows(begin, end, p2p.post)
         ps = np.maximum(poster, 0)
         in_own = ok & (poster >= 0) & ((end[ps] >= done) | (end[ps] == OPEN)) & (done >= begin[ps])
         # plain mode: the op completes inside its own SEND/RECV step
         own = in_own & is_comm[ps] & (partner >= 0)
-        np.add.at(blocking, op_it[own], np.maximum(done[own] - np.maximum(p2p.post[own], partner[own]), 0))
-        # overlap mode, recvs: the consuming compute step waits for the op at its start
-        consumer = _consumers(run, rank)
-        late = ok & ~in_own & (consumer >= 0)
-        rows = consumer[late]
-        wait_from = np.maximum(steps.begin[rows], p2p.post[late])
-        inside = (done[late] >= steps.begin[rows]) & ((steps.end[rows] == OPEN) | (done[late] <= steps.end[rows]))
-        w = np.where(inside, np.maximum(done[late] - wait_from, 0), 0)
-        np.add.at(waited, rows, w)
-        on_main = steps.thread[rows] == MAIN_THREAD
-        np.add.at(busy, op_it[late][on_main], -w[on_main].astype(np.float64))
-        np.add.at(wait, op_it[late][on_main], w[on_main].astype(np.float64))
-        hidden_from = np.maximum(wait_from, partner[late])
-        np.add.at(exposed, op_it[late], np.where(inside, np.maximum(done[late] - hidden_from, 0), 0).astype(np.float64))
-        # overlap mode, sends: drained after the rank's last step of the iteration
-        last_end = np.zeros(n, np.int64)
-        np.maximum.at(last_end, it_idx[ended], end[ended])
-        drained = ok & ~in_own & (consumer < 0) & (done > last_end[op_it])
-        drain_from = np.maximum(last_end[op_it], p2p.post)
-        drain = np.where(drained, np.maximum(done - drain_from, 0), 0)
-        drain_per_it = np.zeros(n, np.int64)
-        np.maximum.at(drain_per_it, op_it, drain)
-        wait += drain_per_it
-        np.add.at(exposed, op_it, np.where(drained, np.maximum(done - np.maximum(drain_from, partner), 0), 0).astype(np.float64))
-        overlap = bool((ok & ~in_own).any())
+        blocking = np.bincount(op_it[own], weights=np.maximum(done[own] - np.maximum(p2p.post[own], partner[own]), 0),
+                               minlength=n)  # fmt: skip
+        # overlap mode: ops completing outside their own step (none in plain mode)
+        detached = ok & ~in_own
+        overlap = bool(detached.any())
+        if overlap:
+            # recvs: the consuming compute step waits for the op at its start
+            consumer = _consumers(run, rank, leaf_kind)
+            late = detached & (consumer >= 0)
+            rows = consumer[late]
+            wait_from = np.maximum(steps.begin[rows], p2p.post[late])
+            inside = (done[late] >= steps.begin[rows]) & ((steps.end[rows] == OPEN) | (done[late] <= steps.end[rows]))
+            w = np.where(inside, np.maximum(done[late] - wait_from, 0), 0)
+            np.add.at(waited, rows, w)
+            on_main = steps.thread[rows] == MAIN_THREAD
+            np.add.at(busy, op_it[late][on_main], -w[on_main].astype(np.float64))
+            np.add.at(wait, op_it[late][on_main], w[on_main].astype(np.float64))
+            hidden_from = np.maximum(wait_from, partner[late])
+            late_exposed = np.where(inside, np.maximum(done[late] - hidden_from, 0), 0)
+            # sends: drained after the rank's last step of the iteration
+            last_end = _max_per_bin(it_idx[ended], end[ended], n)
+            drained = detached & (consumer < 0) & (done > last_end[op_it])
+            drain_from = np.maximum(last_end[op_it], p2p.post)
+            drain = np.where(drained, np.maximum(done - drain_from, 0), 0)
+            wait += _max_per_bin(op_it, drain, n)
+            drain_exposed = np.where(drained, np.maximum(done - np.maximum(drain_from, partner), 0), 0)
+            # one pass, recvs then drains: each bin adds in that order, as np.add.at twice would
+            exposed = np.bincount(np.concatenate((op_it[late], op_it)), minlength=n,
+                                  weights=np.concatenate((late_exposed, drain_exposed)))  # fmt: skip
     present = np.zeros(n, bool)
     present[np.searchsorted(its, rank.iterations.it)] = True
     nan = np.where(present, 0.0, np.nan)
-    # per-stage costs from leaf compute rows (any thread), without their input waits
-    leaf_kind = catalog.kind[steps.code]
-    leaf_stage = catalog.stage[steps.code]
-    leaf_ok = IS_COMPUTE[leaf_kind] & (leaf_stage >= 0) & (steps.end != OPEN)
-    leaf_dur = np.maximum((steps.end - steps.begin).astype(np.int64) - waited, 0)
     standalone = np.zeros(len(steps), bool)
     standalone[top] = True
-    costs = {}
-    for sub, suffix in ((standalone, ""), (~standalone, OVERLAPPED)):
-        sel = leaf_ok & sub
-        if not sel.any():
-            continue
-        key_kind, key_stage, values = leaf_kind[sel], leaf_stage[sel], leaf_dur[sel]
-        order = np.lexsort((key_kind, key_stage))
-        key_kind, key_stage, values = key_kind[order], key_stage[order], values[order]
-        cuts = np.flatnonzero((key_kind[1:] != key_kind[:-1]) | (key_stage[1:] != key_stage[:-1])) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(values)]):
-            costs[(int(key_stage[lo]), KINDS[int(key_kind[lo])].value + suffix)] = values[lo:hi]
+    costs = _stage_costs(catalog, steps, leaf_kind, np.maximum((steps.end - steps.begin).astype(np.int64) - waited, 0),
+                         standalone)  # fmt: skip
     return RankIterations(busy + nan, wait + nan, exposed + nan, blocking + nan), costs, overlap
 
 
-_CONSUMES = {  # recv kind -> the compute kinds that consume its message (same stage, micro-batch)
-    "RECV_F": ("F",),
-    "RECV_B": ("B", "I"),
-}
+def _stage_costs(catalog: StepCatalog, steps: StepTable, leaf_kind: np.ndarray, leaf_dur: np.ndarray,
+                 standalone: np.ndarray) -> dict[tuple[int, str], np.ndarray]:  # fmt: skip
+    """Per-stage costs from the leaf compute rows (any thread), without their input waits:
+    (stage, kind) for standalone steps, (stage, kind + OVERLAPPED) for composites' parts."""
+    leaf_stage = catalog.stage[steps.code]
+    rows = np.flatnonzero(IS_COMPUTE[leaf_kind] & (leaf_stage >= 0) & (steps.end != OPEN))
+    if not len(rows):
+        return {}
+    # one sort key per row: stage, kind (4 bits), inside a composite (1 bit)
+    key = (leaf_stage[rows].astype(np.int64) << 5) | (leaf_kind[rows].astype(np.int64) << 1) | ~standalone[rows]
+    order = np.argsort(key, kind="stable")  # stable: a group keeps the rows' order
+    key, values = key[order], leaf_dur[rows[order]]
+    first = run_starts(key)
+    bounds = np.append(first, len(key)).tolist()
+    return {(k >> 5, KINDS[(k >> 1) & 15].value + (OVERLAPPED if k & 1 else "")): values[lo:hi]
+            for k, lo, hi in zip(key[first].tolist(), bounds, bounds[1:])}
 
 
-def _consumers(run: Run, rank: RankTimeline) -> np.ndarray:
+def _max_per_bin(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Per bin 0..n-1, the largest of its values and 0: ``np.maximum.at`` on zeros, which is
+    slow (a generic per-element loop) while this is a few vectorized passes."""
+    out = np.zeros(n, np.int64)
+    if len(index):
+        order = np.argsort(index, kind="stable")
+        bins = index[order]
+        first = run_starts(bins)
+        out[bins[first]] = np.maximum(np.maximum.reduceat(values[order], first), 0)
+    return out
+
+
+def _consumers(run: Run, rank: RankTimeline, kinds: np.ndarray) -> np.ndarray:
     """Per P2P row, the step row (any thread) that consumes a received message: F for a
-    RECV_F, B or I for a RECV_B, same stage, micro-batch and iteration (-1: none)."""
+    RECV_F, B or I for a RECV_B, same stage, micro-batch and iteration (-1: none).
+    ``kinds``: the kind code of each step row."""
     catalog, steps, p2p = run.catalog, rank.steps, rank.p2p
     out = np.full(len(p2p), -1, np.int64)
     if not len(p2p) or not len(steps):
         return out
-    kinds = catalog.kind[steps.code]
     fwd = kinds == KIND_CODE[StepKind.F]
     bwd = (kinds == KIND_CODE[StepKind.B]) | (kinds == KIND_CODE[StepKind.I])
     rows = np.flatnonzero(fwd | bwd)
     if not len(rows):
         return out
-    stage, mb = catalog.stage[steps.code[rows]].astype(np.int64), catalog.microbatch[steps.code[rows]].astype(np.int64)
-    it = steps.it[rows].astype(np.int64)
-    key = ((it * 65536 + stage) * 1048576 + mb) * 2 + bwd[rows]
+    codes = steps.code[rows]
+    key = _consumer_key(steps.it[rows], catalog.stage[codes], catalog.microbatch[codes], bwd[rows])
     order = np.argsort(key, kind="stable")
     key, rows = key[order], rows[order]
     rk = catalog.kind[p2p.code]
     recv_f, recv_b = rk == KIND_CODE[StepKind.RECV_F], rk == KIND_CODE[StepKind.RECV_B]
     want = recv_f | recv_b
-    p_stage = catalog.stage[p2p.code].astype(np.int64)
-    p_mb = catalog.microbatch[p2p.code].astype(np.int64)
-    p_key = ((p2p.it.astype(np.int64) * 65536 + p_stage) * 1048576 + p_mb) * 2 + recv_b
+    p_key = _consumer_key(p2p.it, catalog.stage[p2p.code], catalog.microbatch[p2p.code], recv_b)
     idx = np.clip(np.searchsorted(key, p_key), 0, len(key) - 1)
     hit = want & (key[idx] == p_key)
     out[hit] = rows[idx[hit]]
     return out
 
 
-def _partner_post(run: Run, rank: RankTimeline) -> np.ndarray:
-    """Per P2P row, when the matched op on the peer was posted (-1 when unmatched)."""
-    p = rank.p2p
-    out = np.full(len(p), -1, np.int64)
-    for peer in np.unique(p.match_rank[p.match_rank >= 0]):
-        sel = p.match_rank == peer
-        out[sel] = run.ranks[int(peer)].p2p.post[p.match_index[sel]]
-    return out
+def _consumer_key(it: np.ndarray, stage: np.ndarray, mb: np.ndarray, backward: np.ndarray) -> np.ndarray:
+    """(iteration, stage, micro-batch, forward or backward) as one int64."""
+    return ((it.astype(np.int64) * 65536 + stage) * 1048576 + mb) * 2 + backward
 
 
 def ideal_timeline(run: Run, costs: dict[tuple[int, str], float], *, override: dict[tuple[int, str], float] | None = None) -> dict[str, Any]:

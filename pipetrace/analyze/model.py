@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,13 @@ class StepCatalog:
     stage: np.ndarray  # int32, -1 when none (composite, unparsable)
     microbatch: np.ndarray  # int32, -1 when none
     _codes: dict[str, int] = field(default_factory=dict, repr=False)
-    _steps: dict[int, Step | None] = field(default_factory=dict, repr=False)
+    _steps: list[Step | None] | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, texts: list[str], parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> StepCatalog:
+    def build(cls, texts: list[str], parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+              codes: dict[str, int] | None = None) -> StepCatalog:  # fmt: skip
         """``parts``: (kind, stage, microbatch) already parsed (e.g. by the loader's workers),
-        with kind -2 for a text still to parse."""
+        with kind -2 for a text still to parse; ``codes``: text -> index, when already made."""
         if parts is None:
             kind, stage, mb = parse_texts(texts)
         else:
@@ -97,28 +99,55 @@ class StepCatalog:
                 k, s, m = parse_texts([texts[i] for i in todo])
                 kind[todo], stage[todo], mb[todo] = k, s, m
         return cls(list(texts), kind.astype(np.int8), stage.astype(np.int32), mb.astype(np.int32),
-                   {t: i for i, t in enumerate(texts)})  # fmt: skip
+                   dict(zip(texts, range(len(texts)))) if codes is None else codes)  # fmt: skip
 
     def code(self, text: str) -> int:
         """The code of a step text, -1 when the run never recorded it."""
         return self._codes.get(text, -1)
 
+    def codes(self, texts: list[str]) -> np.ndarray:
+        """`code` of many texts at once (int32)."""
+        return np.fromiter(map(self._codes.get, texts, repeat(-1, len(texts))), np.int32, len(texts))
+
+    @property
+    def steps(self) -> list[Step | None]:
+        """The parsed step of every code (None for a text that does not parse).
+
+        Built all at once on first use, from the parsed columns: a big run's plan names a
+        few hundred thousand distinct steps, where a call per step would cost more than
+        making the Step."""
+        if self._steps is None:
+            self._steps = _steps_of(self.texts, self.kind, self.stage, self.microbatch)
+        return self._steps
+
     def step(self, code: int) -> Step | None:
         """The parsed step of a code (None for a text that does not parse)."""
-        if code not in self._steps:
-            k = int(self.kind[code]) if code >= 0 else -1
-            if k >= 0 and KINDS[k] in _SIMPLE_KINDS and self.microbatch[code] >= 0:
-                self._steps[code] = Step(KINDS[k], int(self.stage[code]), int(self.microbatch[code]))
-                return self._steps[code]
-            try:
-                self._steps[code] = parse_step(self.texts[code]) if code >= 0 else None
-            except ValueError:
-                self._steps[code] = None
-        return self._steps[code]
+        return self.steps[code] if code >= 0 else None
 
     def kind_of(self, code: int) -> StepKind | None:
         k = int(self.kind[code]) if code >= 0 else -1
         return KINDS[k] if k >= 0 else None
+
+
+_SIMPLE_KIND_AT: tuple[StepKind | None, ...] = tuple(k if k in _SIMPLE_KINDS else None for k in KINDS) + (None,)
+"""By kind code (-1, unparsable, reads the last entry): the kind when a text of it is just
+"{stage}{KIND}{mb}", so its Step is made from the parsed columns without parsing again."""
+
+
+def _steps_of(texts: list[str], kind: np.ndarray, stage: np.ndarray, mb: np.ndarray) -> list[Step | None]:
+    """One Step per text, from its parsed columns (composite and FSDP texts are parsed)."""
+    steps: list[Step | None] = []
+    append = steps.append
+    for text, k, s, m in zip(texts, kind.tolist(), stage.tolist(), mb.tolist()):
+        simple = _SIMPLE_KIND_AT[k]
+        if simple is not None and m >= 0:
+            append(Step(simple, s, m))
+            continue
+        try:
+            append(parse_step(text))
+        except ValueError:
+            append(None)
+    return steps
 
 
 def parse_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

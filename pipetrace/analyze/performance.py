@@ -21,7 +21,7 @@ import numpy as np
 
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.findings import Finding
-from pipetrace.analyze.metrics import OVERLAPPED, Metrics, ideal_timeline
+from pipetrace.analyze.metrics import OVERLAPPED, Metrics, ideal_timeline, reduce_groups
 from pipetrace.analyze.model import Run
 
 STRAGGLER_FACTOR = 2.0
@@ -33,9 +33,11 @@ MAX_SIMULATED = 8
 def find_stragglers(run: Run, metrics: Metrics) -> list[Finding]:
     costs = metrics.mean_costs()
     by_kind: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
-    for (stage, kind), values in metrics.stage_costs.items():
-        if len(values) >= 4 and not kind.endswith(OVERLAPPED):
-            by_kind[kind][stage] = (float(np.median(values)), float(np.percentile(values, 25)))
+    keys = [key for key, values in metrics.stage_costs.items() if len(values) >= 4 and not key[1].endswith(OVERLAPPED)]
+    quartiles = reduce_groups([metrics.stage_costs[key] for key in keys], lambda rows: np.column_stack(
+        (np.median(rows, axis=1), np.percentile(rows, 25, axis=1))))
+    for (stage, kind), (median, low) in zip(keys, quartiles.tolist()):
+        by_kind[kind][stage] = (median, low)
     slow: dict[int, dict[str, tuple[float, float]]] = defaultdict(dict)
     for kind, per_stage in by_kind.items():
         if len(per_stage) < 2:
