@@ -5,7 +5,8 @@
     run.ranks[1].steps.begin                    # ns since run.t0_ns, on rank 0's clock
 
 Each rank's log is parsed in a worker process (`parse.parse_rank_file`, streaming) once the
-run is big enough to repay the processes; the parent only holds the compact columns.
+run is big enough to repay the processes; the parent only holds the compact columns, and
+assembles each rank as its log arrives (in rank order) while the workers parse the next.
 Problems the analysis can work around (a torn last line, corrupt lines, a missing or empty
 log, a log from another run, a newer schema on one rank) become `Run.problems`; only an
 unusable run (no meta.json, a newer meta schema, no usable log at all) raises.
@@ -16,9 +17,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -61,75 +62,51 @@ def load_run(path: str | Path, *, progress: Progress | None = None, workers: int
             problems.append(InputProblem(
                 "warning", f"{extra.name} is not a rank of this run (world size {world_size}): "
                 "left over from another run; ignored"))  # fmt: skip
-    raws = _parse_all(paths, progress, workers)
-    usable = [_check_raw(raw, rank, meta, world_size, problems) for rank, raw in enumerate(raws)]
-    if not any(usable):
-        raise TraceFormatError(
-            f"{run_dir}: no usable event log ("
-            + "; ".join(p.message for p in problems if p.rank is not None)[:400] + ")"
-        )
-    # Assembly makes a million small acyclic objects for a big run (texts, plan Steps, lists):
-    # the cyclic collector would walk them again and again for nothing.
+    assembly = _Assembly(meta, world_size, problems)
+    # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
+    # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        ran = [_ran_plan(raw) if ok else None for raw, ok in zip(raws, usable)]
-        catalog, remaps = _catalog(raws, usable, ran, meta)
-        plan, planned = _meta_plan(meta, catalog, problems)
-        shape_codes, shape_maps = _merge([raw.shapes for raw in raws])
-        dtype_codes, dtype_maps = _merge([raw.dtypes for raw in raws])
-        thread_codes, thread_maps = _merge([["main"]] + [raw.threads for raw in raws])
-        thread_maps = thread_maps[1:]
-        ranks: list[RankTimeline] = []
-        models: dict[int, dict[str, clocks.OffsetFn]] = {}
-        for rank, raw in enumerate(raws):
-            if usable[rank]:
-                timeline, models[rank] = _timeline(rank, raw, catalog, remaps[rank], shape_maps[rank], dtype_maps[rank],
-                                                   thread_maps[rank], ran[rank] or [],
-                                                   planned[rank] if rank < len(planned) else None)  # fmt: skip
-                ranks.append(timeline)
-            else:
-                ranks.append(_missing(rank, raw))
-        del raws
-        match_messages(ranks)
-        offsets, quality = clocks.align([r for r in ranks if r.present], world_size, models)
-        t0 = _shift_times(ranks, offsets)
-        for rank in ranks:
-            if rank.present:
-                rank.status = _status(rank, catalog)
-        _note_clock_problems(ranks, quality, problems)
-        return Run(path=run_dir, meta=meta, plan=plan, world_size=world_size, ranks=ranks,
-                   catalog=catalog, shapes=list(shape_codes), dtypes=list(dtype_codes),
-                   threads=list(thread_codes), t0_ns=t0,
-                   problems=problems, clock_quality=quality)  # fmt: skip
+        with _Parsing(paths, progress, workers) as parsing:
+            for rank, raw in enumerate(parsing.in_rank_order()):
+                assembly.add(rank, raw)
+        return assembly.finish(run_dir)
 
 
 # -- parsing -------------------------------------------------------------------------------
 
 
-def _parse_all(paths: list[Path], progress: Progress | None, workers: int | None) -> list[RawRank]:
-    total = len(paths)
-    existing = [p for p in paths if p.exists()]
-    size = sum(p.stat().st_size for p in existing)
-    if workers is None:
-        workers = min(os.cpu_count() or 1, len(existing)) if size >= _PARALLEL_MIN_BYTES else 0
-    results: list[RawRank | None] = [None] * total
-    done = 0
-    if workers <= 1:
-        for i, p in enumerate(paths):
-            results[i] = parse_rank_file(p)
-            done += 1
-            if progress:
-                progress(done, total)
-        return results  # type: ignore[return-value]
-    # fork is cheapest, but forking a process that runs other threads (a TUI) can deadlock.
-    method = "fork" if threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method)) as pool:
-        futures = {pool.submit(parse_rank_file, p): i for i, p in enumerate(paths)}
-        for future in as_completed(futures):
-            results[futures[future]] = future.result()
-            done += 1
-            if progress:
-                progress(done, total)
-    return results  # type: ignore[return-value]
+class _Parsing:
+    """The rank logs parsed in worker processes (or in this one for a small run), handed
+    over in rank order so that the caller assembles rank r while the workers parse the next
+    ones."""
+
+    def __init__(self, paths: list[Path], progress: Progress | None, workers: int | None) -> None:
+        self.paths, self.progress = paths, progress
+        if workers is None:
+            size = sum(p.stat().st_size for p in paths if p.exists())
+            workers = min(os.cpu_count() or 1, len(paths)) if size >= _PARALLEL_MIN_BYTES else 0
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._futures: list[Future[RawRank]] = []
+
+    def __enter__(self) -> _Parsing:
+        if self.workers > 1:
+            # fork is cheapest, but forking a process that runs other threads (a TUI) can deadlock.
+            fork = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+            context = multiprocessing.get_context("fork" if fork else "spawn")
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+            self._futures = [self._pool.submit(parse_rank_file, p) for p in self.paths]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def in_rank_order(self) -> Iterator[RawRank]:
+        for done, path in enumerate(self.paths, 1):
+            yield self._futures[done - 1].result() if self._pool is not None else parse_rank_file(path)
+            if self.progress:
+                self.progress(done, len(self.paths))
 
 
 def _check_raw(raw: RawRank, rank: int, meta: dict[str, Any], world_size: int,
@@ -183,9 +160,9 @@ PlannedRow = tuple[list[str], np.ndarray]
 
 def _meta_plan(meta: dict[str, Any], catalog: StepCatalog,
                problems: list[InputProblem]) -> tuple[Plan | None, list[PlannedRow]]:  # fmt: skip
-    """meta.json's plan, its steps taken from the catalog (each distinct text parsed once),
-    and its rows' texts and codes: a rank's own plan is usually its row, whose codes are then
-    not looked up again (a big plan has a few hundred thousand steps)."""
+    """meta.json's plan, its steps taken from the catalog (each distinct text parsed once, by
+    the workers), and its rows' texts and codes: a rank's own plan is usually its row, whose
+    codes are then not looked up again (a big plan has a few hundred thousand steps)."""
     try:
         schedule = meta.get("schedule") or {}
         code_of, parsed = catalog._codes.__getitem__, catalog.steps
@@ -210,67 +187,116 @@ def _meta_plan(meta: dict[str, Any], catalog: StepCatalog,
 # -- assembly ------------------------------------------------------------------------------
 
 
-def _merge(lists: list[list], also: Iterable = ()) -> tuple[dict[Any, int], list[np.ndarray]]:
-    """Intern the values of several lists: value -> code for every distinct value, in
-    first-seen order (so codes are deterministic and ``list(codes)`` is the merged list), and
-    per list the codes of its values. ``also``: values interned after the lists', unmapped.
-    One dict operation per value: a big run has a few hundred thousand distinct step texts."""
-    codes: dict[Any, int] = {}
-    intern = codes.setdefault
-    maps = [np.array([intern(value, len(codes)) for value in values], np.int32) for values in lists]
-    for value in also:
-        intern(value, len(codes))
-    return codes, maps
+class _Interned:
+    """Values of several ranks' lists interned into one code space, in first-seen order (so
+    codes are deterministic and ``values`` is the merged list)."""
+
+    def __init__(self, first: Iterable = ()) -> None:
+        self.codes: dict[Any, int] = {}
+        for value in first:
+            self.add(value)
+
+    def add(self, value: Any) -> int:
+        return self.codes.setdefault(value, len(self.codes))
+
+    def remap(self, values: list) -> np.ndarray:
+        """The codes of a rank's values (its list index -> the merged code). One dict
+        operation per value: a big run has a few hundred thousand distinct step texts."""
+        add, codes = self.codes.setdefault, self.codes
+        return np.array([add(value, len(codes)) for value in values], np.int32)
+
+    @property
+    def values(self) -> list:
+        return list(self.codes)
 
 
-def _ran_plan(raw: RawRank) -> list[str] | None:
-    """The plan the rank ran (run_start's, bubbles removed), None without a run_start."""
-    return None if raw.run_start is None else [str(t) for t in raw.run_start.get("plan") or ()]
+class _Assembly:
+    """The run model built one rank at a time, as parsed logs arrive in rank order, then
+    finished once all are in: the step catalog, plan codes, message matching, clocks."""
+
+    def __init__(self, meta: dict[str, Any], world_size: int, problems: list[InputProblem]) -> None:
+        self.meta, self.world_size, self.problems = meta, world_size, problems
+        self.texts, self.shapes, self.dtypes = _Interned(), _Interned(), _Interned()
+        self.threads = _Interned(["main"])
+        self.text_parts: list[tuple[np.ndarray, ...]] = []  # (kind, stage, mb) of each new text, in code order
+        self.ranks: list[RankTimeline] = []
+        self.ran: list[list[str] | None] = []  # per rank, the plan it ran (`_ran_plan`)
+        self.models: dict[int, dict[str, clocks.OffsetFn]] = {}
+
+    def add(self, rank: int, raw: RawRank) -> None:
+        if not _check_raw(raw, rank, self.meta, self.world_size, self.problems):
+            self.ranks.append(_missing(rank, raw))
+            self.ran.append(None)
+            return
+        known = len(self.texts.codes)
+        remap = self.texts.remap(raw.texts)
+        new = remap >= known  # the rank's texts no earlier rank had: the next codes, in its order
+        self.text_parts.append(tuple(part[new] for part in raw.text_parts))  # parsed by the worker
+        timeline, self.models[rank] = _timeline(rank, raw, remap, self.shapes.remap(raw.shapes),
+                                                self.dtypes.remap(raw.dtypes), self.threads.remap(raw.threads))  # fmt: skip
+        self.ranks.append(timeline)
+        self.ran.append(timeline.plan)
+
+    def finish(self, run_dir: Path) -> Run:
+        if not any(r.present for r in self.ranks):
+            raise TraceFormatError(
+                f"{run_dir}: no usable event log ("
+                + "; ".join(p.message for p in self.problems if p.rank is not None)[:400] + ")"
+            )
+        catalog = self._catalog()
+        plan, planned = _meta_plan(self.meta, catalog, self.problems)
+        for rank in self.ranks:
+            if rank.present:
+                row = planned[rank.rank] if rank.rank < len(planned) else None
+                rank.plan_codes = row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
+        match_messages(self.ranks)
+        offsets, quality = clocks.align([r for r in self.ranks if r.present], self.world_size, self.models)
+        t0 = _shift_times(self.ranks, offsets)
+        for rank in self.ranks:
+            if rank.present:
+                rank.status = _status(rank, catalog)
+        _note_clock_problems(self.ranks, quality, self.problems)
+        return Run(path=run_dir, meta=self.meta, plan=plan, world_size=self.world_size, ranks=self.ranks,
+                   catalog=catalog, shapes=self.shapes.values, dtypes=self.dtypes.values,
+                   threads=self.threads.values, t0_ns=t0, problems=self.problems, clock_quality=quality)  # fmt: skip
+
+    def _catalog(self) -> StepCatalog:
+        """Every step text of the run: the ranks' texts, then the plans' (a planned step that
+        no rank ran still gets a code)."""
+        rows = self.meta.get("plan")
+        rows = rows if isinstance(rows, list) else []
+        extra = []
+        for rank, texts in enumerate(self.ran):
+            if texts is not None:
+                planned = rows[rank] if rank < len(rows) and isinstance(rows[rank], list) else None
+                if planned is None or texts != [t for t in planned if t]:  # usually the same texts
+                    extra.extend(texts)
+        extra += [t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t]
+        self.texts.remap(extra)
+        texts = self.texts.values
+        parsed = [np.concatenate(column) if column else np.empty(0, np.int32) for column in zip(*self.text_parts)]
+        kind, stage, mb = (np.full(len(texts), -2 if i == 0 else -1, np.int32) for i in range(3))
+        if parsed:
+            kind[: len(parsed[0])], stage[: len(parsed[1])], mb[: len(parsed[2])] = parsed
+        return StepCatalog.build(texts, (kind, stage, mb), self.texts.codes)
 
 
-def _catalog(raws: list[RawRank], usable: list[bool], ran: list[list[str] | None],
-             meta: dict[str, Any]) -> tuple[StepCatalog, list[np.ndarray]]:  # fmt: skip
-    """Every step text of the run (the ranks' texts, then the plans'), and per rank the codes
-    of its texts. The texts are all str: the parser checks them, plans' texts are converted.
-    ``ran``: per rank, `_ran_plan`."""
-    lists = [raw.texts if ok else [] for raw, ok in zip(raws, usable)]
-    extra = []
-    rows = meta.get("plan")
-    rows = rows if isinstance(rows, list) else []
-    for rank, texts in enumerate(ran):
-        if texts is not None:
-            planned = rows[rank] if rank < len(rows) and isinstance(rows[rank], list) else None
-            if planned is None or texts != [t for t in planned if t]:  # usually the same texts
-                extra.extend(texts)
-    extra += [t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t]
-    codes, maps = _merge(lists, extra)  # a planned step that no rank ran still gets a code
-    texts = list(codes)
-    kind = np.full(len(texts), -2, np.int8)  # -2: not parsed by a worker
-    stage = np.full(len(texts), -1, np.int32)
-    mb = np.full(len(texts), -1, np.int32)
-    for raw, m in zip(raws, maps):
-        if len(m) and len(raw.text_parts) == 3:
-            kind[m], stage[m], mb[m] = raw.text_parts
-    return StepCatalog.build(texts, (kind, stage, mb), codes), maps
+def _ran_plan(raw: RawRank) -> list[str]:
+    """The plan the rank ran (run_start's, bubbles removed), empty without a run_start."""
+    return [] if raw.run_start is None else [str(t) for t in raw.run_start.get("plan") or ()]
 
 
-def _timeline(rank: int, raw: RawRank, catalog: StepCatalog, remap: np.ndarray, shape_map: np.ndarray,
-              dtype_map: np.ndarray, thread_map: np.ndarray, plan_texts: list[str],
-              planned: PlannedRow | None) -> tuple[RankTimeline, dict[str, clocks.OffsetFn]]:  # fmt: skip
-    """The rank's timeline, times still on its own clock. ``plan_texts``: the plan it ran;
-    ``planned``: its row of meta.json's plan."""
+def _timeline(rank: int, raw: RawRank, remap: np.ndarray, shape_map: np.ndarray, dtype_map: np.ndarray,
+              thread_map: np.ndarray) -> tuple[RankTimeline, dict[str, clocks.OffsetFn]]:  # fmt: skip
+    """The rank's timeline, times still on its own clock and its plan not yet coded (both
+    need every rank)."""
     lifecycle = [LifecycleEvent(e, t, f) for e, t, f in raw.lifecycle]
     info, models = clocks.offset_models(clocks.clock_events(lifecycle))
-
-    def align(t: np.ndarray) -> np.ndarray:  # times stay on the rank's clock until _shift_times
-        return t
-
     s, p = raw.steps, raw.p2p
-    steps = StepTable(align(s["begin"]), align(s["end"]), s["it"], s["pos"],
-                      remap[s["code"]] if len(remap) else s["code"],
+    steps = StepTable(s["begin"], s["end"], s["it"], s["pos"], remap[s["code"]] if len(remap) else s["code"],
                       thread_map[s["thread"]].astype(np.int8) if len(thread_map) else s["thread"])  # fmt: skip
     empty = np.empty(0, np.int32)
-    p2p = P2PTable(align(p["post"]), align(p["done"]), p["it"], p["op"], p["peer"], p["ch"], p["seq"],
+    p2p = P2PTable(p["post"], p["done"], p["it"], p["op"], p["peer"], p["ch"], p["seq"],
                    p["nbytes"], shape_map[p["shape"]] if len(shape_map) else p["shape"],
                    dtype_map[p["dtype"]] if len(dtype_map) else p["dtype"],
                    remap[p["code"]] if len(remap) else p["code"], empty, empty.astype(np.int64))  # fmt: skip
@@ -278,16 +304,15 @@ def _timeline(rank: int, raw: RawRank, catalog: StepCatalog, remap: np.ndarray, 
     rows = [raw.iterations[i] for i in its]
     iterations = IterationTable(
         np.array(its, np.int32),
-        align(np.array([r[0] for r in rows], np.int64)),
-        align(np.array([r[1] for r in rows], np.int64)),
+        np.array([r[0] for r in rows], np.int64),
+        np.array([r[1] for r in rows], np.int64),
         np.array([np.nan if r[2] is None else r[2] for r in rows], np.float64),
     )
     start = raw.run_start or {}
     stages = start.get("stages")
     return RankTimeline(
         rank=rank, present=True, steps=steps, p2p=p2p, iterations=iterations,
-        status=RankStatus(RankState.ENDED, ""), clock=info, header=raw.header, plan=plan_texts,
-        plan_codes=planned[1] if planned is not None and planned[0] == plan_texts else catalog.codes(plan_texts),
+        status=RankStatus(RankState.ENDED, ""), clock=info, header=raw.header, plan=_ran_plan(raw),
         stages=[int(x) for x in stages] if isinstance(stages, list) and all(isinstance(x, int) for x in stages) else [],
         config=start.get("config") if isinstance(start.get("config"), dict) else None,
         lifecycle=lifecycle, events=raw.events, path=Path(raw.path),
