@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
+from itertools import filterfalse
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -27,12 +28,12 @@ from pipetrace.analyze import clocks
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
     OPEN, ClockInfo, InputProblem, IterationTable, LifecycleEvent, P2PTable, RankState,
-    RankStatus, RankTimeline, Run, StepCatalog, StepTable,
+    RankStatus, RankTimeline, Run, StepCatalog, StepTable, steps_of,
 )  # fmt: skip
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
 from pipetrace.recorder import format as fmt
-from pipetrace.schedule.ir import Plan
+from pipetrace.schedule.ir import Plan, Step
 from pipetrace.schedule.lowering import gc_paused
 
 Progress = Callable[[int, int], None]
@@ -205,6 +206,13 @@ class _Interned:
         add, codes = self.codes.setdefault, self.codes
         return np.array([add(value, len(codes)) for value in values], np.int32)
 
+    def extend(self, values: Iterable) -> None:
+        """Intern values, giving codes only to the ones not yet known (a C-level filter: most
+        are known)."""
+        codes = self.codes
+        for value in filterfalse(codes.__contains__, values):
+            codes.setdefault(value, len(codes))
+
     @property
     def values(self) -> list:
         return list(self.codes)
@@ -219,6 +227,7 @@ class _Assembly:
         self.texts, self.shapes, self.dtypes = _Interned(), _Interned(), _Interned()
         self.threads = _Interned(["main"])
         self.text_parts: list[tuple[np.ndarray, ...]] = []  # (kind, stage, mb) of each new text, in code order
+        self.steps: list[Step | None] = []  # the Step of each text, in code order
         self.ranks: list[RankTimeline] = []
         self.ran: list[list[str] | None] = []  # per rank, the plan it ran (`_ran_plan`)
         self.models: dict[int, dict[str, clocks.OffsetFn]] = {}
@@ -231,7 +240,9 @@ class _Assembly:
         known = len(self.texts.codes)
         remap = self.texts.remap(raw.texts)
         new = remap >= known  # the rank's texts no earlier rank had: the next codes, in its order
-        self.text_parts.append(tuple(part[new] for part in raw.text_parts))  # parsed by the worker
+        parts = tuple(part[new] for part in raw.text_parts)  # parsed by the worker
+        self.text_parts.append(parts)
+        self.steps += steps_of([text for text, n in zip(raw.texts, new.tolist()) if n], *parts)
         timeline, self.models[rank] = _timeline(rank, raw, remap, self.shapes.remap(raw.shapes),
                                                 self.dtypes.remap(raw.dtypes), self.threads.remap(raw.threads))  # fmt: skip
         self.ranks.append(timeline)
@@ -272,13 +283,13 @@ class _Assembly:
                 if planned is None or texts != [t for t in planned if t]:  # usually the same texts
                     extra.extend(texts)
         extra += [t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t]
-        self.texts.remap(extra)
+        self.texts.extend(extra)
         texts = self.texts.values
         parsed = [np.concatenate(column) if column else np.empty(0, np.int32) for column in zip(*self.text_parts)]
         kind, stage, mb = (np.full(len(texts), -2 if i == 0 else -1, np.int32) for i in range(3))
         if parsed:
             kind[: len(parsed[0])], stage[: len(parsed[1])], mb[: len(parsed[2])] = parsed
-        return StepCatalog.build(texts, (kind, stage, mb), self.texts.codes)
+        return StepCatalog.build(texts, (kind, stage, mb), self.texts.codes, self.steps)
 
 
 def _ran_plan(raw: RawRank) -> list[str]:

@@ -87,9 +87,10 @@ class StepCatalog:
 
     @classmethod
     def build(cls, texts: list[str], parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-              codes: dict[str, int] | None = None) -> StepCatalog:  # fmt: skip
+              codes: dict[str, int] | None = None, steps: list[Step | None] | None = None) -> StepCatalog:  # fmt: skip
         """``parts``: (kind, stage, microbatch) already parsed (e.g. by the loader's workers),
-        with kind -2 for a text still to parse; ``codes``: text -> index, when already made."""
+        with kind -2 for a text still to parse; ``codes``: text -> index, when already made;
+        ``steps``: the Steps of the first texts, when already made."""
         if parts is None:
             kind, stage, mb = parse_texts(texts)
         else:
@@ -99,7 +100,7 @@ class StepCatalog:
                 k, s, m = parse_texts([texts[i] for i in todo])
                 kind[todo], stage[todo], mb[todo] = k, s, m
         return cls(list(texts), kind.astype(np.int8), stage.astype(np.int32), mb.astype(np.int32),
-                   dict(zip(texts, range(len(texts)))) if codes is None else codes)  # fmt: skip
+                   dict(zip(texts, range(len(texts)))) if codes is None else codes, steps)  # fmt: skip
 
     def code(self, text: str) -> int:
         """The code of a step text, -1 when the run never recorded it."""
@@ -117,7 +118,10 @@ class StepCatalog:
         few hundred thousand distinct steps, where a call per step would cost more than
         making the Step."""
         if self._steps is None:
-            self._steps = _steps_of(self.texts, self.kind, self.stage, self.microbatch)
+            self._steps = []
+        if len(self._steps) < len(self.texts):
+            n = len(self._steps)
+            self._steps += steps_of(self.texts[n:], self.kind[n:], self.stage[n:], self.microbatch[n:])
         return self._steps
 
     def step(self, code: int) -> Step | None:
@@ -134,7 +138,7 @@ _SIMPLE_KIND_AT: tuple[StepKind | None, ...] = tuple(k if k in _SIMPLE_KINDS els
 "{stage}{KIND}{mb}", so its Step is made from the parsed columns without parsing again."""
 
 
-def _steps_of(texts: list[str], kind: np.ndarray, stage: np.ndarray, mb: np.ndarray) -> list[Step | None]:
+def steps_of(texts: list[str], kind: np.ndarray, stage: np.ndarray, mb: np.ndarray) -> list[Step | None]:
     """One Step per text, from its parsed columns (composite and FSDP texts are parsed)."""
     steps: list[Step | None] = []
     append = steps.append
