@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_analyze.py --ranks 1024 --events-per-rank 10000
     .venv/bin/python bench/bench_analyze.py --ranks 64 --events-per-rank 2000   # quick
+    .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 --baseline HEAD~5
 
 Writes a synthetic run in the documented trace format (`pipetrace.analyze.synthetic`: a 1F1B
 schedule with P = --ranks, timed by the shared executor, every rank's log written exactly
@@ -90,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="Reuse --run-dir if it already holds a run.")
     parser.add_argument("--workers", type=int, default=None, help="Passed to pipetrace analyze --workers.")
     parser.add_argument("--repeat", type=int, default=1, help="Analyze this many times; report the best.")
+    parser.add_argument("--baseline", metavar="GIT_REV",
+                        help="Also analyze with this revision's pipetrace (git archive), alternating runs, "
+                             "and print the ratio: the steadier figure on a noisy machine.")  # fmt: skip
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pipetrace-bench-"))
@@ -110,32 +114,57 @@ def main(argv: list[str] | None = None) -> int:
             events += sum(block.count(b"\n") for block in iter(lambda h=handle: h.read(1 << 24), b"")) - 1
     print(f"run: {len(logs)} rank logs, {events:,} events, {size / 2**20:.1f} MiB")
 
-    command = [sys.executable, "-m", "pipetrace", "analyze", str(run_dir), "--json", "--no-segments"]
+    arguments = ["analyze", str(run_dir), "--json", "--no-segments"]
     if args.workers is not None:
-        command += ["--workers", str(args.workers)]
-    best = None
+        arguments += ["--workers", str(args.workers)]
+    sides = {"this tree": _command(Path(__file__).resolve().parents[1], arguments)}
+    baseline_dir = None
+    if args.baseline:  # the same run analyzed by another revision, alternating with this tree
+        baseline_dir = Path(tempfile.mkdtemp(prefix="pipetrace-baseline-"))
+        archive = subprocess.run(["git", "archive", args.baseline, "pipetrace"], check=True, capture_output=True,
+                                 cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(baseline_dir)], input=archive, check=True)
+        sides = {f"baseline {args.baseline}": _command(baseline_dir, arguments), **sides}
+    best: dict[str, tuple] = {}
     for _ in range(args.repeat):
-        start = time.perf_counter()
-        child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        sampler = TreeRss(child.pid)
-        _, ru = os.wait4(child.pid, 0)[1:]
-        wall = time.perf_counter() - start
-        tree_kb = sampler.stop()
-        child.returncode = 0
-        err = child.stderr.read().decode() if child.stderr else ""
-        result = (wall, ru.ru_maxrss, tree_kb, ru.ru_utime + ru.ru_stime)
-        if err.strip():
-            print(err.strip())
-        if best is None or wall < best[0]:
-            best = result
-    wall, parent_kb, tree_kb, cpu = best  # type: ignore[misc]
-    print(f"analyze: {wall:.2f} s wall, {cpu:.2f} s CPU (child + workers), "
-          f"{events / wall / 1e6:.2f} M events/s end to end")  # fmt: skip
-    print(f"peak RSS: analyzing process {parent_kb / 1024:.0f} MiB ({parent_kb * 1024 / size:.2f}x the logs), "
-          f"with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)")  # fmt: skip
+        for side, command in sides.items():
+            result = _measure(command)
+            if side not in best or result[0] < best[side][0]:
+                best[side] = result
+    for side, (wall, parent_kb, tree_kb, cpu) in best.items():
+        print(f"{side}: analyze {wall:.2f} s wall, {cpu:.2f} s CPU (child + workers), "
+              f"{events / wall / 1e6:.2f} M events/s end to end")  # fmt: skip
+        print(f"{side}: peak RSS: analyzing process {parent_kb / 1024:.0f} MiB ({parent_kb * 1024 / size:.2f}x "
+              f"the logs), with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)")  # fmt: skip
+    if args.baseline:
+        (base, *_), (tree, *_) = best.values()
+        print(f"this tree / baseline wall time: {tree / base:.3f} (best of {args.repeat} each, alternating)")
+        shutil.rmtree(baseline_dir, ignore_errors=True)  # type: ignore[arg-type]
     if not args.keep and not args.run_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
     return 0
+
+
+def _command(root: Path, arguments: list[str]) -> list[str]:
+    """`pipetrace ARGUMENTS` run from the package under ``root`` (ahead of any installed one)."""
+    code = (f"import sys; sys.path.insert(0, {str(root)!r}); sys.argv = ['pipetrace', *{arguments!r}]; "
+            "from pipetrace.cli import main; sys.exit(main())")  # fmt: skip
+    return [sys.executable, "-c", code]
+
+
+def _measure(command: list[str]) -> tuple[float, int, int, float]:
+    """(wall s, the child's peak RSS KiB, the peak summed RSS of it and its workers KiB, CPU s)."""
+    start = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = TreeRss(child.pid)
+    _, status, ru = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    tree_kb = sampler.stop()
+    child.returncode = os.waitstatus_to_exitcode(status)
+    err = child.stderr.read().decode() if child.stderr else ""
+    if child.returncode not in (0, 1):  # 1: problems found, a normal outcome
+        raise SystemExit(f"the analysis failed (exit code {child.returncode}): {err.strip()}")
+    return wall, ru.ru_maxrss, tree_kb, ru.ru_utime + ru.ru_stime
 
 
 if __name__ == "__main__":
