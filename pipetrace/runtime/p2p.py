@@ -33,7 +33,10 @@ import torch
 import torch.distributed as dist
 
 from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.runtime.p2p_common import P2PBookkeeping, PendingRecv, StreamMeta
 from pipetrace.schedule.ir import Step
+
+__all__ = ["P2P", "PendingRecv", "TensorMeta", "WireFault"]
 
 # dtype <-> small integer for the metadata message.
 _DTYPES: tuple[torch.dtype, ...] = (
@@ -55,18 +58,12 @@ _META_LEN = 2 + _MAX_DIMS  # dtype code, number of dims, dims
 
 
 @dataclass(frozen=True, slots=True)
-class TensorMeta:
-    """Shape and dtype of the tensors on one (channel, sending stage) stream."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+class TensorMeta(StreamMeta):
+    """Shape and dtype (a ``torch.dtype``) of the tensors on one (channel, sending stage) stream."""
 
     @property
-    def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= size
-        return numel * self.dtype.itemsize
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
 
     @property
     def dtype_name(self) -> str:
@@ -89,24 +86,7 @@ class WireFault:
     """Never wait for the send (a leaked request): it stays posted, never done."""
 
 
-class PendingRecv:
-    """A posted recv; `wait` returns the received tensor (once) and reports completion."""
-
-    __slots__ = ("_work", "_buffer", "_token", "_recorder")
-
-    def __init__(self, work: Any, buffer: torch.Tensor, token: Any, recorder: RecorderHooks) -> None:
-        self._work = work
-        self._buffer = buffer
-        self._token = token
-        self._recorder = recorder
-
-    def wait(self) -> torch.Tensor:
-        self._work.wait()
-        self._recorder.p2p_completed(self._token)
-        return self._buffer
-
-
-class P2P:
+class P2P(P2PBookkeeping):
     """Sends and receives the messages of one rank's plan.
 
     ``peers`` maps a pipeline rank (as in the plan) to the rank to address in ``group``; the
@@ -125,31 +105,13 @@ class P2P:
         group: dist.ProcessGroup | None = None,
         known: dict[tuple[str, int], TensorMeta] | None = None,
     ) -> None:
-        self.num_stages = num_stages
+        super().__init__(num_stages=num_stages, recorder=recorder, overlap=overlap, known=known)
         self.device = device
-        self.recorder = recorder
-        self.overlap = overlap
         self.group = group
-        self._meta: dict[tuple[str, int], TensorMeta] = dict(known or {})
-        self._seq: dict[tuple[str, int, str], int] = {}
-        self._sends: list[tuple[Any, torch.Tensor, Any]] = []
         self._detached: list[tuple[Any, torch.Tensor, Any]] = []  # kept alive, never waited
-
-    def begin_iteration(self) -> None:
-        self._seq.clear()
 
     def _tag(self, channel: str, src_stage: int, mb: int, meta: bool = False) -> int:
         return (((mb * self.num_stages + src_stage) << 1 | (channel == "B")) << 1) | meta
-
-    def _next_seq(self, op: str, peer: int, channel: str) -> int:
-        key = (op, peer, channel)
-        seq = self._seq.get(key, 0)
-        self._seq[key] = seq + 1
-        return seq
-
-    def stream_meta(self, channel: str, src_stage: int) -> TensorMeta | None:
-        """Shape and dtype of the (channel, sending stage) stream, once known."""
-        return self._meta.get((channel, src_stage))
 
     def send(
         self, step: Step, tensor: torch.Tensor, *, peer: int, channel: str, wire: WireFault | None = None
@@ -160,30 +122,16 @@ class P2P:
         assert src_stage is not None and mb is not None
         key = (channel, src_stage)
         tensor = tensor.contiguous()
+        sent = TensorMeta(tuple(tensor.shape), tensor.dtype)
         meta = self._meta.get(key)
         if meta is None:
-            meta = TensorMeta(tuple(tensor.shape), tensor.dtype)
-            self._meta[key] = meta
+            meta = self._meta[key] = sent
             self._post_send(_encode_meta(meta, self.device), peer, self._tag(channel, src_stage, mb, True), None)
-        elif (tensor.shape != meta.shape or tensor.dtype != meta.dtype) and not (wire is not None and wire.unchecked):
-            raise RuntimeError(
-                f"{step}: stage {src_stage} {'output' if channel == 'F' else 'input gradient'} "
-                f"is {tuple(tensor.shape)} {tensor.dtype}, but earlier messages were "
-                f"{meta.shape} {meta.dtype}; shapes are exchanged once, so every micro-batch "
-                "must have the same shape (build a new runner for a new shape)"
-            )
-        if wire is not None and wire.unchecked:
-            meta = TensorMeta(tuple(tensor.shape), tensor.dtype)
-        token = self.recorder.p2p_posted(
-            op="send",
-            step=step,
-            peer=peer,
-            channel=channel,
-            seq=self._next_seq("send", peer, channel),
-            nbytes=meta.nbytes,
-            shape=meta.shape,
-            dtype=meta.dtype_name,
-        )
+        elif wire is not None and wire.unchecked:
+            meta = sent
+        else:
+            self._check_stream(step, channel, sent, meta)
+        token = self._posted("send", step, peer, channel, meta)
         if wire is None:
             self._post_send(tensor, peer, self._tag(channel, src_stage, mb), token)
             return
@@ -196,13 +144,7 @@ class P2P:
             self._post_send(tensor, peer, tag, token)
 
     def _post_send(self, tensor: torch.Tensor, peer: int, tag: int, token: Any) -> None:
-        work = dist.isend(tensor, group=self.group, group_dst=peer, tag=tag)
-        if self.overlap:
-            self._sends.append((work, tensor, token))
-        else:
-            work.wait()
-            if token is not None:
-                self.recorder.p2p_completed(token)
+        self._sent(dist.isend(tensor, group=self.group, group_dst=peer, tag=tag), tensor, token)
 
     def recv(
         self, step: Step, *, peer: int, channel: str, src_stage: int
@@ -219,33 +161,11 @@ class P2P:
             header = torch.empty(_META_LEN, dtype=torch.int64, device=self.device)
             tag = self._tag(channel, src_stage, mb, True)
             dist.irecv(header, group=self.group, group_src=peer, tag=tag).wait()
-            meta = _decode_meta(header)
-            self._meta[key] = meta
+            meta = self._meta[key] = _decode_meta(header)
         buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
-        token = self.recorder.p2p_posted(
-            op="recv",
-            step=step,
-            peer=peer,
-            channel=channel,
-            seq=self._next_seq("recv", peer, channel),
-            nbytes=meta.nbytes,
-            shape=meta.shape,
-            dtype=meta.dtype_name,
-        )
+        token = self._posted("recv", step, peer, channel, meta)
         work = dist.irecv(buffer, group=self.group, group_src=peer, tag=self._tag(channel, src_stage, mb))
-        if self.overlap:
-            return PendingRecv(work, buffer, token, self.recorder)
-        work.wait()
-        self.recorder.p2p_completed(token)
-        return buffer
-
-    def drain(self) -> None:
-        """Wait for every send still in flight (overlap mode); called at iteration end."""
-        sends, self._sends = self._sends, []
-        for work, _tensor, token in sends:
-            work.wait()
-            if token is not None:
-                self.recorder.p2p_completed(token)
+        return self._received(work, buffer, token)
 
 
 def _encode_meta(meta: TensorMeta, device: torch.device) -> torch.Tensor:

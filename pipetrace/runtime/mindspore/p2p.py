@@ -28,10 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.runtime.mindspore.stage import COMPUTE_LOCK, pynative_executor
+from pipetrace.runtime.p2p_common import P2PBookkeeping, PendingRecv, StreamMeta
 from pipetrace.schedule.ir import Step
 
 if TYPE_CHECKING:
     from mindspore import Tensor
+
+__all__ = ["MindSporeP2P", "PendingRecv", "TensorMeta", "dtype_name", "fix_default_group"]
 
 _MAX_DIMS = 8
 _META_LEN = 2 + _MAX_DIMS  # dtype code, number of dims, dims
@@ -65,18 +68,12 @@ def dtype_name(dtype: Any) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class TensorMeta:
-    """Shape and dtype of the tensors on one (channel, sending stage) stream."""
-
-    shape: tuple[int, ...]
-    dtype: Any  # a mindspore dtype
+class TensorMeta(StreamMeta):
+    """Shape and dtype (a mindspore dtype) of the tensors on one (channel, sending stage) stream."""
 
     @property
-    def nbytes(self) -> int:
-        numel = 1
-        for size in self.shape:
-            numel *= size
-        return numel * _itemsize(self.dtype)
+    def itemsize(self) -> int:
+        return _itemsize(self.dtype)
 
     @property
     def dtype_name(self) -> str:
@@ -110,24 +107,7 @@ class _Work:
             self._sync()
 
 
-class PendingRecv:
-    """A posted recv; `wait` returns the received tensor (once) and reports completion."""
-
-    __slots__ = ("_work", "_buffer", "_token", "_recorder")
-
-    def __init__(self, work: _Work, buffer: Tensor, token: Any, recorder: RecorderHooks) -> None:
-        self._work = work
-        self._buffer = buffer
-        self._token = token
-        self._recorder = recorder
-
-    def wait(self) -> Tensor:
-        self._work.wait()
-        self._recorder.p2p_completed(self._token)
-        return self._buffer
-
-
-class MindSporeP2P:
+class MindSporeP2P(P2PBookkeeping):
     """Sends and receives the messages of one rank's plan (peers are world ranks, as in
     the plan: the pipeline is the whole MindSpore world)."""
 
@@ -142,62 +122,26 @@ class MindSporeP2P:
         from mindspore.ops import communication
 
         fix_default_group()
-        self.num_stages = num_stages
-        self.recorder = recorder
-        self.overlap = overlap
+        super().__init__(num_stages=num_stages, recorder=recorder, overlap=overlap, known=known)
         self._comm = communication
         self._sync = pynative_executor().sync
-        self._meta: dict[tuple[str, int], TensorMeta] = dict(known or {})
-        self._seq: dict[tuple[str, int, str], int] = {}
-        self._sends: list[tuple[_Work, Tensor, Any]] = []
-
-    def begin_iteration(self) -> None:
-        self._seq.clear()
-
-    def _next_seq(self, op: str, peer: int, channel: str) -> int:
-        key = (op, peer, channel)
-        seq = self._seq.get(key, 0)
-        self._seq[key] = seq + 1
-        return seq
 
     def send(self, step: Step, tensor: Tensor, *, peer: int, channel: str) -> None:
         """Send ``tensor`` for ``step`` (SEND_F or SEND_B of stage ``step.stage``)."""
         src_stage = step.stage
         assert src_stage is not None
         key = (channel, src_stage)
+        sent = TensorMeta(tuple(tensor.shape), tensor.dtype)
         meta = self._meta.get(key)
-        shape = tuple(tensor.shape)
         if meta is None:
-            meta = TensorMeta(shape, tensor.dtype)
-            self._meta[key] = meta
+            meta = self._meta[key] = sent
             self._post_send(_encode_meta(meta), peer, None)
-        elif shape != meta.shape or tensor.dtype != meta.dtype:
-            raise RuntimeError(
-                f"{step}: stage {src_stage} {'output' if channel == 'F' else 'input gradient'} "
-                f"is {shape} {dtype_name(tensor.dtype)}, but earlier messages were "
-                f"{meta.shape} {meta.dtype_name}; shapes are exchanged once, so every "
-                "micro-batch must have the same shape (build a new runner for a new shape)"
-            )
-        token = self.recorder.p2p_posted(
-            op="send",
-            step=step,
-            peer=peer,
-            channel=channel,
-            seq=self._next_seq("send", peer, channel),
-            nbytes=meta.nbytes,
-            shape=meta.shape,
-            dtype=meta.dtype_name,
-        )
-        self._post_send(tensor, peer, token)
+        else:
+            self._check_stream(step, channel, sent, meta)
+        self._post_send(tensor, peer, self._posted("send", step, peer, channel, meta))
 
     def _post_send(self, tensor: Tensor, peer: int, token: Any) -> None:
-        work = _Work(self._comm.isend(tensor, dst=peer), self._sync)
-        if self.overlap:
-            self._sends.append((work, tensor, token))
-        else:
-            work.wait()
-            if token is not None:
-                self.recorder.p2p_completed(token)
+        self._sent(_Work(self._comm.isend(tensor, dst=peer), self._sync), tensor, token)
 
     def recv(self, step: Step, *, peer: int, channel: str, src_stage: int) -> Tensor | PendingRecv:
         """Receive the message for ``step`` (RECV_F or RECV_B) sent by stage ``src_stage``.
@@ -213,33 +157,10 @@ class MindSporeP2P:
 
             header = ops.zeros((_META_LEN,), ms.int64)
             _Work(self._comm.irecv(header, src=peer), self._sync).wait()
-            meta = _decode_meta(header)
-            self._meta[key] = meta
+            meta = self._meta[key] = _decode_meta(header)
         buffer = ops.zeros(meta.shape, meta.dtype)
-        token = self.recorder.p2p_posted(
-            op="recv",
-            step=step,
-            peer=peer,
-            channel=channel,
-            seq=self._next_seq("recv", peer, channel),
-            nbytes=meta.nbytes,
-            shape=meta.shape,
-            dtype=meta.dtype_name,
-        )
-        work = _Work(self._comm.irecv(buffer, src=peer), self._sync)
-        if self.overlap:
-            return PendingRecv(work, buffer, token, self.recorder)
-        work.wait()
-        self.recorder.p2p_completed(token)
-        return buffer
-
-    def drain(self) -> None:
-        """Wait for every send still in flight (overlap mode); called at iteration end."""
-        sends, self._sends = self._sends, []
-        for work, _tensor, token in sends:
-            work.wait()
-            if token is not None:
-                self.recorder.p2p_completed(token)
+        token = self._posted("recv", step, peer, channel, meta)
+        return self._received(_Work(self._comm.irecv(buffer, src=peer), self._sync), buffer, token)
 
 
 def _encode_meta(meta: TensorMeta) -> Tensor:

@@ -1,0 +1,124 @@
+"""What the torch and MindSpore P2P classes share: the bookkeeping of a rank's messages and
+what the recorder is told about them. Framework-free; a backend supplies the wire (posting
+an isend / irecv, its work handle's ``wait``) and the metadata encoding.
+
+Per (channel, sending stage) stream, the first message is preceded by its shape and dtype
+(or they are given up front) and later messages must match them. Each data message is
+reported to the recorder when posted, with its sequence number per (op, peer, channel)
+from 0 each iteration, and again when its wait returns.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.schedule.ir import Step
+
+
+class Work(Protocol):
+    def wait(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StreamMeta:
+    """Shape and dtype of the tensors on one (channel, sending stage) stream; a backend
+    subclass says how big an element is and how the trace names the dtype."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def dtype_name(self) -> str:
+        raise NotImplementedError
+
+
+class PendingRecv:
+    """A posted recv (overlap mode); `wait` returns the received tensor (once) and reports
+    completion."""
+
+    __slots__ = ("_work", "_buffer", "_token", "_recorder")
+
+    def __init__(self, work: Work, buffer: Any, token: Any, recorder: RecorderHooks) -> None:
+        self._work = work
+        self._buffer = buffer
+        self._token = token
+        self._recorder = recorder
+
+    def wait(self) -> Any:
+        self._work.wait()
+        self._recorder.p2p_completed(self._token)
+        return self._buffer
+
+
+class P2PBookkeeping:
+    """Stream metadata, sequence numbers, recorder reports and the sends in flight."""
+
+    def __init__(self, *, num_stages: int, recorder: RecorderHooks, overlap: bool,
+                 known: dict[tuple[str, int], StreamMeta] | None) -> None:  # fmt: skip
+        self.num_stages = num_stages
+        self.recorder = recorder
+        self.overlap = overlap
+        self._meta: dict[tuple[str, int], StreamMeta] = dict(known or {})
+        self._seq: dict[tuple[str, int, str], int] = {}
+        self._sends: list[tuple[Work, Any, Any]] = []  # (work, tensor kept alive, token)
+
+    def begin_iteration(self) -> None:
+        self._seq.clear()
+
+    def stream_meta(self, channel: str, src_stage: int) -> StreamMeta | None:
+        """Shape and dtype of the (channel, sending stage) stream, once known."""
+        return self._meta.get((channel, src_stage))
+
+    def _check_stream(self, step: Step, channel: str, sent: StreamMeta, stream: StreamMeta) -> None:
+        if sent.shape != stream.shape or sent.dtype != stream.dtype:
+            raise RuntimeError(
+                f"{step}: stage {step.stage} {'output' if channel == 'F' else 'input gradient'} "
+                f"is {sent.shape} {sent.dtype_name}, but earlier messages were "
+                f"{stream.shape} {stream.dtype_name}; shapes are exchanged once, so every "
+                "micro-batch must have the same shape (build a new runner for a new shape)"
+            )
+
+    def _posted(self, op: str, step: Step, peer: int, channel: str, meta: StreamMeta) -> Any:
+        """Report a data message as posted; returns the recorder's token for its completion."""
+        key = (op, peer, channel)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        return self.recorder.p2p_posted(op=op, step=step, peer=peer, channel=channel, seq=seq,
+                                        nbytes=meta.nbytes, shape=meta.shape, dtype=meta.dtype_name)  # fmt: skip
+
+    def _sent(self, work: Work, tensor: Any, token: Any) -> None:
+        """A send was posted: wait now (plain mode), or at `drain` (overlap). ``token`` is
+        None for a metadata message, which the recorder does not see."""
+        if self.overlap:
+            self._sends.append((work, tensor, token))
+            return
+        work.wait()
+        if token is not None:
+            self.recorder.p2p_completed(token)
+
+    def _received(self, work: Work, buffer: Any, token: Any) -> Any:
+        """A recv was posted: the tensor (plain mode) or a `PendingRecv` (overlap)."""
+        if self.overlap:
+            return PendingRecv(work, buffer, token, self.recorder)
+        work.wait()
+        self.recorder.p2p_completed(token)
+        return buffer
+
+    def drain(self) -> None:
+        """Wait for every send still in flight (overlap mode); called at iteration end."""
+        sends, self._sends = self._sends, []
+        for work, _tensor, token in sends:
+            work.wait()
+            if token is not None:
+                self.recorder.p2p_completed(token)
