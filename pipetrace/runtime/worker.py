@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,7 +25,8 @@ from pipetrace.runtime import parity
 from pipetrace.runtime.api import PipelineRunner, init_distributed
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
 from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
-from pipetrace.runtime.results import CaseResult, describe_error
+from pipetrace.runtime.rank_main import entry, run_this_rank
+from pipetrace.runtime.results import CaseResult
 from pipetrace.runtime.split import split_sequential, stages_of_rank
 
 
@@ -184,36 +183,8 @@ def main(make_config: Callable[[int], RunConfig]) -> None:
     config.check_backend()
     config.plan()  # fail on an impossible schedule before joining the group
 
-    def print_loss(_case: int, step: int, loss: float) -> None:
-        click.echo(f"step {step + 1}  loss {loss:.6f}")
-
-    try:
-        (result,) = run_rank(rank, world_size, WorkerSpec((config,)), print_loss)
-    except Exception as exc:
-        traceback.print_exc()
-        click.echo(f"pipetrace: error: rank {rank} failed: {describe_error(exc)}", err=True)
-        sys.exit(1)
-    if result.parity is not None:
-        report = result.parity
-        for problem in report.problems():
-            click.echo(f"pipetrace: error: {problem}", err=True)
-        if not report.ok:
-            sys.exit(1)
-        click.echo(
-            f"rank {rank}: parity ok ({report.compared} checked, max relative error "
-            f"{report.max_relative_error:.3g})"
-        )
-
-
-def _entry(argv: list[str] | None = None) -> Any:
-    from pipetrace.errors import PipetraceError
-
-    try:
-        return main.main(args=argv, prog_name="python -m pipetrace.runtime.worker", standalone_mode=True)
-    except PipetraceError as exc:
-        click.echo(f"pipetrace: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    run_this_rank(lambda spec, on_loss: run_rank(rank, world_size, spec, on_loss), config, f"rank {rank}")
 
 
 if __name__ == "__main__":
-    _entry()
+    entry(main, "python -m pipetrace.runtime.worker")

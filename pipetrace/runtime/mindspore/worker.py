@@ -8,8 +8,6 @@ A started rank may run several run configurations one after the other in the sam
 
 from __future__ import annotations
 
-import sys
-import traceback
 from typing import Any, Callable
 
 import click
@@ -17,7 +15,8 @@ import click
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import mindspore_recorder
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
-from pipetrace.runtime.results import CaseResult, describe_error
+from pipetrace.runtime.rank_main import entry, run_this_rank
+from pipetrace.runtime.results import CaseResult
 
 
 def setup_mindspore(*, threads: int | None = None) -> None:
@@ -153,34 +152,8 @@ def main(make_config: Callable[..., RunConfig]) -> None:
     config.check_backend()
     config.plan()  # fail on an impossible schedule before joining the cluster
 
-    def print_loss(_case: int, step: int, loss: float) -> None:
-        click.echo(f"step {step + 1}  loss {loss:.6f}")
-
-    try:
-        (result,) = run_rank(None, None, WorkerSpec((config,)), print_loss)
-    except Exception as exc:
-        traceback.print_exc()
-        click.echo(f"pipetrace: error: this rank failed: {describe_error(exc)}", err=True)
-        sys.exit(1)
-    if result.parity is not None:
-        report = result.parity
-        for problem in report.problems():
-            click.echo(f"pipetrace: error: {problem}", err=True)
-        if not report.ok:
-            sys.exit(1)
-        click.echo(f"rank {report.rank}: parity ok ({report.compared} checked, max relative error "
-                   f"{report.max_relative_error:.3g})")  # fmt: skip
-
-
-def _entry(argv: list[str] | None = None) -> Any:
-    from pipetrace.errors import PipetraceError
-
-    try:
-        return main.main(args=argv, prog_name="python -m pipetrace.runtime.mindspore.worker", standalone_mode=True)
-    except PipetraceError as exc:
-        click.echo(f"pipetrace: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    run_this_rank(lambda spec, on_loss: run_rank(None, None, spec, on_loss), config, "this rank")
 
 
 if __name__ == "__main__":
-    _entry()
+    entry(main, "python -m pipetrace.runtime.mindspore.worker")
