@@ -15,6 +15,7 @@ terminates and kills them. Ranks also ask Linux to kill them if the launcher die
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
@@ -214,16 +215,24 @@ def _die_with_parent() -> None:
 def rank_main() -> None:
     """Entry point of a rank process started by `launch`."""
     _die_with_parent()
+    if not run_reported(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "pipetrace.runtime.worker"):
+        sys.exit(1)
+
+
+def run_reported(rank: int, world_size: int, worker_module: str) -> bool:
+    """Run this process's rank of the launcher's cases (the `WorkerSpec` on stdin) with
+    ``worker_module``'s ``run_rank``, and report over the launcher's pipe: each loss, then
+    the results or the failure. Returns whether the rank succeeded."""
     reports = Connection(int(os.environ.pop(_REPORT_FD_ENV)), readable=False)
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
         spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
-        from pipetrace.runtime.worker import run_rank
-
+        run_rank = importlib.import_module(worker_module).run_rank
         results = run_rank(rank, world_size, spec, lambda *loss: reports.send(("loss", loss)))
     except BaseException as exc:
         reports.send(("error", RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time())))
+        return False
+    else:
+        reports.send(("done", results))
+        return True
+    finally:
         reports.close()
-        sys.exit(1)
-    reports.send(("done", results))
-    reports.close()

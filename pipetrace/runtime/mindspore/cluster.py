@@ -27,19 +27,18 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Sequence
 
 from pipetrace.errors import EXIT_PROBLEMS, PipetraceError
 from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig, WorkerSpec
-from pipetrace.runtime.launch import _die_with_parent, _is_consequence, _Rank, _stop, _supervise, free_port
-from pipetrace.runtime.results import LaunchResult, RankFailure, describe_error
+from pipetrace.runtime.launch import (
+    _REPORT_FD_ENV, _die_with_parent, _is_consequence, _Rank, _stop, _supervise, free_port, run_reported,
+)
+from pipetrace.runtime.results import LaunchResult
 from pipetrace.schedule.ir import StepKind
 
-_REPORT_FD_ENV = "PIPETRACE_REPORT_FD"
 _SYS_PATH_ENV = "PIPETRACE_SYS_PATH"
 _BOOTSTRAP = (
     "import os, sys; sys.path[:0] = os.environ.pop('PIPETRACE_SYS_PATH').split(os.pathsep); "
@@ -207,23 +206,13 @@ def scheduler_main() -> None:
 def worker_main() -> None:
     """Entry point of a worker process started by `launch`."""
     _die_with_parent()
-    reports = Connection(int(os.environ.pop(_REPORT_FD_ENV)), readable=False)
     rank, world_size = int(os.environ["MS_NODE_ID"]), int(os.environ["MS_WORKER_NUM"])
-    try:
-        spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
-        from pipetrace.runtime.mindspore.worker import run_rank
-
-        results = run_rank(rank, world_size, spec, lambda *loss: reports.send(("loss", loss)))
-    except BaseException as exc:
-        reports.send(("error", RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time())))
-        reports.close()
+    if not run_reported(rank, world_size, "pipetrace.runtime.mindspore.worker"):
         # Leave at once: MindSpore's finalisation at exit would wait for peers that may be
         # stuck or gone; the launcher stops them and the scheduler.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)
-    reports.send(("done", results))
-    reports.close()
     # A clean exit runs MindSpore's finalisation, which unregisters this worker from the
     # scheduler and lets its last messages leave (with os._exit here, one run in a few lost
     # the other worker to a SIGTERM at the very end). Should it hang, SIGALRM ends it.
