@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from itertools import filterfalse
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -32,6 +33,7 @@ from pipetrace.analyze.model import (
 )  # fmt: skip
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.errors import PipetraceError
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
 from pipetrace.schedule.lowering import gc_paused
@@ -105,9 +107,18 @@ class _Parsing:
 
     def in_rank_order(self) -> Iterator[RawRank]:
         for done, path in enumerate(self.paths, 1):
-            yield self._futures[done - 1].result() if self._pool is not None else parse_rank_file(path)
+            yield self._result(done - 1) if self._pool is not None else parse_rank_file(path)
             if self.progress:
                 self.progress(done, len(self.paths))
+
+    def _result(self, index: int) -> RawRank:
+        try:
+            return self._futures[index].result()
+        except BrokenProcessPool:
+            raise PipetraceError(
+                f"a process parsing the logs died while reading {self.paths[index].name} (out of "
+                "memory?); try again with --workers 0 to parse in one process"
+            ) from None
 
 
 def _check_raw(raw: RawRank, rank: int, meta: dict[str, Any], world_size: int,

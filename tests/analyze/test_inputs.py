@@ -3,12 +3,14 @@ warning. Logs are real recordings (tests/analyze/driver.py) damaged afterwards."
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import orjson
 import pytest
 
 from pipetrace.analyze.load import SAME_RUN_WINDOW_NS, load_run
+from pipetrace.analyze.parse import parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.cli import main
 from pipetrace.recorder import format as fmt
@@ -131,3 +133,19 @@ def test_unknown_event_types_are_ignored(run):
 def test_load_errors_are_trace_format_errors(tmp_path):
     with pytest.raises(TraceFormatError, match="no such run directory"):
         load_run(tmp_path / "absent")
+
+
+def _die_on_rank_1(path):
+    if path.name == fmt.rank_log_name(1):
+        os._exit(1)  # as the OOM killer would end a parsing worker
+    return parse_rank_file(path)
+
+
+def test_a_parsing_worker_that_dies_is_one_clear_error(run, monkeypatch, capsys):
+    monkeypatch.setattr("pipetrace.analyze.load.parse_rank_file", _die_on_rank_1)
+    # forked workers inherit the patch: fork even if an earlier test left a thread running
+    monkeypatch.setattr("pipetrace.analyze.load.threading.active_count", lambda: 1)
+    assert main(["analyze", str(run), "--workers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "died while reading rank-00001.ndjson" in err and "--workers 0" in err
+    assert "Traceback" not in err
