@@ -62,16 +62,7 @@ def launch(
     ``make_recorder`` and ``custom_functions`` go to every rank (see `WorkerSpec`; they
     must be picklable). ``on_loss`` is called here as the reporting rank finishes each step.
     """
-    world_size = cases[0].world_size
-    if any(case.world_size != world_size for case in cases):
-        raise ValueError(f"cases in one launch share one process group: {[c.world_size for c in cases]} processes")
-    spec = WorkerSpec(
-        tuple(cases),
-        make_recorder,
-        tuple((StepKind(kind), fn) for kind, fn in custom_functions),
-        threads_per_rank=max(1, (os.cpu_count() or 1) // world_size),
-    )
-    payload = pickle.dumps(spec)
+    world_size, payload = worker_payload(cases, make_recorder, custom_functions, "process group")
     port = free_port()
     ranks: list[_Rank] = []
     result = LaunchResult(world_size)
@@ -198,6 +189,23 @@ def _stop(ranks: list[_Rank], grace: float = 2.0) -> None:
         except subprocess.TimeoutExpired:
             rank.process.kill()
             rank.process.wait()
+
+
+def worker_payload(cases: Sequence[RunConfig], make_recorder: RecorderFactory | None,
+                   custom_functions: Sequence[tuple[StepKind | str, CustomFunction]],
+                   group: str) -> tuple[int, bytes]:  # fmt: skip
+    """The world size of ``cases`` (one for all: they share one ``group``) and the pickled
+    `WorkerSpec` every rank reads from its stdin."""
+    world_size = cases[0].world_size
+    if any(case.world_size != world_size for case in cases):
+        raise ValueError(f"cases in one launch share one {group}: {[c.world_size for c in cases]} processes")
+    spec = WorkerSpec(
+        tuple(cases),
+        make_recorder,
+        tuple((StepKind(kind), fn) for kind, fn in custom_functions),
+        threads_per_rank=max(1, (os.cpu_count() or 1) // world_size),
+    )
+    return world_size, pickle.dumps(spec)
 
 
 def _die_with_parent() -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -32,9 +31,10 @@ from pathlib import Path
 from typing import Sequence
 
 from pipetrace.errors import EXIT_PROBLEMS, PipetraceError
-from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig, WorkerSpec
+from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig
 from pipetrace.runtime.launch import (
     _REPORT_FD_ENV, _die_with_parent, _is_consequence, _Rank, _stop, _supervise, free_port, run_reported,
+    worker_payload,
 )
 from pipetrace.runtime.results import LaunchResult
 from pipetrace.schedule.ir import StepKind
@@ -62,16 +62,7 @@ def launch(
     Same contract as `pipetrace.runtime.launch.launch`; ``result.pids`` also lists the
     scheduler. Raises PipetraceError (exit 1) if the scheduler fails while workers run.
     """
-    world_size = cases[0].world_size
-    if any(case.world_size != world_size for case in cases):
-        raise ValueError(f"cases in one launch share one cluster: {[c.world_size for c in cases]} processes")
-    spec = WorkerSpec(
-        tuple(cases),
-        make_recorder,
-        tuple((StepKind(kind), fn) for kind, fn in custom_functions),
-        threads_per_rank=max(1, (os.cpu_count() or 1) // world_size),
-    )
-    payload = pickle.dumps(spec)
+    world_size, payload = worker_payload(cases, make_recorder, custom_functions, "cluster")
     env = _cluster_env(world_size, free_port(), max(case.timeout for case in cases))
     result = LaunchResult(world_size)
     ranks: list[_Rank] = []
