@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipetrace.analyze.derive import counterpart_values, run_starts
+from pipetrace.analyze.derive import counterpart_values, run_bounds, run_starts
 from pipetrace.analyze.model import OP_SEND, OPEN, ClockInfo, LifecycleEvent, RankTimeline
 from pipetrace.recorder import format as fmt
 
@@ -106,7 +106,7 @@ def _apply(fns: dict[int, OffsetFn], owner: np.ndarray, times: np.ndarray) -> np
         return out
     order = np.argsort(owner, kind="stable")
     sorted_owner = owner[order]
-    bounds = np.append(run_starts(sorted_owner), len(order)).tolist()
+    bounds = run_bounds(run_starts(sorted_owner), len(order))
     for lo, hi in zip(bounds, bounds[1:]):
         fn = fns.get(int(sorted_owner[lo]))
         if fn is not None:

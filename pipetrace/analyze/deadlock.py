@@ -183,7 +183,7 @@ def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str,
     status = rank.status
     executed = _executed(run, rank, wanted, iteration)
     in_plan = wanted in rank.plan
-    never = (f"it never ran {wanted}" + ("" if in_plan else f", which is not in its plan")) if not executed \
+    never = (f"it never ran {wanted}" + ("" if in_plan else ", which is not in its plan")) if not executed \
         else f"it ran {wanted} but the message never arrived"
     if status.state == RankState.MISSING:
         return "missing", f"rank {rank_id} has no log", "the rank never started recording (crashed at start?)"

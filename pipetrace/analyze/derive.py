@@ -99,6 +99,16 @@ def run_starts(*keys: np.ndarray) -> np.ndarray:
     return np.flatnonzero(change)
 
 
+def run_bounds(starts: np.ndarray, n: int) -> list[int]:
+    """`run_starts` of ``n`` rows and ``n``: run i is rows ``bounds[i]:bounds[i + 1]``."""
+    return np.append(starts, n).tolist()
+
+
+def position_in_run(starts: np.ndarray, n: int) -> np.ndarray:
+    """Each of ``n`` rows' index within its run (``starts`` from `run_starts`)."""
+    return np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
+
+
 def containing_rows(begin: np.ndarray, end: np.ndarray, times: np.ndarray) -> np.ndarray:
     """For sorted, non-overlapping rows, the row containing each time (-1 when none)."""
     if not len(begin):

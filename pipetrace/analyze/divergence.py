@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipetrace.analyze import findings as fk
-from pipetrace.analyze.derive import run_starts, top_level
+from pipetrace.analyze.derive import position_in_run, run_bounds, run_starts, top_level
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import OPEN, Run
 
@@ -54,8 +54,7 @@ def _executed_vs_plan(run: Run, rank) -> Finding | None:
     steps = rank.steps
     it, code, pos = steps.it[rows], steps.code[rows], steps.pos[rows]
     starts = run_starts(it)
-    counts = np.diff(np.append(starts, len(rows)))
-    within = np.arange(len(rows)) - np.repeat(starts, counts)
+    within = position_in_run(starts, len(rows))
     n = len(plan_codes)
     expected = plan_codes[np.minimum(within, n - 1)]
     bad = (within >= n) | (code != expected) | (pos != within)
@@ -63,9 +62,10 @@ def _executed_vs_plan(run: Run, rank) -> Finding | None:
     # a finished iteration must hold the whole plan
     short = None
     ended = set(rank.iterations.it[rank.iterations.end != OPEN].tolist())
-    for s, c in zip(starts.tolist(), counts.tolist()):
-        if int(it[s]) in ended and c < n:
-            short = (s + c - 1, c)
+    bounds = run_bounds(starts, len(rows))
+    for s, e in zip(bounds, bounds[1:]):
+        if int(it[s]) in ended and e - s < n:
+            short = (e - 1, e - s)
             break
     if first_bad is None and short is None:
         return None

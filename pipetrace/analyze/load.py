@@ -114,10 +114,10 @@ class _Parsing:
     def _result(self, index: int) -> RawRank:
         try:
             return self._futures[index].result()
-        except BrokenProcessPool:
+        except BrokenProcessPool:  # every pending log fails with it: which one killed it is unknown
             raise PipetraceError(
-                f"a process parsing the logs died while reading {self.paths[index].name} (out of "
-                "memory?); try again with --workers 0 to parse in one process"
+                f"a process parsing the logs died (out of memory?) before {self.paths[index].name} "
+                "was read; try again with --workers 0 to parse in one process"
             ) from None
 
 
@@ -240,13 +240,11 @@ class _Assembly:
         self.text_parts: list[tuple[np.ndarray, ...]] = []  # (kind, stage, mb) of each new text, in code order
         self.steps: list[Step | None] = []  # the Step of each text, in code order
         self.ranks: list[RankTimeline] = []
-        self.ran: list[list[str] | None] = []  # per rank, the plan it ran (`_ran_plan`)
         self.models: dict[int, dict[str, clocks.OffsetFn]] = {}
 
     def add(self, rank: int, raw: RawRank) -> None:
         if not _check_raw(raw, rank, self.meta, self.world_size, self.problems):
             self.ranks.append(_missing(rank, raw))
-            self.ran.append(None)
             return
         known = len(self.texts.codes)
         remap = self.texts.remap(raw.texts)
@@ -257,7 +255,6 @@ class _Assembly:
         timeline, self.models[rank] = _timeline(rank, raw, remap, self.shapes.remap(raw.shapes),
                                                 self.dtypes.remap(raw.dtypes), self.threads.remap(raw.threads))  # fmt: skip
         self.ranks.append(timeline)
-        self.ran.append(timeline.plan)
 
     def finish(self, run_dir: Path) -> Run:
         if not any(r.present for r in self.ranks):
@@ -288,18 +285,20 @@ class _Assembly:
         rows = self.meta.get("plan")
         rows = rows if isinstance(rows, list) else []
         extra = []
-        for rank, texts in enumerate(self.ran):
-            if texts is not None:
-                planned = rows[rank] if rank < len(rows) and isinstance(rows[rank], list) else None
-                if planned is None or texts != [t for t in planned if t]:  # usually the same texts
-                    extra.extend(texts)
+        for rank in self.ranks:
+            if rank.present:
+                planned = rows[rank.rank] if rank.rank < len(rows) and isinstance(rows[rank.rank], list) else None
+                if planned is None or rank.plan != [t for t in planned if t]:  # usually the same texts
+                    extra.extend(rank.plan)
         extra += [t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t]
         self.texts.extend(extra)
         texts = self.texts.values
-        parsed = [np.concatenate(column) if column else np.empty(0, np.int32) for column in zip(*self.text_parts)]
-        kind, stage, mb = (np.full(len(texts), -2 if i == 0 else -1, np.int32) for i in range(3))
-        if parsed:
-            kind[: len(parsed[0])], stage[: len(parsed[1])], mb[: len(parsed[2])] = parsed
+        # the ranks' texts come parsed by the workers; the plans' extra ones are parsed by build (-2)
+        kind = np.full(len(texts), -2, np.int32)
+        stage, mb = np.full(len(texts), -1, np.int32), np.full(len(texts), -1, np.int32)
+        for column, parts in zip((kind, stage, mb), zip(*self.text_parts)):
+            done = np.concatenate(parts)
+            column[: len(done)] = done
         return StepCatalog.build(texts, (kind, stage, mb), self.texts.codes, self.steps)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipetrace.analyze.derive import run_starts
+from pipetrace.analyze.derive import position_in_run, run_bounds, run_starts
 from pipetrace.analyze.model import OP_SEND, RankTimeline
 
 
@@ -43,8 +43,7 @@ def _packed(p) -> np.ndarray:
 
 def _occurrence(sorted_keys: np.ndarray) -> np.ndarray:
     """For sorted keys, how many equal keys precede each one."""
-    starts = run_starts(sorted_keys)
-    return np.arange(len(sorted_keys)) - np.repeat(starts, np.diff(np.append(starts, len(sorted_keys))))
+    return position_in_run(run_starts(sorted_keys), len(sorted_keys))
 
 
 def _match_by_channel(parts: list[RankTimeline]) -> int:
@@ -59,7 +58,7 @@ def _match_by_channel(parts: list[RankTimeline]) -> int:
         key = p.op.astype(np.int64) * 2**33 + (p.peer.astype(np.int64) + 2**31)
         order = np.argsort(key, kind="stable")  # stable: rows stay in post order
         k = key[order]
-        bounds = np.append(run_starts(k), len(k)).tolist()
+        bounds = run_bounds(run_starts(k), len(k))
         for lo, hi in zip(bounds, bounds[1:]):
             row = order[lo]
             groups[(r.rank, int(p.op[row]), int(p.peer[row]))] = order[lo:hi]

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipetrace.analyze.derive import containing_rows, counterpart_values, run_starts, top_level
+from pipetrace.analyze.derive import containing_rows, counterpart_values, run_bounds, run_starts, top_level
 from pipetrace.analyze.model import (
     IS_COMM, IS_COMPUTE, IS_COMPUTE_OR_COMPOSITE, KIND_CODE, KINDS, MAIN_THREAD, OPEN, RankTimeline, Run,
     StepCatalog, StepTable,
@@ -214,7 +214,7 @@ def _stage_costs(catalog: StepCatalog, steps: StepTable, leaf_kind: np.ndarray, 
     order = np.argsort(key, kind="stable")  # stable: a group keeps the rows' order
     key, values = key[order], leaf_dur[rows[order]]
     first = run_starts(key)
-    bounds = np.append(first, len(key)).tolist()
+    bounds = run_bounds(first, len(key))
     return {(k >> 5, KINDS[(k >> 1) & 15].value + (OVERLAPPED if k & 1 else "")): values[lo:hi]
             for k, lo, hi in zip(key[first].tolist(), bounds, bounds[1:])}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import click
 import torch
@@ -25,7 +25,7 @@ from pipetrace.runtime import parity
 from pipetrace.runtime.api import PipelineRunner, init_distributed
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
 from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
-from pipetrace.runtime.rank_main import entry, run_this_rank
+from pipetrace.runtime.rank_cli import entry, run_this_rank
 from pipetrace.runtime.results import CaseResult
 from pipetrace.runtime.split import split_sequential, stages_of_rank
 

@@ -1,7 +1,8 @@
 """A small recording session driven straight through the Recorder (no framework, no runtime).
 
 Run as a script so that tests can watch real processes end: by the watchdog (``hang`` in a
-step, ``late`` at the end-of-run clock exchange), by a signal (``wait``) or cleanly (``clean``). Two ranks run as threads and align clocks over queues.
+step, ``late`` at the end-of-run clock exchange), by a signal (``wait``) or cleanly
+(``clean``). Two ranks run as threads and align clocks over queues.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import click
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import mindspore_recorder
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
-from pipetrace.runtime.rank_main import entry, run_this_rank
+from pipetrace.runtime.rank_cli import entry, run_this_rank
 from pipetrace.runtime.results import CaseResult
 
 
