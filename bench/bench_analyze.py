@@ -86,14 +86,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--events-per-rank", type=int, default=10_000)
-    parser.add_argument("--run-dir", help="Where to write the run (default: a temporary directory).")
+    parser.add_argument(
+        "--run-dir", help="Where to write the run (default: a temporary directory)."
+    )
     parser.add_argument("--keep", action="store_true", help="Keep the run directory.")
-    parser.add_argument("--reuse", action="store_true", help="Reuse --run-dir if it already holds a run.")
-    parser.add_argument("--workers", type=int, default=None, help="Passed to pipetrace analyze --workers.")
-    parser.add_argument("--repeat", type=int, default=1, help="Analyze this many times; report the best.")
-    parser.add_argument("--baseline", metavar="GIT_REV",
-                        help="Also analyze with this revision's pipetrace (git archive), alternating runs, "
-                             "and print the ratio: the steadier figure on a noisy machine.")  # fmt: skip
+    parser.add_argument(
+        "--reuse", action="store_true", help="Reuse --run-dir if it already holds a run."
+    )
+    parser.add_argument(
+        "--workers", type=int, default=None, help="Passed to pipetrace analyze --workers."
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="Analyze this many times; report the best."
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="GIT_REV",
+        help="Also analyze with this revision's pipetrace (git archive), alternating runs, "
+        "and print the ratio: the steadier figure on a noisy machine.",
+    )
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pipetrace-bench-"))
@@ -102,16 +113,26 @@ def main(argv: list[str] | None = None) -> int:
         from pipetrace.analyze.synthetic import write_synthetic_run
 
         start = time.perf_counter()
-        write_synthetic_run(run_dir, num_ranks=args.ranks, num_microbatches=microbatches,
-                            iterations=iterations, jitter=0.0, workers=os.cpu_count() or 1)  # fmt: skip
-        print(f"generated {run_dir} in {time.perf_counter() - start:.1f} s "
-              f"(1F1B, P={args.ranks}, M={microbatches}, {iterations} iterations)")  # fmt: skip
+        write_synthetic_run(
+            run_dir,
+            num_ranks=args.ranks,
+            num_microbatches=microbatches,
+            iterations=iterations,
+            jitter=0.0,
+            workers=os.cpu_count() or 1,
+        )
+        print(
+            f"generated {run_dir} in {time.perf_counter() - start:.1f} s "
+            f"(1F1B, P={args.ranks}, M={microbatches}, {iterations} iterations)"
+        )
     logs = sorted(run_dir.glob("rank-*.ndjson"))
     size = sum(p.stat().st_size for p in logs)
     events = 0
     for p in logs:
         with open(p, "rb") as handle:
-            events += sum(block.count(b"\n") for block in iter(lambda h=handle: h.read(1 << 24), b"")) - 1
+            events += (
+                sum(block.count(b"\n") for block in iter(lambda h=handle: h.read(1 << 24), b"")) - 1
+            )
     print(f"run: {len(logs)} rank logs, {events:,} events, {size / 2**20:.1f} MiB")
 
     arguments = ["analyze", str(run_dir), "--json", "--no-segments"]
@@ -121,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     baseline_dir = None
     if args.baseline:  # the same run analyzed by another revision, alternating with this tree
         baseline_dir = Path(tempfile.mkdtemp(prefix="pipetrace-baseline-"))
-        archive = subprocess.run(["git", "archive", args.baseline, "pipetrace"], check=True, capture_output=True,
-                                 cwd=Path(__file__).resolve().parents[1]).stdout  # fmt: skip
+        archive = subprocess.run(
+            ["git", "archive", args.baseline, "pipetrace"],
+            check=True,
+            capture_output=True,
+            cwd=Path(__file__).resolve().parents[1],
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(baseline_dir)], input=archive, check=True)
         sides = {f"baseline {args.baseline}": _command(baseline_dir, arguments), **sides}
     best: dict[str, tuple] = {}
@@ -132,13 +157,19 @@ def main(argv: list[str] | None = None) -> int:
             if side not in best or result[0] < best[side][0]:
                 best[side] = result
     for side, (wall, parent_kb, tree_kb, cpu) in best.items():
-        print(f"{side}: analyze {wall:.2f} s wall, {cpu:.2f} s CPU (child + workers), "
-              f"{events / wall / 1e6:.2f} M events/s end to end")  # fmt: skip
-        print(f"{side}: peak RSS: analyzing process {parent_kb / 1024:.0f} MiB ({parent_kb * 1024 / size:.2f}x "
-              f"the logs), with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)")  # fmt: skip
+        print(
+            f"{side}: analyze {wall:.2f} s wall, {cpu:.2f} s CPU (child + workers), "
+            f"{events / wall / 1e6:.2f} M events/s end to end"
+        )
+        print(
+            f"{side}: peak RSS: analyzing process {parent_kb / 1024:.0f} MiB ({parent_kb * 1024 / size:.2f}x "
+            f"the logs), with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)"
+        )
     if args.baseline:
         (base, *_), (tree, *_) = best.values()
-        print(f"this tree / baseline wall time: {tree / base:.3f} (best of {args.repeat} each, alternating)")
+        print(
+            f"this tree / baseline wall time: {tree / base:.3f} (best of {args.repeat} each, alternating)"
+        )
         shutil.rmtree(baseline_dir, ignore_errors=True)  # type: ignore[arg-type]
     if not args.keep and not args.run_dir:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -147,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _command(root: Path, arguments: list[str]) -> list[str]:
     """`pipetrace ARGUMENTS` run from the package under ``root`` (ahead of any installed one)."""
-    code = (f"import sys; sys.path.insert(0, {str(root)!r}); sys.argv = ['pipetrace', *{arguments!r}]; "
-            "from pipetrace.cli import main; sys.exit(main())")  # fmt: skip
+    code = (
+        f"import sys; sys.path.insert(0, {str(root)!r}); sys.argv = ['pipetrace', *{arguments!r}]; "
+        "from pipetrace.cli import main; sys.exit(main())"
+    )
     return [sys.executable, "-c", code]
 
 

@@ -61,8 +61,15 @@ def baseline(layout, sample: int) -> tuple[float, int, int]:
         ev.type = pb.TrackEvent.TYPE_SLICE_BEGIN
         ev.track_uuid = int(s.track[i])
         ev.name = names[int(s.name[i])]
-        for key, column in (("stage", a.stage), ("microbatch", a.microbatch), ("iteration", a.iteration),
-                            ("position", a.position), ("peer", a.peer), ("seq", a.seq), ("bytes", a.nbytes)):  # fmt: skip
+        for key, column in (
+            ("stage", a.stage),
+            ("microbatch", a.microbatch),
+            ("iteration", a.iteration),
+            ("position", a.position),
+            ("peer", a.peer),
+            ("seq", a.seq),
+            ("bytes", a.nbytes),
+        ):
             value = int(column[i])
             if value >= 0:
                 ev.debug_annotations.add(name=key, int_value=value)
@@ -78,20 +85,30 @@ def baseline(layout, sample: int) -> tuple[float, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, help="A recorded run directory instead of a synthetic one.")
+    parser.add_argument(
+        "--run", type=Path, help="A recorded run directory instead of a synthetic one."
+    )
     parser.add_argument("--schedule", default="zbv")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=64)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--sample", type=int, default=20_000, help="Slices written through the builders.")
+    parser.add_argument(
+        "--sample", type=int, default=20_000, help="Slices written through the builders."
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run
         if run_dir is None:
             run_dir = Path(tmp) / "run"
-            write_synthetic_run(run_dir, schedule=args.schedule, num_ranks=args.ranks,
-                                num_microbatches=args.microbatches, iterations=args.iterations, workers=2)  # fmt: skip
+            write_synthetic_run(
+                run_dir,
+                schedule=args.schedule,
+                num_ranks=args.ranks,
+                num_microbatches=args.microbatches,
+                iterations=args.iterations,
+                workers=2,
+            )
         load_s, run = best(lambda: load_run(run_dir), args.repeat)
         analyze_s, analysis = best(lambda: analyze(run), args.repeat)
         findings = analysis.findings
@@ -114,22 +131,42 @@ def main() -> None:
     events = 2 * slices + len(layout.instants) + len(layout.counters)
     assert decoded_events == events
     base_per_slice = base_s / (base_events / 2)
-    source = str(run_dir) if args.run else (f"synthetic {args.schedule}, {args.ranks} ranks, "
-                                            f"{args.microbatches} micro-batches, {args.iterations} iterations")
+    source = (
+        str(run_dir)
+        if args.run
+        else (
+            f"synthetic {args.schedule}, {args.ranks} ranks, "
+            f"{args.microbatches} micro-batches, {args.iterations} iterations"
+        )
+    )
     print(f"run: {source}; {run.num_events:,} recorded events")
-    print(f"export: {slices:,} slices, {len(layout.instants):,} instants, {len(layout.counters):,} counter samples, "
-          f"{layout.num_flows:,} flows, {len(layout.tracks):,} tracks = {events:,} trace events")
+    print(
+        f"export: {slices:,} slices, {len(layout.instants):,} instants, {len(layout.counters):,} counter samples, "
+        f"{layout.num_flows:,} flows, {len(layout.tracks):,} tracks = {events:,} trace events"
+    )
     print()
     print("| figure | result |")
     print("|---|---|")
-    print(f"| export (layout + protobuf), slices/s | {slices / export_s:,.0f} ({export_s:.2f} s; layout {layout_s:.2f} s) |")
-    print(f"| load + analyze + export, slices/s | {slices / (load_s + analyze_s + export_s):,.0f} "
-          f"(load {load_s:.2f} s, analyze {analyze_s:.2f} s) |")
-    print(f"| protobuf bytes per trace event | {len(data) / events:.1f} ({len(data) / 2**20:.1f} MiB) |")
-    print(f"| perfetto builders, per slice (same process) | {base_per_slice * 1e6:.1f} µs = "
-          f"{1 / base_per_slice:,.0f} slices/s; export is {base_per_slice / (export_s / slices):.0f}x faster |")
-    print(f"| builders' bytes per event (inline names, absolute times) | {base_bytes / base_events:.1f} |")
-    print(f"| Chrome JSON, slices/s and bytes per event | {slices / json_s:,.0f}; {json_bytes / events:.1f} |")
+    print(
+        f"| export (layout + protobuf), slices/s | {slices / export_s:,.0f} ({export_s:.2f} s; layout {layout_s:.2f} s) |"
+    )
+    print(
+        f"| load + analyze + export, slices/s | {slices / (load_s + analyze_s + export_s):,.0f} "
+        f"(load {load_s:.2f} s, analyze {analyze_s:.2f} s) |"
+    )
+    print(
+        f"| protobuf bytes per trace event | {len(data) / events:.1f} ({len(data) / 2**20:.1f} MiB) |"
+    )
+    print(
+        f"| perfetto builders, per slice (same process) | {base_per_slice * 1e6:.1f} µs = "
+        f"{1 / base_per_slice:,.0f} slices/s; export is {base_per_slice / (export_s / slices):.0f}x faster |"
+    )
+    print(
+        f"| builders' bytes per event (inline names, absolute times) | {base_bytes / base_events:.1f} |"
+    )
+    print(
+        f"| Chrome JSON, slices/s and bytes per event | {slices / json_s:,.0f}; {json_bytes / events:.1f} |"
+    )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,16 @@ def drive(recorder, plan, events: int) -> list[float]:
         for i in range(BATCH // 4):
             step = steps[i % len(steps)]
             token = recorder.begin_step(i, step)
-            ticket = recorder.p2p_posted(op="send", step=step, peer=1, channel="F", seq=i,
-                                         nbytes=4096, shape=(32, 32), dtype="float32")  # fmt: skip
+            ticket = recorder.p2p_posted(
+                op="send",
+                step=step,
+                peer=1,
+                channel="F",
+                seq=i,
+                nbytes=4096,
+                shape=(32, 32),
+                dtype="float32",
+            )
             recorder.p2p_completed(ticket)
             recorder.end_step(token)
         per_event.append((clock() - t0) / BATCH)
@@ -58,10 +66,14 @@ def hot_path(events: int) -> None:
         all_in = (time.perf_counter_ns() - t0) / events
         size = sum(p.stat().st_size for p in Path(tmp).glob("rank-*.ndjson"))
     q = statistics.quantiles(costs, n=20)
-    print(f"hot path, {events} events: median {statistics.median(costs) / 1000:.2f} us/event, "
-          f"p95 {q[-1] / 1000:.2f} us (target: median <= 2 us)")  # fmt: skip
-    print(f"all-in incl. background encoding + write: {all_in / 1000:.2f} us/event, "
-          f"{size / events:.0f} bytes/event on disk")  # fmt: skip
+    print(
+        f"hot path, {events} events: median {statistics.median(costs) / 1000:.2f} us/event, "
+        f"p95 {q[-1] / 1000:.2f} us (target: median <= 2 us)"
+    )
+    print(
+        f"all-in incl. background encoding + write: {all_in / 1000:.2f} us/event, "
+        f"{size / events:.0f} bytes/event on disk"
+    )
     print(f"NullRecorder baseline: median {statistics.median(baseline) / 1000:.3f} us/event")
 
 
@@ -95,8 +107,12 @@ def _demo_rank(rank: int, iterations: int, port: int, results: object) -> None:
             "steps": torch_recorder(RecordSettings(run_dir=tmp, mode="steps")),
         }
         runners = {
-            key: PipelineRunner({s: copy.deepcopy(chunks[s]) for s in mine}, schedule=plan,
-                                loss_fn=demo_loss, recorder=recorder)  # fmt: skip
+            key: PipelineRunner(
+                {s: copy.deepcopy(chunks[s]) for s in mine},
+                schedule=plan,
+                loss_fn=demo_loss,
+                recorder=recorder,
+            )
             for key, recorder in recorders.items()
         }
         times: dict[str, list[float]] = {key: [] for key in runners}
@@ -125,23 +141,33 @@ def demo_overhead(iterations: int) -> None:
 
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.start_processes(_demo_rank, args=(iterations, free_port(), results), nprocs=4, start_method="spawn")
+    mp.start_processes(
+        _demo_rank, args=(iterations, free_port(), results), nprocs=4, start_method="spawn"
+    )
     reports = sorted(results.get() for _ in range(4))
     times = reports[0][1]
     off, on = statistics.median(times["off"]), statistics.median(times["steps"])
-    print(f"4-rank 1f1b demo (M=8), {iterations} alternating iterations: median step time "
-          f"off {off * 1e3:.2f} ms, steps {on * 1e3:.2f} ms, overhead {on / off - 1:+.1%} (target <= 3 %)")  # fmt: skip
+    print(
+        f"4-rank 1f1b demo (M=8), {iterations} alternating iterations: median step time "
+        f"off {off * 1e3:.2f} ms, steps {on * 1e3:.2f} ms, overhead {on / off - 1:+.1%} (target <= 3 %)"
+    )
     cpu_off = sum(statistics.median(cpu["off"]) for _, _, cpu in reports)
     cpu_on = sum(statistics.median(cpu["steps"]) for _, _, cpu in reports)
-    print(f"CPU per step, all 4 ranks: off {cpu_off * 1e3:.2f} ms, steps {cpu_on * 1e3:.2f} ms, "
-          f"overhead {cpu_on / cpu_off - 1:+.1%} (less sensitive to other load than wall time)")  # fmt: skip
+    print(
+        f"CPU per step, all 4 ranks: off {cpu_off * 1e3:.2f} ms, steps {cpu_on * 1e3:.2f} ms, "
+        f"overhead {cpu_on / cpu_off - 1:+.1%} (less sensitive to other load than wall time)"
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--skip-demo", action="store_true")
-    parser.add_argument("--iterations", type=int, default=60, help="timed demo iterations per variant")
+    parser.add_argument(
+        "--iterations", type=int, default=60, help="timed demo iterations per variant"
+    )
     args = parser.parse_args()
     hot_path(args.events)
     if not args.skip_demo:

@@ -42,13 +42,21 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, results: object) 
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks, timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=args.ranks, timeout=timedelta(seconds=120)
+    )
     demo = DemoConfig(width=args.width, microbatch_size=args.microbatch_size)
     inputs, targets = demo_batch(0, args.microbatches * demo.microbatch_size, demo, seed=0)
     rows = []
     for name in args.schedules:
         torch_class, v = PAIRS[name]
-        plan = build_plan(name, num_ranks=args.ranks, num_microbatches=args.microbatches, stages_per_rank=v, comms=True)
+        plan = build_plan(
+            name,
+            num_ranks=args.ranks,
+            num_microbatches=args.microbatches,
+            stages_per_rank=v,
+            comms=True,
+        )
         chunks = split_sequential(build_demo_model(plan.num_stages, demo, seed=0), plan.num_stages)
         mine = plan.stages_of(rank)
         variants = {}
@@ -64,13 +72,22 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, results: object) 
                 torch.optim.SGD(ours.parameters(), lr=0.01),
             )
         torch_stages = [
-            pipelining.PipelineStage(copy.deepcopy(chunks[s]), s, plan.num_stages, torch.device("cpu"))
+            pipelining.PipelineStage(
+                copy.deepcopy(chunks[s]), s, plan.num_stages, torch.device("cpu")
+            )
             for s in mine
         ]
         schedule_class = getattr(pipelining, torch_class)
-        schedule = schedule_class(torch_stages if v > 1 else torch_stages[0], n_microbatches=args.microbatches, loss_fn=demo_loss)
+        schedule = schedule_class(
+            torch_stages if v > 1 else torch_stages[0],
+            n_microbatches=args.microbatches,
+            loss_fn=demo_loss,
+        )
         torch_params = [p for st in torch_stages for p in st.submod.parameters()]
-        variants["torch"] = (lambda: schedule.step(inputs, target=targets), torch.optim.SGD(torch_params, lr=0.01))
+        variants["torch"] = (
+            lambda: schedule.step(inputs, target=targets),
+            torch.optim.SGD(torch_params, lr=0.01),
+        )
 
         times: dict[str, list[float]] = {key: [] for key in variants}
         for iteration in range(args.warmup + args.iterations):
@@ -99,8 +116,14 @@ def dispatch_cost_ns(num_steps: int = 40_000) -> float:
     from pipetrace.schedule.ir import B, F, Plan
 
     num_microbatches = num_steps // 2
-    plan = Plan(num_microbatches, (0,), [[s for mb in range(num_microbatches) for s in (F(0, mb), B(0, mb))]])
-    stage = PipelineStage(torch.nn.Identity(), stage_index=0, num_stages=1, loss_fn=lambda out, target: out)
+    plan = Plan(
+        num_microbatches,
+        (0,),
+        [[s for mb in range(num_microbatches) for s in (F(0, mb), B(0, mb))]],
+    )
+    stage = PipelineStage(
+        torch.nn.Identity(), stage_index=0, num_stages=1, loss_fn=lambda out, target: out
+    )
     executor = Executor(plan=plan, rank=0, stages={0: stage}, p2p=None)
     for kind in ("F", "B"):
         executor.register_custom_function(kind, lambda step, context: None)
@@ -113,7 +136,9 @@ def dispatch_cost_ns(num_steps: int = 40_000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=40)
@@ -129,14 +154,22 @@ def main() -> None:
 
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
-    mp.start_processes(_rank_main, args=(args, free_port(), results), nprocs=args.ranks, start_method="spawn")
+    mp.start_processes(
+        _rank_main, args=(args, free_port(), results), nprocs=args.ranks, start_method="spawn"
+    )
     rows = results.get()
-    print(f"{args.ranks} ranks, M={args.microbatches}, width {args.width}, micro-batch {args.microbatch_size}, "
-          f"{args.iterations} timed iterations (median step time, ms)")  # fmt: skip
-    print(f"{'schedule':18} {'torch class':26} {'torch':>8} {'plain':>8} {'overlap':>8} {'plain/torch':>12} {'overlap/torch':>14}")
+    print(
+        f"{args.ranks} ranks, M={args.microbatches}, width {args.width}, micro-batch {args.microbatch_size}, "
+        f"{args.iterations} timed iterations (median step time, ms)"
+    )
+    print(
+        f"{'schedule':18} {'torch class':26} {'torch':>8} {'plain':>8} {'overlap':>8} {'plain/torch':>12} {'overlap/torch':>14}"
+    )
     for name, torch_class, medians in rows:
         t, plain, over = medians["torch"], medians["ours-plain"], medians["ours-overlap"]
-        print(f"{name:18} {torch_class:26} {t * 1e3:8.2f} {plain * 1e3:8.2f} {over * 1e3:8.2f} {plain / t:12.3f} {over / t:14.3f}")
+        print(
+            f"{name:18} {torch_class:26} {t * 1e3:8.2f} {plain * 1e3:8.2f} {over * 1e3:8.2f} {plain / t:12.3f} {over / t:14.3f}"
+        )
     print(f"executor dispatch per step (no-op handlers, NullRecorder): {dispatch_cost_ns():.0f} ns")
     sys.stdout.flush()
 

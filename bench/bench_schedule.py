@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import Plan
@@ -55,24 +56,36 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    plan, build = best_of(args.repeat, lambda: build_plan(
-        args.schedule, num_ranks=args.ranks, num_microbatches=args.microbatches,
-        stages_per_rank=args.stages_per_rank, comms=True))
+    plan, build = best_of(
+        args.repeat,
+        lambda: build_plan(
+            args.schedule,
+            num_ranks=args.ranks,
+            num_microbatches=args.microbatches,
+            stages_per_rank=args.stages_per_rank,
+            comms=True,
+        ),
+    )
     steps = sum(1 for row in plan.ranks for step in row if step is not None)
     _, baseline = best_of(args.repeat, lambda: one_pass(plan))
-    print(f"{args.schedule} P={args.ranks} V={args.stages_per_rank} M={args.microbatches}: "
-          f"{steps:,} steps with comms; best of {args.repeat} runs; one pass over every step "
-          f"takes {baseline * 1e3:.1f} ms")
+    print(
+        f"{args.schedule} P={args.ranks} V={args.stages_per_rank} M={args.microbatches}: "
+        f"{steps:,} steps with comms; best of {args.repeat} runs; one pass over every step "
+        f"takes {baseline * 1e3:.1f} ms"
+    )
 
     def report(label: str, seconds: float) -> None:
-        print(f"{label:<22} {seconds:7.3f} s  {steps / seconds:10,.0f} steps/s  "
-              f"{seconds / baseline:6.1f} passes")
+        print(
+            f"{label:<22} {seconds:7.3f} s  {steps / seconds:10,.0f} steps/s  "
+            f"{seconds / baseline:6.1f} passes"
+        )
 
     report("build_plan", build)
     seconds = {"build": build}
     for semantics in SEMANTICS:
         result, seconds[semantics] = best_of(
-            args.repeat, lambda s=semantics: verify(plan, semantics=s))
+            args.repeat, lambda s=semantics: verify(plan, semantics=s)
+        )
         report(f"verify ({semantics})", seconds[semantics])
         if not result.ok:
             print(f"  NOT OK: {len(result.findings)} findings; {result.findings[0].message}")
@@ -82,10 +95,14 @@ def main() -> None:
 
     one = seconds["build"] + seconds["eager"] + seconds["simulate"]
     every = one + seconds["rendezvous"] + seconds["fifo"]
-    print(f"build + verify (eager) + simulate: {one:.3f} s = {one / TARGET_SECONDS:.0%} of the "
-          f"{TARGET_SECONDS:g} s target ({one / baseline:.0f} passes)")
-    print(f"build + verify (all three) + simulate: {every:.3f} s = "
-          f"{every / TARGET_SECONDS:.0%} of the target")
+    print(
+        f"build + verify (eager) + simulate: {one:.3f} s = {one / TARGET_SECONDS:.0%} of the "
+        f"{TARGET_SECONDS:g} s target ({one / baseline:.0f} passes)"
+    )
+    print(
+        f"build + verify (all three) + simulate: {every:.3f} s = "
+        f"{every / TARGET_SECONDS:.0%} of the target"
+    )
 
 
 if __name__ == "__main__":

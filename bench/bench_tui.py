@@ -48,8 +48,15 @@ def ensure_run(run_dir: Path, events: int) -> Path:
         return run_dir
     iterations = max(1, round(events / EVENTS_PER_ITERATION))
     t = time.perf_counter()
-    write_synthetic_run(run_dir, schedule="1f1b", num_ranks=RANKS, num_microbatches=MICROBATCHES,
-                        iterations=iterations, jitter=0.05, workers=os.cpu_count() or 1)  # fmt: skip
+    write_synthetic_run(
+        run_dir,
+        schedule="1f1b",
+        num_ranks=RANKS,
+        num_microbatches=MICROBATCHES,
+        iterations=iterations,
+        jitter=0.05,
+        workers=os.cpu_count() or 1,
+    )
     marker.touch()
     print(f"wrote {run_dir} ({iterations} iterations) in {time.perf_counter() - t:.1f} s")
     return run_dir
@@ -87,11 +94,15 @@ def load_outside_the_tui(run_dir: Path) -> None:
     total = time.perf_counter() - t0
     reading = marks.get("analyzing", total)
     analyzing = marks.get("indexing", total) - reading
-    print(f"load outside the TUI: {total * 1e3:.0f} ms (load_run {reading * 1e3:.0f} ms, analyze "
-          f"{analyzing * 1e3:.0f} ms, TUI index + plan lanes {(total - reading - analyzing) * 1e3:.0f} ms)")  # fmt: skip
+    print(
+        f"load outside the TUI: {total * 1e3:.0f} ms (load_run {reading * 1e3:.0f} ms, analyze "
+        f"{analyzing * 1e3:.0f} ms, TUI index + plan lanes {(total - reading - analyzing) * 1e3:.0f} ms)"
+    )
 
 
-async def bench(run_dir: Path, size: tuple[int, int], repeat: int, workers: int | None = None) -> None:
+async def bench(
+    run_dir: Path, size: tuple[int, int], repeat: int, workers: int | None = None
+) -> None:
     from pipetrace.tui.app import PipetraceApp
 
     t_start = time.perf_counter()
@@ -104,16 +115,21 @@ async def bench(run_dir: Path, size: tuple[int, int], repeat: int, workers: int 
         await pilot.pause()
         t_timeline = time.perf_counter()
         run = app.session.run
-        print(f"run: {run.num_events:,} events, {run.world_size} ranks, {len(run.iterations())} iterations; "
-              f"terminal {size[0]}x{size[1]}; max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")  # fmt: skip
+        print(
+            f"run: {run.num_events:,} events, {run.world_size} ranks, {len(run.iterations())} iterations; "
+            f"terminal {size[0]}x{size[1]}; max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+        )
         print(f"first frame (loading view)      {(t_first - t_start) * 1e3:8.0f} ms")
         print(f"first timeline frame            {(t_timeline - t_start) * 1e3:8.0f} ms")
         if not repeat:
             return
         index = app.session.index
         b, e = index.iteration_span(int(index.iterations[len(index.iterations) // 2]))
-        levels = [("whole run", index.t_min, index.t_max), ("one iteration", b, e),
-                  ("a few steps", b + (e - b) * 0.4, b + (e - b) * 0.45)]  # fmt: skip
+        levels = [
+            ("whole run", index.t_min, index.t_max),
+            ("one iteration", b, e),
+            ("a few steps", b + (e - b) * 0.4, b + (e - b) * 0.45),
+        ]
         vp = app.state.viewport
         for label, lo, hi in levels:
             print(f"-- {label} ({(hi - lo) / 1e6:.1f} ms in view, {vp.columns} columns)")
@@ -153,14 +169,18 @@ def main() -> None:
     parser.add_argument("--size", default="120x40")
     parser.add_argument("--run", type=Path, default=None)
     parser.add_argument("--repeat", type=int, default=30)
-    parser.add_argument("--workers", type=int, default=None, help="parsing processes (default: load_run's choice)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="parsing processes (default: load_run's choice)"
+    )
     parser.add_argument("--first-frame-only", action="store_true")
     args = parser.parse_args()
     run_dir = args.run or Path(tempfile.gettempdir()) / f"pipetrace-bench-tui-{args.events}"
     ensure_run(run_dir, args.events)
     width, height = (int(x) for x in args.size.split("x"))
     load_outside_the_tui(run_dir)
-    asyncio.run(bench(run_dir, (width, height), 0 if args.first_frame_only else args.repeat, args.workers))
+    asyncio.run(
+        bench(run_dir, (width, height), 0 if args.first_frame_only else args.repeat, args.workers)
+    )
 
 
 if __name__ == "__main__":

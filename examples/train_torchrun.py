@@ -30,7 +30,11 @@ def build_model(num_blocks: int, seed: int) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     blocks = [torch.nn.Linear(FEATURES, HIDDEN)]
     for _ in range(num_blocks):
-        blocks.append(torch.nn.Sequential(torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.GELU(), torch.nn.LayerNorm(HIDDEN)))
+        blocks.append(
+            torch.nn.Sequential(
+                torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.GELU(), torch.nn.LayerNorm(HIDDEN)
+            )
+        )
     blocks.append(torch.nn.Linear(HIDDEN, CLASSES))
     return torch.nn.Sequential(*blocks)
 
@@ -48,13 +52,17 @@ def say(line: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--microbatch-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--overlap-p2p", action="store_true")
-    parser.add_argument("--check", action="store_true", help="compare step 1 with a single-process run")
+    parser.add_argument(
+        "--check", action="store_true", help="compare step 1 with a single-process run"
+    )
     args = parser.parse_args()
 
     model = build_model(num_blocks=8, seed=0)
@@ -75,7 +83,9 @@ def main() -> int:
             inputs, targets = batch(step, args.microbatches * args.microbatch_size)
             loss = runner.step(inputs, targets)
             if reference is not None:
-                ref_loss, ref_grads = parity.reference_gradients(reference, inputs, targets, loss_fn)
+                ref_loss, ref_grads = parity.reference_gradients(
+                    reference, inputs, targets, loss_fn
+                )
                 report = parity.compare(
                     rank=rank,
                     stage_modules=runner.stage_modules,
@@ -85,7 +95,9 @@ def main() -> int:
                     tolerance=1e-4,  # float32
                 )
                 verdict = "match" if report.ok else f"DIFFER: {report.mismatches}"
-                say(f"rank {rank}: stages {sorted(runner.stages)}: {report.compared} checked, {verdict}")
+                say(
+                    f"rank {rank}: stages {sorted(runner.stages)}: {report.compared} checked, {verdict}"
+                )
                 status |= not report.ok
                 reference = None
             optimizer.step()

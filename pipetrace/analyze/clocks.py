@@ -16,7 +16,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -58,12 +59,18 @@ def offset_models(clock_events: list[LifecycleEvent]) -> tuple[ClockInfo, dict[s
         return u if isinstance(u, int) and u >= 0 else 2**62
 
     constants = sorted((ev for ev in (start, end) if ev is not None), key=uncertainty)
-    if start is not None and end is not None and end.t > start.t \
-            and abs(info.drift_ns) > uncertainty(start) + uncertainty(end):  # fmt: skip
+    if (
+        start is not None
+        and end is not None
+        and end.t > start.t
+        and abs(info.drift_ns) > uncertainty(start) + uncertainty(end)
+    ):
         # the two measurements disagree beyond their uncertainty: the clocks drifted
         t_start, o_start = start.t, start.fields["offset_ns"]
         slope = info.drift_ns / (end.t - start.t)
-        models["interpolated"] = lambda t: (o_start + (t - t_start).astype(np.float64) * slope).astype(np.int64)
+        models["interpolated"] = lambda t: (
+            o_start + (t - t_start).astype(np.float64) * slope
+        ).astype(np.int64)
     for ev in constants:  # the more certain measurement first
         models[str(ev.fields.get("phase"))] = constant(int(ev.fields["offset_ns"]))
     models["none"] = constant(0)
@@ -125,7 +132,9 @@ def _bounds(src: np.ndarray, dst: np.ndarray, slack: np.ndarray) -> tuple[np.nda
     return src[first], dst[first], slack[first]
 
 
-def _bellman_ford(n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray, up: bool) -> np.ndarray | None:
+def _bellman_ford(
+    n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray, up: bool
+) -> np.ndarray | None:
     """Greatest x <= 0 with x[src] - x[dst] <= w (or, ``up``, least x >= 0); None if infeasible."""
     x = np.zeros(n, np.int64)
     for _ in range(n + 1):
@@ -139,13 +148,20 @@ def _bellman_ford(n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray, up: b
     return None
 
 
-def align(ranks: list[RankTimeline], world_size: int,
-          models: dict[int, dict[str, OffsetFn]]) -> tuple[dict[int, OffsetFn], dict[str, Any]]:  # fmt: skip
+def align(
+    ranks: list[RankTimeline], world_size: int, models: dict[int, dict[str, OffsetFn]]
+) -> tuple[dict[int, OffsetFn], dict[str, Any]]:
     """Choose each rank's offset function and correction (`ClockInfo.applied`,
     ``correction_ns``); returns the functions and the alignment quality for the report."""
     src, dst, post, done = _pairs(ranks)
-    quality: dict[str, Any] = {"message_pairs_checked": 0, "early_receives_before": 0, "worst_early_ns": 0,
-                               "refined": False, "feasible": True, "model": None}  # fmt: skip
+    quality: dict[str, Any] = {
+        "message_pairs_checked": 0,
+        "early_receives_before": 0,
+        "worst_early_ns": 0,
+        "refined": False,
+        "feasible": True,
+        "model": None,
+    }
     attempts = []
     for attempt in range(_ATTEMPTS):
         names = {r.rank: _preference(models[r.rank], attempt) for r in ranks}
@@ -158,13 +174,21 @@ def align(ranks: list[RankTimeline], world_size: int,
         if attempts[-1][-1] is not None:
             break
     first_slack = attempts[0][2]
-    quality.update({"message_pairs_checked": int(len(attempts[0][5])),
-                    "early_receives_before": int((first_slack < 0).sum()),
-                    "worst_early_ns": int(-first_slack.min()) if len(first_slack) and first_slack.min() < 0 else 0})  # fmt: skip
+    quality.update(
+        {
+            "message_pairs_checked": len(attempts[0][5]),
+            "early_receives_before": int((first_slack < 0).sum()),
+            "worst_early_ns": int(-first_slack.min())
+            if len(first_slack) and first_slack.min() < 0
+            else 0,
+        }
+    )
     feasible = attempts[-1][-1] is not None
     names, fns, _, b_src, b_dst, w, result = attempts[-1] if feasible else attempts[0]
     labels = ("recorded", "constant offsets", "messages only")
-    quality["model"] = labels[len(attempts) - 1] if feasible else "recorded (no consistent alignment)"
+    quality["model"] = (
+        labels[len(attempts) - 1] if feasible else "recorded (no consistent alignment)"
+    )
     quality["feasible"] = feasible
     for rank in ranks:
         rank.clock.applied = names[rank.rank]

@@ -17,7 +17,15 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze.derive import containing_rows, counterpart_values, top_level
-from pipetrace.analyze.model import COMPOSITE_CODE, COMPUTE_CODES, KINDS, OPEN, RECV_CODES, SEND_CODES, Run
+from pipetrace.analyze.model import (
+    COMPOSITE_CODE,
+    COMPUTE_CODES,
+    KINDS,
+    OPEN,
+    RECV_CODES,
+    SEND_CODES,
+    Run,
+)
 
 
 @dataclass
@@ -30,8 +38,14 @@ class Segment:
     kind: str | None  # F, B, I, W, OVERLAP_F_B, SEND_F, ... or None
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "start_ns": self.start_ns, "end_ns": self.end_ns, "what": self.what,
-                "step": self.step, "kind": self.kind}  # fmt: skip
+        return {
+            "rank": self.rank,
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "what": self.what,
+            "step": self.step,
+            "kind": self.kind,
+        }
 
 
 class _RankView:
@@ -74,7 +88,10 @@ def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> dict
     if start_rank < 0:
         return None
     end_t = t
-    begin_t = min((int(view(r.rank).begin.min()) for r in run.present_ranks if len(view(r.rank).begin)), default=t)
+    begin_t = min(
+        (int(view(r.rank).begin.min()) for r in run.present_ranks if len(view(r.rank).begin)),
+        default=t,
+    )
     segments: list[Segment] = []
     rank = start_rank
     texts = run.catalog.texts
@@ -92,8 +109,13 @@ def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> dict
             t = e
         k = int(v.kind[i])
         kind = KINDS[k].value if k >= 0 else None
-        what = "compute" if (k in COMPUTE_CODES or k == COMPOSITE_CODE) else \
-            "p2p" if (k in SEND_CODES or k in RECV_CODES) else "other"  # fmt: skip
+        what = (
+            "compute"
+            if (k in COMPUTE_CODES or k == COMPOSITE_CODE)
+            else "p2p"
+            if (k in SEND_CODES or k in RECV_CODES)
+            else "other"
+        )
         text = texts[int(v.code[i])]
         # a message this step waited for, whose other side was posted after the wait began
         ops = np.flatnonzero((v.op_holder == i) & (v.op_done <= t) & (v.op_peer >= 0))
@@ -113,7 +135,9 @@ def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> dict
             continue
         # a compute step that first waited for a message already on its way (posted by an
         # earlier RECV, overlap mode): the wait is P2P time, the rest compute
-        waited = np.flatnonzero((v.op_holder == i) & (v.op_done <= t) & (v.op_done > b) & (v.op_post < b))
+        waited = np.flatnonzero(
+            (v.op_holder == i) & (v.op_done <= t) & (v.op_done > b) & (v.op_post < b)
+        )
         if what == "compute" and len(waited):
             arrived = int(v.op_done[waited].max())
             segments.append(Segment(rank, arrived, t, what, text, kind))

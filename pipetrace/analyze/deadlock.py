@@ -21,7 +21,13 @@ from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
 
-_ALIVE_STATES = (RankState.STALLED, RankState.ABORTED, RankState.ENDED, RankState.SIGNALED, RankState.FAILED)
+_ALIVE_STATES = (
+    RankState.STALLED,
+    RankState.ABORTED,
+    RankState.ENDED,
+    RankState.SIGNALED,
+    RankState.FAILED,
+)
 
 
 @dataclass
@@ -80,7 +86,11 @@ def _blocking_op(run: Run, rank: RankTimeline) -> Blocked | None:
                     if p2p.op[row] == OP_SEND:
                         continue
                     rstep = catalog.step(int(p2p.code[row]))
-                    if rstep is not None and rstep.stage == leaf.stage and rstep.microbatch == leaf.microbatch:
+                    if (
+                        rstep is not None
+                        and rstep.stage == leaf.stage
+                        and rstep.microbatch == leaf.microbatch
+                    ):
                         chosen, blocking_step = row, catalog.texts[code]
                         break
                 if chosen is not None:
@@ -99,14 +109,23 @@ def _blocking_op(run: Run, rank: RankTimeline) -> Blocked | None:
     counterpart = _counterpart_row(run, rank, row, int(src[row]), int(mb[row]))
     if counterpart is not None:
         other_rank, j = counterpart
-        state = "completed" if run.ranks[other_rank].p2p.done[j] != OPEN else "posted, not completed"
+        state = (
+            "completed" if run.ranks[other_rank].p2p.done[j] != OPEN else "posted, not completed"
+        )
         waits_for = None
     return Blocked(
-        rank=rank.rank, op_row=row, op=OPS[op], peer=int(p2p.peer[row]), step=text,
-        blocking_step=blocking_step or text, iteration=int(p2p.it[row]), posted_ns=int(p2p.post[row]),
-        waits_for=waits_for, counterpart=counterpart_text(op, int(p2p.ch[row]), int(src[row]), int(mb[row])),
+        rank=rank.rank,
+        op_row=row,
+        op=OPS[op],
+        peer=int(p2p.peer[row]),
+        step=text,
+        blocking_step=blocking_step or text,
+        iteration=int(p2p.it[row]),
+        posted_ns=int(p2p.post[row]),
+        waits_for=waits_for,
+        counterpart=counterpart_text(op, int(p2p.ch[row]), int(src[row]), int(mb[row])),
         counterpart_state=state,
-    )  # fmt: skip
+    )
 
 
 def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked | None:
@@ -134,20 +153,37 @@ def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked |
             other = run.ranks[peer]
             osrc, omb = message_identity(other, catalog)
             op_table = other.p2p
-            hits = np.flatnonzero((op_table.op != op) & (op_table.peer == rank.rank) & (op_table.ch == channel)
-                                  & (op_table.it == iteration) & (osrc == src) & (omb == step.microbatch))  # fmt: skip
+            hits = np.flatnonzero(
+                (op_table.op != op)
+                & (op_table.peer == rank.rank)
+                & (op_table.ch == channel)
+                & (op_table.it == iteration)
+                & (osrc == src)
+                & (omb == step.microbatch)
+            )
             if len(hits):
                 waits_for = None
                 state = "completed" if op_table.done[hits[0]] != OPEN else "posted, not completed"
         text = catalog.texts[code]
-        return Blocked(rank=rank.rank, op_row=-1, op=OPS[op], peer=peer, step=text, blocking_step=text,
-                       iteration=iteration, posted_ns=int(rank.steps.begin[row]), waits_for=waits_for,
-                       counterpart=counterpart_text(op, channel, src, step.microbatch),  # type: ignore[arg-type]
-                       counterpart_state=state)  # fmt: skip
+        return Blocked(
+            rank=rank.rank,
+            op_row=-1,
+            op=OPS[op],
+            peer=peer,
+            step=text,
+            blocking_step=text,
+            iteration=iteration,
+            posted_ns=int(rank.steps.begin[row]),
+            waits_for=waits_for,
+            counterpart=counterpart_text(op, channel, src, step.microbatch),  # type: ignore[arg-type]
+            counterpart_state=state,
+        )
     return None
 
 
-def _counterpart_row(run: Run, rank: RankTimeline, row: int, src: int, mb: int) -> tuple[int, int] | None:
+def _counterpart_row(
+    run: Run, rank: RankTimeline, row: int, src: int, mb: int
+) -> tuple[int, int] | None:
     """The peer's op for the message this op means (by meaning when the step texts tell it,
     else by the seq pairing); None when the peer never posted it."""
     p2p = rank.p2p
@@ -159,8 +195,14 @@ def _counterpart_row(run: Run, rank: RankTimeline, row: int, src: int, mb: int) 
     other = run.ranks[peer]
     osrc, omb = message_identity(other, run.catalog)
     op = other.p2p
-    hits = np.flatnonzero((op.op != p2p.op[row]) & (op.peer == rank.rank) & (op.ch == p2p.ch[row])
-                          & (op.it == p2p.it[row]) & (osrc == src) & (omb == mb))  # fmt: skip
+    hits = np.flatnonzero(
+        (op.op != p2p.op[row])
+        & (op.peer == rank.rank)
+        & (op.ch == p2p.ch[row])
+        & (op.it == p2p.it[row])
+        & (osrc == src)
+        & (omb == mb)
+    )
     return (peer, int(hits[0])) if len(hits) else None
 
 
@@ -177,33 +219,58 @@ def _ref(run: Run, b: Blocked, note: str) -> StepRef:
 def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str, str, str]:
     """(state word, description, likely cause) of the rank at the end of a wait-for chain."""
     if not 0 <= rank_id < run.world_size:
-        return "missing", f"rank {rank_id} does not exist (world size {run.world_size})", \
-            "the plan or the runtime addresses a rank outside the job"
+        return (
+            "missing",
+            f"rank {rank_id} does not exist (world size {run.world_size})",
+            "the plan or the runtime addresses a rank outside the job",
+        )
     rank = run.ranks[rank_id]
     status = rank.status
     executed = _executed(run, rank, wanted, iteration)
     in_plan = wanted in rank.plan
-    never = (f"it never ran {wanted}" + ("" if in_plan else ", which is not in its plan")) if not executed \
+    never = (
+        (f"it never ran {wanted}" + ("" if in_plan else ", which is not in its plan"))
+        if not executed
         else f"it ran {wanted} but the message never arrived"
+    )
     if status.state == RankState.MISSING:
-        return "missing", f"rank {rank_id} has no log", "the rank never started recording (crashed at start?)"
+        return (
+            "missing",
+            f"rank {rank_id} has no log",
+            "the rank never started recording (crashed at start?)",
+        )
     if status.state == RankState.FINISHED:
-        return "exited", f"rank {rank_id} finished its plan; {never}", \
-            ("the plans of the two ranks disagree: the counterpart step is missing" if not in_plan
-             else "the counterpart was skipped (a custom step function that does not send/recv?)")
+        return (
+            "exited",
+            f"rank {rank_id} finished its plan; {never}",
+            (
+                "the plans of the two ranks disagree: the counterpart step is missing"
+                if not in_plan
+                else "the counterpart was skipped (a custom step function that does not send/recv?)"
+            ),
+        )
     if status.state in (RankState.FAILED, RankState.SIGNALED):
-        return "crashed", f"rank {rank_id} {status.detail} in {status.last_step}", \
-            f"rank {rank_id} failed before reaching {wanted}"
+        return (
+            "crashed",
+            f"rank {rank_id} {status.detail} in {status.last_step}",
+            f"rank {rank_id} failed before reaching {wanted}",
+        )
     open_rows = _open_rows(rank)
     if len(open_rows):
         row = int(open_rows[-1])
         text = run.catalog.texts[int(rank.steps.code[row])]
         end = max((ev.t for ev in rank.lifecycle), default=int(rank.steps.begin[row]))
-        return "computing", f"rank {rank_id} is still in {text} (begun {_fmt_s(rank.steps.begin[row])}, " \
-            f"open for at least {(end - int(rank.steps.begin[row])) / 1e9:.3g} s); {never}", \
-            f"step {text} on rank {rank_id} never returns (an infinite loop, a lock, or a very slow step)"
-    return "stopped", f"rank {rank_id}'s log ends ({status.detail}) outside any step; {never}", \
-        f"rank {rank_id} died or stopped between steps"
+        return (
+            "computing",
+            f"rank {rank_id} is still in {text} (begun {_fmt_s(rank.steps.begin[row])}, "
+            f"open for at least {(end - int(rank.steps.begin[row])) / 1e9:.3g} s); {never}",
+            f"step {text} on rank {rank_id} never returns (an infinite loop, a lock, or a very slow step)",
+        )
+    return (
+        "stopped",
+        f"rank {rank_id}'s log ends ({status.detail}) outside any step; {never}",
+        f"rank {rank_id} died or stopped between steps",
+    )
 
 
 def _executed(run: Run, rank: RankTimeline, text: str, iteration: int) -> bool:
@@ -236,7 +303,7 @@ def find_hangs(run: Run) -> list[Finding]:
                 break
             node = nxt
         if node in on_path:  # a cycle
-            cycle = path[path.index(node):]
+            cycle = path[path.index(node) :]
             if not seen_cycle.intersection(cycle):
                 seen_cycle.update(cycle)
                 findings.append(_deadlock(run, blocked, cycle))
@@ -247,26 +314,42 @@ def find_hangs(run: Run) -> list[Finding]:
     for terminal, starts in sorted(terminal_groups.items()):
         findings.append(_stalled(run, blocked, terminal, starts))
     for b in {x.rank: x for x in stuck_transfers}.values():
-        findings.append(Finding(
-            fk.RANK_STALLED, fk.ERROR,
-            f"{_describe_blocked(b)} never completed although rank {b.peer} posted the counterpart "
-            f"{b.counterpart} ({b.counterpart_state})",
-            "the transfer itself is stuck: the two sides disagree on the message (size, tag) or the "
-            "transport lost it",
-            ranks=[b.rank, b.peer], steps=[_ref(run, b, "blocked")], iterations=[b.iteration],
-            time_ns=(b.posted_ns, _end_of_log(run)),
-            details={"chain": [b.rank, b.peer], "terminal_state": "transfer"}))  # fmt: skip
+        findings.append(
+            Finding(
+                fk.RANK_STALLED,
+                fk.ERROR,
+                f"{_describe_blocked(b)} never completed although rank {b.peer} posted the counterpart "
+                f"{b.counterpart} ({b.counterpart_state})",
+                "the transfer itself is stuck: the two sides disagree on the message (size, tag) or the "
+                "transport lost it",
+                ranks=[b.rank, b.peer],
+                steps=[_ref(run, b, "blocked")],
+                iterations=[b.iteration],
+                time_ns=(b.posted_ns, _end_of_log(run)),
+                details={"chain": [b.rank, b.peer], "terminal_state": "transfer"},
+            )
+        )
     in_findings = {r for f in findings for r in f.ranks}
     waiting = waiting_outside_iterations(run)
     for rank in run.present_ranks:
-        if rank.status.state in (RankState.STALLED, RankState.ABORTED) and rank.rank not in in_findings:
+        if (
+            rank.status.state in (RankState.STALLED, RankState.ABORTED)
+            and rank.rank not in in_findings
+        ):
             if rank.rank in waiting:
                 findings.append(_stalled_at_end(run, rank, waiting))
                 continue
             word, text, cause = _terminal(run, rank.rank, "", -1)
-            findings.append(Finding(
-                fk.RANK_STALLED, fk.ERROR, f"rank {rank.rank} stalled: {text.split(';')[0]}", cause,
-                ranks=[rank.rank], details={"chain": [rank.rank], "terminal_state": word}))  # fmt: skip
+            findings.append(
+                Finding(
+                    fk.RANK_STALLED,
+                    fk.ERROR,
+                    f"rank {rank.rank} stalled: {text.split(';')[0]}",
+                    cause,
+                    ranks=[rank.rank],
+                    details={"chain": [rank.rank], "terminal_state": word},
+                )
+            )
     return findings
 
 
@@ -284,16 +367,24 @@ def waiting_outside_iterations(run: Run) -> dict[int, str]:
 
 
 def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Finding:
-    absent = [r.rank for r in run.ranks if r.rank not in waiting and r.status.state != RankState.FINISHED]
+    absent = [
+        r.rank for r in run.ranks if r.rank not in waiting and r.status.state != RankState.FINISHED
+    ]
     who = f"rank(s) {', '.join(map(str, absent))}" if absent else "a peer"
     return Finding(
-        fk.RANK_STALLED, fk.ERROR,
+        fk.RANK_STALLED,
+        fk.ERROR,
         f"rank {rank.rank} finished its iterations and stalled in {waiting[rank.rank]}: "
         f"{who} never got there",
         f"{who} stopped outside the pipeline's iterations (hung or slow in user code between "
         "iterations: checkpointing, evaluation, data loading) or died",
-        ranks=[rank.rank, *absent], details={"chain": [rank.rank, *absent], "terminal_state": "stopped",
-                                             "waiting_in": waiting[rank.rank]})  # fmt: skip
+        ranks=[rank.rank, *absent],
+        details={
+            "chain": [rank.rank, *absent],
+            "terminal_state": "stopped",
+            "waiting_in": waiting[rank.rank],
+        },
+    )
 
 
 def _end_of_log(run: Run) -> int:
@@ -301,29 +392,42 @@ def _end_of_log(run: Run) -> int:
 
 
 def _deadlock(run: Run, blocked: dict[int, Blocked], cycle: list[int]) -> Finding:
-    feeders = sorted(r for r, b in blocked.items() if r not in cycle and _reaches(blocked, r, set(cycle)))
+    feeders = sorted(
+        r for r, b in blocked.items() if r not in cycle and _reaches(blocked, r, set(cycle))
+    )
     parts = [_describe_blocked(blocked[r]) for r in cycle]
     steps = [_ref(run, blocked[r], f"waits for rank {blocked[r].waits_for}") for r in cycle]
     steps += [_ref(run, blocked[r], "blocked behind the cycle") for r in feeders]
     mbs = [int(run.catalog.microbatch[run.catalog.code(blocked[r].step)]) for r in cycle]
     ops = {blocked[r].op for r in cycle}
     if ops == {"send"}:
-        cause = ("every rank in the cycle is sending to the next one before receiving: with "
-                 "rendezvous (unbuffered) sends nobody reaches its recv; order the sends and recvs "
-                 "of neighbouring ranks oppositely (e.g. odd ranks recv first)")  # fmt: skip
+        cause = (
+            "every rank in the cycle is sending to the next one before receiving: with "
+            "rendezvous (unbuffered) sends nobody reaches its recv; order the sends and recvs "
+            "of neighbouring ranks oppositely (e.g. odd ranks recv first)"
+        )
     elif ops == {"recv"}:
         cause = "every rank in the cycle waits to receive before it sends what the next one needs"
     else:
-        cause = ("the ranks post their sends and recvs in orders that wait on each other; the plans "
-                 "of these ranks do not agree on the message order")  # fmt: skip
+        cause = (
+            "the ranks post their sends and recvs in orders that wait on each other; the plans "
+            "of these ranks do not agree on the message order"
+        )
     return Finding(
-        fk.DEADLOCK, fk.ERROR,
+        fk.DEADLOCK,
+        fk.ERROR,
         "deadlock: " + " -> ".join(parts) + f" -> rank {cycle[0]}",
-        cause, ranks=list(cycle) + feeders, steps=steps, microbatches=[m for m in mbs if m >= 0],
+        cause,
+        ranks=list(cycle) + feeders,
+        steps=steps,
+        microbatches=[m for m in mbs if m >= 0],
         iterations=sorted({blocked[r].iteration for r in cycle}),
         time_ns=(max(blocked[r].posted_ns for r in cycle), _end_of_log(run)),
-        details={"cycle": list(cycle), "blocked": {str(r): _blocked_json(blocked[r]) for r in list(cycle) + feeders}},
-    )  # fmt: skip
+        details={
+            "cycle": list(cycle),
+            "blocked": {str(r): _blocked_json(blocked[r]) for r in list(cycle) + feeders},
+        },
+    )
 
 
 def _reaches(blocked: dict[int, Blocked], start: int, targets: set[int]) -> bool:
@@ -355,21 +459,44 @@ def _stalled(run: Run, blocked: dict[int, Blocked], terminal: int, starts: list[
     word, text, cause = _terminal(run, terminal, last.counterpart, last.iteration)
     parts = [_describe_blocked(blocked[r]) for r in longest[:-1]]
     order = list(dict.fromkeys(members))
-    steps = [_ref(run, blocked[r], f"waits for rank {blocked[r].waits_for}") for r in order if r in blocked]
-    mb = int(run.catalog.microbatch[run.catalog.code(last.step)]) if run.catalog.code(last.step) >= 0 else -1
+    steps = [
+        _ref(run, blocked[r], f"waits for rank {blocked[r].waits_for}")
+        for r in order
+        if r in blocked
+    ]
+    mb = (
+        int(run.catalog.microbatch[run.catalog.code(last.step)])
+        if run.catalog.code(last.step) >= 0
+        else -1
+    )
     return Finding(
-        fk.RANK_STALLED, fk.ERROR,
+        fk.RANK_STALLED,
+        fk.ERROR,
         "stalled: " + " -> ".join(parts) + f" -> {text}",
-        cause, ranks=order, steps=steps, microbatches=[mb] if mb >= 0 else [],
+        cause,
+        ranks=order,
+        steps=steps,
+        microbatches=[mb] if mb >= 0 else [],
         iterations=sorted({blocked[r].iteration for r in order if r in blocked}),
         time_ns=(min(blocked[r].posted_ns for r in order if r in blocked), _end_of_log(run)),
-        details={"chain": longest, "terminal_rank": terminal, "terminal_state": word,
-                 "waiting_for_step": last.counterpart,
-                 "blocked": {str(r): _blocked_json(blocked[r]) for r in order if r in blocked}},
-    )  # fmt: skip
+        details={
+            "chain": longest,
+            "terminal_rank": terminal,
+            "terminal_state": word,
+            "waiting_for_step": last.counterpart,
+            "blocked": {str(r): _blocked_json(blocked[r]) for r in order if r in blocked},
+        },
+    )
 
 
 def _blocked_json(b: Blocked) -> dict[str, object]:
-    return {"op": b.op, "peer": b.peer, "step": b.step, "blocking_step": b.blocking_step,
-            "iteration": b.iteration, "posted_ns": b.posted_ns, "waits_for": b.waits_for,
-            "counterpart": b.counterpart}  # fmt: skip
+    return {
+        "op": b.op,
+        "peer": b.peer,
+        "step": b.step,
+        "blocking_step": b.blocking_step,
+        "iteration": b.iteration,
+        "posted_ns": b.posted_ns,
+        "waits_for": b.waits_for,
+        "counterpart": b.counterpart,
+    }

@@ -5,8 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from pipetrace.analyze.model import (
-    COMPOSITE_CODE, KIND_CODE, MAIN_THREAD, OP_SEND, RankTimeline, StepCatalog,
-)  # fmt: skip
+    COMPOSITE_CODE,
+    KIND_CODE,
+    MAIN_THREAD,
+    OP_SEND,
+    RankTimeline,
+    StepCatalog,
+)
 from pipetrace.schedule.ir import StepKind
 
 _RECV_F = KIND_CODE[StepKind.RECV_F]
@@ -69,14 +74,20 @@ def counterpart_values(ranks: list[RankTimeline], column: str) -> dict[int, np.n
     One gather per rank from the ranks' concatenated columns: a loop over each rank's peers
     costs several numpy calls per peer, and a big run has thousands of ranks."""
     columns = [getattr(r.p2p, column) for r in ranks]
-    flat = np.concatenate([*columns, [-1]]).astype(np.int64, copy=False)  # the -1 at the end: read by unmatched rows
+    flat = np.concatenate([*columns, [-1]]).astype(
+        np.int64, copy=False
+    )  # the -1 at the end: read by unmatched rows
     sizes = np.array([len(c) for c in columns], np.int64)
-    first = np.zeros(max((r.rank for r in ranks), default=0) + 1, np.int64)  # by rank: its first row in flat
+    first = np.zeros(
+        max((r.rank for r in ranks), default=0) + 1, np.int64
+    )  # by rank: its first row in flat
     first[[r.rank for r in ranks]] = np.cumsum(sizes) - sizes
     out = {}
     for r in ranks:
         p = r.p2p
-        out[r.rank] = flat[np.where(p.match_rank >= 0, first[p.match_rank] + p.match_index, len(flat) - 1)]
+        out[r.rank] = flat[
+            np.where(p.match_rank >= 0, first[p.match_rank] + p.match_index, len(flat) - 1)
+        ]
     return out
 
 

@@ -26,17 +26,29 @@ def find_divergence(run: Run) -> list[Finding]:
         if rows is not None and rank.plan and rank.rank < len(rows):
             expected = [t for t in rows[rank.rank] if t]
             if expected != rank.plan:
-                k = next((i for i, (a, b) in enumerate(zip(expected, rank.plan)) if a != b),
-                         min(len(expected), len(rank.plan)))  # fmt: skip
+                k = next(
+                    (i for i, (a, b) in enumerate(zip(expected, rank.plan)) if a != b),
+                    min(len(expected), len(rank.plan)),
+                )
                 meant = expected[k] if k < len(expected) else "(end of plan)"
                 ran = rank.plan[k] if k < len(rank.plan) else "(end of plan)"
-                out.append(Finding(
-                    fk.PLAN_DIVERGENCE, fk.ERROR,
-                    f"rank {rank.rank} ran a different plan than meta.json's: position {k} is {ran}, "
-                    f"meta.json says {meant}",
-                    "the rank was given another schedule (different flags or version on that rank?)",
-                    ranks=[rank.rank], steps=[StepRef(rank.rank, ran, None, k, None, f"meta.json: {meant}")],
-                    details={"position": k, "planned": meant, "ran_plan": ran, "source": "meta"}))  # fmt: skip
+                out.append(
+                    Finding(
+                        fk.PLAN_DIVERGENCE,
+                        fk.ERROR,
+                        f"rank {rank.rank} ran a different plan than meta.json's: position {k} is {ran}, "
+                        f"meta.json says {meant}",
+                        "the rank was given another schedule (different flags or version on that rank?)",
+                        ranks=[rank.rank],
+                        steps=[StepRef(rank.rank, ran, None, k, None, f"meta.json: {meant}")],
+                        details={
+                            "position": k,
+                            "planned": meant,
+                            "ran_plan": ran,
+                            "source": "meta",
+                        },
+                    )
+                )
                 continue
         found = _executed_vs_plan(run, rank)
         if found is not None:
@@ -74,24 +86,52 @@ def _executed_vs_plan(run: Run, rank) -> Finding | None:
         k = int(within[first_bad])
         ran = run.catalog.texts[int(code[first_bad])]
         meant = rank.plan[k] if k < n else "(end of plan)"
-        message = (f"rank {rank.rank}, iteration {int(it[first_bad])}: step {k} of its plan should be {meant} "
-                   f"but it ran {ran}" + (f" (recorded at position {int(pos[first_bad])})" if pos[first_bad] != k else ""))
-        cause = "the runtime executed steps out of plan order (a custom step function or a runtime bug)"
-        ref = StepRef(rank.rank, ran, int(it[first_bad]), k, int(steps.begin[r]), f"planned: {meant}")
-        details = {"iteration": int(it[first_bad]), "position": k, "planned": meant, "executed": ran,
-                   "source": "executed"}  # fmt: skip
+        message = (
+            f"rank {rank.rank}, iteration {int(it[first_bad])}: step {k} of its plan should be {meant} "
+            f"but it ran {ran}"
+            + (f" (recorded at position {int(pos[first_bad])})" if pos[first_bad] != k else "")
+        )
+        cause = (
+            "the runtime executed steps out of plan order (a custom step function or a runtime bug)"
+        )
+        ref = StepRef(
+            rank.rank, ran, int(it[first_bad]), k, int(steps.begin[r]), f"planned: {meant}"
+        )
+        details = {
+            "iteration": int(it[first_bad]),
+            "position": k,
+            "planned": meant,
+            "executed": ran,
+            "source": "executed",
+        }
     else:
         last, count = short  # type: ignore[misc]
         r = int(rows[last])
         missing = rank.plan[count]
-        message = (f"rank {rank.rank}, iteration {int(it[last])}: the iteration ended after {count} of "
-                   f"{n} planned steps; {missing} and later never ran")
+        message = (
+            f"rank {rank.rank}, iteration {int(it[last])}: the iteration ended after {count} of "
+            f"{n} planned steps; {missing} and later never ran"
+        )
         cause = "steps were skipped (a custom step function, or the runtime left the loop early)"
         ref = StepRef(rank.rank, missing, int(it[last]), count, int(steps.end[r]), "never ran")
-        details = {"iteration": int(it[last]), "position": count, "planned": missing, "executed": None,
-                   "source": "executed"}  # fmt: skip
+        details = {
+            "iteration": int(it[last]),
+            "position": count,
+            "planned": missing,
+            "executed": None,
+            "source": "executed",
+        }
     step = run.catalog.step(run.catalog.code(ref.step)) if run.catalog.code(ref.step) >= 0 else None
     mbs = [leaf.microbatch for leaf in step.leaves() if leaf.microbatch is not None] if step else []
-    return Finding(fk.PLAN_DIVERGENCE, fk.WARNING, message, cause, ranks=[rank.rank], steps=[ref],
-                   microbatches=mbs, iterations=[details["iteration"]], time_ns=(ref.time_ns, ref.time_ns),
-                   details=details)  # fmt: skip
+    return Finding(
+        fk.PLAN_DIVERGENCE,
+        fk.WARNING,
+        message,
+        cause,
+        ranks=[rank.rank],
+        steps=[ref],
+        microbatches=mbs,
+        iterations=[details["iteration"]],
+        time_ns=(ref.time_ns, ref.time_ns),
+        details=details,
+    )

@@ -16,7 +16,6 @@ from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import OPEN, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
 
-
 _CLOSED = ("connection closed", "connection reset", "broken pipe")
 _TIMED_OUT = ("timed out", "timeout")
 
@@ -25,16 +24,27 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     """``hung``: ranks in a deadlock or stall finding; their P2P timeouts are symptoms."""
     findings = []
     finished = sum(r.status.state == RankState.FINISHED for r in run.ranks)
-    failures = sorted((ev.t, r.rank) for r in run.present_ranks for ev in r.events_of(fmt.EXCEPTION))
+    failures = sorted(
+        (ev.t, r.rank) for r in run.present_ranks for ev in r.events_of(fmt.EXCEPTION)
+    )
     # A rank killed outright (SIGKILL, OOM) leaves no event; its peers then fail with
     # "connection closed". Its last event is when it was last alive: count it as a failure.
     # A rank its watchdog ended (a hang) or a signal ended drops its connections too.
-    ended = [(ev.t, r.rank) for r in run.present_ranks for e in (fmt.ABORT, fmt.SIGNAL) for ev in r.events_of(e)]
+    ended = [
+        (ev.t, r.rank)
+        for r in run.present_ranks
+        for e in (fmt.ABORT, fmt.SIGNAL)
+        for ev in r.events_of(e)
+    ]
     later = failures + ended
     # A log that stops mid-step (its last flush caught the step open) is a hang, unless a
     # peer's connection to it closed afterwards: a hung process keeps its sockets open.
-    closed = [(ev.t, r.rank) for r in run.present_ranks for ev in r.events_of(fmt.EXCEPTION)
-              if any(w in str(ev.fields.get("message", "")).lower() for w in _CLOSED)]  # fmt: skip
+    closed = [
+        (ev.t, r.rank)
+        for r in run.present_ranks
+        for ev in r.events_of(fmt.EXCEPTION)
+        if any(w in str(ev.fields.get("message", "")).lower() for w in _CLOSED)
+    ]
     silent: dict[int, _Death] = {}
     for rank in run.ranks:
         if rank.status.state != RankState.ENDED:
@@ -57,47 +67,97 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
             cause = f"an exception in step {where.step}" + (f" at {frame}" if frame else "")
             error = str(st.error).lower()
             severity = fk.ERROR
-            if any(w in error for w in _CLOSED) and first_failure and first_failure[1] != rank.rank \
-                    and exc and exc.t > first_failure[0]:  # fmt: skip
+            if (
+                any(w in error for w in _CLOSED)
+                and first_failure
+                and first_failure[1] != rank.rank
+                and exc
+                and exc.t > first_failure[0]
+            ):
                 severity = fk.WARNING
-                cause = (f"follows rank {first_failure[1]}'s failure {(exc.t - first_failure[0]) / 1e9:.3g} s "
-                         "earlier: its connection to a failed peer closed")  # fmt: skip
+                cause = (
+                    f"follows rank {first_failure[1]}'s failure {(exc.t - first_failure[0]) / 1e9:.3g} s "
+                    "earlier: its connection to a failed peer closed"
+                )
             elif any(w in error for w in _TIMED_OUT) and rank.rank in hung:
                 severity = fk.WARNING
-                cause = "a P2P wait gave up: a symptom of the hang reported as deadlock / rank_stalled"
-            findings.append(Finding(
-                fk.RANK_FAILED, severity, f"rank {rank.rank} raised {_one_line(st.error)} in {where.step}", cause,
-                ranks=[rank.rank], steps=[where], iterations=_it(where), time_ns=(exc.t, exc.t) if exc else None,
-                details={"error": st.error, "traceback": tb, "last_step": where.step}))  # fmt: skip
+                cause = (
+                    "a P2P wait gave up: a symptom of the hang reported as deadlock / rank_stalled"
+                )
+            findings.append(
+                Finding(
+                    fk.RANK_FAILED,
+                    severity,
+                    f"rank {rank.rank} raised {_one_line(st.error)} in {where.step}",
+                    cause,
+                    ranks=[rank.rank],
+                    steps=[where],
+                    iterations=_it(where),
+                    time_ns=(exc.t, exc.t) if exc else None,
+                    details={"error": st.error, "traceback": tb, "last_step": where.step},
+                )
+            )
         elif st.state == RankState.SIGNALED:
             sig = rank.last_of(fmt.SIGNAL)
-            severity, cause = fk.ERROR, ("killed from outside (job scheduler timeout, a user's Ctrl-C, "
-                                         "or a peer's failure tearing the job down)")  # fmt: skip
+            severity, cause = (
+                fk.ERROR,
+                (
+                    "killed from outside (job scheduler timeout, a user's Ctrl-C, "
+                    "or a peer's failure tearing the job down)"
+                ),
+            )
             if sig and first_failure and first_failure[1] != rank.rank and sig.t > first_failure[0]:
                 severity = fk.WARNING
-                cause = (f"follows rank {first_failure[1]}'s failure {(sig.t - first_failure[0]) / 1e9:.3g} s "
-                         "earlier: the launcher ended the ranks left behind")  # fmt: skip
-            findings.append(Finding(
-                fk.RANK_FAILED, severity, f"rank {rank.rank} was ended by {st.error} in {where.step}",
-                cause, ranks=[rank.rank], steps=[where], iterations=_it(where),
-                time_ns=(sig.t, sig.t) if sig else None, details={"signal": st.error, "last_step": where.step}))  # fmt: skip
+                cause = (
+                    f"follows rank {first_failure[1]}'s failure {(sig.t - first_failure[0]) / 1e9:.3g} s "
+                    "earlier: the launcher ended the ranks left behind"
+                )
+            findings.append(
+                Finding(
+                    fk.RANK_FAILED,
+                    severity,
+                    f"rank {rank.rank} was ended by {st.error} in {where.step}",
+                    cause,
+                    ranks=[rank.rank],
+                    steps=[where],
+                    iterations=_it(where),
+                    time_ns=(sig.t, sig.t) if sig else None,
+                    details={"signal": st.error, "last_step": where.step},
+                )
+            )
         elif st.state == RankState.MISSING:
-            findings.append(Finding(
-                fk.RANK_FAILED, fk.WARNING, f"rank {rank.rank} has no usable log ({st.detail})",
-                "the rank never started recording (it crashed at start) or its file was lost",
-                ranks=[rank.rank], details={"last_step": None}))  # fmt: skip
+            findings.append(
+                Finding(
+                    fk.RANK_FAILED,
+                    fk.WARNING,
+                    f"rank {rank.rank} has no usable log ({st.detail})",
+                    "the rank never started recording (it crashed at start) or its file was lost",
+                    ranks=[rank.rank],
+                    details={"last_step": None},
+                )
+            )
         elif rank.rank in silent:
             cause = "the process died without a trace (SIGKILL, the OOM killer, a segfault)"
             if silent[rank.rank].open:
                 cause += ": a peer's connection to it closed later"
             elif waiting:
-                cause = (f"it never reached the end of the run that rank(s) {', '.join(map(str, sorted(waiting)))} "
-                         f"waited in: hung or slow between iterations, or {cause}")  # fmt: skip
-            findings.append(Finding(
-                fk.RANK_FAILED, fk.ERROR,
-                f"rank {rank.rank}'s log stops {'inside' if silent[rank.rank].open else 'after'} {where.step} "
-                "with no run_end and no error", cause,
-                ranks=[rank.rank], steps=[where], iterations=_it(where), details={"last_step": where.step}))  # fmt: skip
+                cause = (
+                    f"it never reached the end of the run that rank(s) {', '.join(map(str, sorted(waiting)))} "
+                    f"waited in: hung or slow between iterations, or {cause}"
+                )
+            findings.append(
+                Finding(
+                    fk.RANK_FAILED,
+                    fk.ERROR,
+                    f"rank {rank.rank}'s log stops {'inside' if silent[rank.rank].open else 'after'} {where.step} "
+                    "with no run_end and no error",
+                    cause,
+                    ranks=[rank.rank],
+                    steps=[where],
+                    iterations=_it(where),
+                    details={"last_step": where.step},
+                )
+            )
     return findings
 
 
@@ -111,11 +171,13 @@ class _Death:
 
 def _last_time(rank: RankTimeline) -> int:
     """The last moment the rank's log shows it alive."""
-    times = [int(rank.steps.begin.max()) if len(rank.steps) else 0,
-             int(rank.steps.end.max()) if len(rank.steps) else 0,
-             int(rank.p2p.done.max()) if len(rank.p2p) else 0,
-             int(rank.iterations.end.max()) if len(rank.iterations) else 0,
-             max((ev.t for ev in rank.lifecycle), default=0)]  # fmt: skip
+    times = [
+        int(rank.steps.begin.max()) if len(rank.steps) else 0,
+        int(rank.steps.end.max()) if len(rank.steps) else 0,
+        int(rank.p2p.done.max()) if len(rank.p2p) else 0,
+        int(rank.iterations.end.max()) if len(rank.iterations) else 0,
+        max((ev.t for ev in rank.lifecycle), default=0),
+    ]
     return max(times)
 
 
@@ -131,11 +193,19 @@ def _last_step(run: Run, rank: RankTimeline) -> StepRef:
             item = listed[-1]
             pos = item.get("pos") if isinstance(item.get("pos"), int) else None
             its = rank.iterations.it
-            return StepRef(rank.rank, item["step"], int(its[-1]) if len(its) else None, pos, None, "open")
+            return StepRef(
+                rank.rank, item["step"], int(its[-1]) if len(its) else None, pos, None, "open"
+            )
     if len(rank.steps):
         row = len(rank.steps) - 1
-        return StepRef(rank.rank, run.catalog.texts[int(rank.steps.code[row])], int(rank.steps.it[row]),
-                       int(rank.steps.pos[row]), int(rank.steps.begin[row]), "last step begun")  # fmt: skip
+        return StepRef(
+            rank.rank,
+            run.catalog.texts[int(rank.steps.code[row])],
+            int(rank.steps.it[row]),
+            int(rank.steps.pos[row]),
+            int(rank.steps.begin[row]),
+            "last step begun",
+        )
     return StepRef(rank.rank, "(no step)", None, None, None, None)
 
 

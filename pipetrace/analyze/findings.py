@@ -20,8 +20,18 @@ ORDER_CROSSING = "order_crossing"
 PLAN_DIVERGENCE = "plan_divergence"
 STRAGGLER = "straggler"
 EXPOSED_COMM = "exposed_comm"
-KINDS = (RANK_FAILED, DEADLOCK, RANK_STALLED, UNMATCHED_SEND, UNMATCHED_RECV, MESSAGE_MISMATCH,
-         ORDER_CROSSING, PLAN_DIVERGENCE, STRAGGLER, EXPOSED_COMM)  # fmt: skip
+KINDS = (
+    RANK_FAILED,
+    DEADLOCK,
+    RANK_STALLED,
+    UNMATCHED_SEND,
+    UNMATCHED_RECV,
+    MESSAGE_MISMATCH,
+    ORDER_CROSSING,
+    PLAN_DIVERGENCE,
+    STRAGGLER,
+    EXPOSED_COMM,
+)
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,14 @@ class StepRef:
     note: str | None = None  # e.g. "blocked in recv from rank 2"
 
     def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "step": self.step, "iteration": self.iteration,
-                "position": self.position, "time_ns": self.time_ns, "note": self.note}  # fmt: skip
+        return {
+            "rank": self.rank,
+            "step": self.step,
+            "iteration": self.iteration,
+            "position": self.position,
+            "time_ns": self.time_ns,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -77,9 +93,15 @@ def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Most severe first; then by kind order above (root causes such as a failed rank before
     what follows from them), then earliest first, then by first rank."""
     order = {k: i for i, k in enumerate(KINDS)}
-    return sorted(findings, key=lambda f: (_RANK.get(f.severity, 3), order.get(f.kind, 99),
-                                           f.time_ns[0] if f.time_ns else 2**63,
-                                           f.ranks[0] if f.ranks else -1))  # fmt: skip
+    return sorted(
+        findings,
+        key=lambda f: (
+            _RANK.get(f.severity, 3),
+            order.get(f.kind, 99),
+            f.time_ns[0] if f.time_ns else 2**63,
+            f.ranks[0] if f.ranks else -1,
+        ),
+    )
 
 
 def counts(findings: list[Finding]) -> dict[str, int]:

@@ -17,20 +17,32 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from itertools import filterfalse
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
 from pipetrace.analyze import clocks
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
-    OPEN, ClockInfo, InputProblem, IterationTable, LifecycleEvent, P2PTable, RankState,
-    RankStatus, RankTimeline, Run, StepCatalog, StepTable, steps_of,
-)  # fmt: skip
+    OPEN,
+    ClockInfo,
+    InputProblem,
+    IterationTable,
+    LifecycleEvent,
+    P2PTable,
+    RankState,
+    RankStatus,
+    RankTimeline,
+    Run,
+    StepCatalog,
+    StepTable,
+    steps_of,
+)
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
 from pipetrace.errors import PipetraceError
@@ -47,7 +59,9 @@ was written by another run (e.g. left over in a reused directory) and is set asi
 _PARALLEL_MIN_BYTES = 16 << 20
 
 
-def load_run(path: str | Path, *, progress: Progress | None = None, workers: int | None = None) -> Run:
+def load_run(
+    path: str | Path, *, progress: Progress | None = None, workers: int | None = None
+) -> Run:
     """Load a run directory into one `Run`.
 
     ``workers``: processes for parsing (None: automatic, 0: parse in this process).
@@ -62,9 +76,13 @@ def load_run(path: str | Path, *, progress: Progress | None = None, workers: int
     expected = {p.name for p in paths}
     for extra in sorted(run_dir.glob("rank-*.ndjson")):
         if extra.name not in expected:
-            problems.append(InputProblem(
-                "warning", f"{extra.name} is not a rank of this run (world size {world_size}): "
-                "left over from another run; ignored"))  # fmt: skip
+            problems.append(
+                InputProblem(
+                    "warning",
+                    f"{extra.name} is not a rank of this run (world size {world_size}): "
+                    "left over from another run; ignored",
+                )
+            )
     assembly = _Assembly(meta, world_size, problems)
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
@@ -95,7 +113,9 @@ class _Parsing:
     def __enter__(self) -> _Parsing:
         if self.workers > 1:
             # fork is cheapest, but forking a process that runs other threads (a TUI) can deadlock.
-            fork = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+            fork = (
+                threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+            )
             context = multiprocessing.get_context("fork" if fork else "spawn")
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
             self._futures = [self._pool.submit(parse_rank_file, p) for p in self.paths]
@@ -121,8 +141,9 @@ class _Parsing:
             ) from None
 
 
-def _check_raw(raw: RawRank, rank: int, meta: dict[str, Any], world_size: int,
-               problems: list[InputProblem]) -> bool:  # fmt: skip
+def _check_raw(
+    raw: RawRank, rank: int, meta: dict[str, Any], world_size: int, problems: list[InputProblem]
+) -> bool:
     """Is this log usable as rank ``rank`` of this run? Notes every problem."""
     name = Path(raw.path).name
     if raw.error is not None:
@@ -141,24 +162,49 @@ def _check_raw(raw: RawRank, rank: int, meta: dict[str, Any], world_size: int,
     if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
         reasons.append("its run configuration differs from meta.json's")
     if reasons:
-        problems.append(InputProblem(
-            "warning", f"{name} is from another run ({'; '.join(reasons)}); treated as missing", rank))
+        problems.append(
+            InputProblem(
+                "warning",
+                f"{name} is from another run ({'; '.join(reasons)}); treated as missing",
+                rank,
+            )
+        )
         return False
     p = raw.problems
     if p.torn_last_line:
-        problems.append(InputProblem("info", f"{name}: torn last line skipped (the process was "
-                                     "killed while writing)", rank))  # fmt: skip
+        problems.append(
+            InputProblem(
+                "info",
+                f"{name}: torn last line skipped (the process was killed while writing)",
+                rank,
+            )
+        )
     if p.corrupt_lines:
         where = f", first at line {p.first_corrupt_line}" if p.first_corrupt_line else ""
-        problems.append(InputProblem("warning", f"{name}: {p.corrupt_lines} corrupt line(s) skipped{where}", rank))
+        problems.append(
+            InputProblem(
+                "warning", f"{name}: {p.corrupt_lines} corrupt line(s) skipped{where}", rank
+            )
+        )
     for note in p.notes:
         problems.append(InputProblem("warning", f"{name}: {note}", rank))
     if raw.unknown_events:
-        problems.append(InputProblem("info", f"{name}: {raw.unknown_events} event(s) of unknown type "
-                                     "ignored (written by a newer pipetrace?)", rank))  # fmt: skip
+        problems.append(
+            InputProblem(
+                "info",
+                f"{name}: {raw.unknown_events} event(s) of unknown type "
+                "ignored (written by a newer pipetrace?)",
+                rank,
+            )
+        )
     if raw.run_start is None:
-        problems.append(InputProblem("warning", f"{name}: no run_start event; the rank's plan is "
-                                     "taken from meta.json", rank))  # fmt: skip
+        problems.append(
+            InputProblem(
+                "warning",
+                f"{name}: no run_start event; the rank's plan is taken from meta.json",
+                rank,
+            )
+        )
     return True
 
 
@@ -170,8 +216,9 @@ PlannedRow = tuple[list[str], np.ndarray]
 """A row of meta.json's plan without its bubbles: its step texts and their codes."""
 
 
-def _meta_plan(meta: dict[str, Any], catalog: StepCatalog,
-               problems: list[InputProblem]) -> tuple[Plan | None, list[PlannedRow]]:  # fmt: skip
+def _meta_plan(
+    meta: dict[str, Any], catalog: StepCatalog, problems: list[InputProblem]
+) -> tuple[Plan | None, list[PlannedRow]]:
     """meta.json's plan, its steps taken from the catalog (each distinct text parsed once, by
     the workers), and its rows' texts and codes: a rank's own plan is usually its row, whose
     codes are then not looked up again (a big plan has a few hundred thousand steps)."""
@@ -188,11 +235,21 @@ def _meta_plan(meta: dict[str, Any], catalog: StepCatalog,
             next_step = map(parsed.__getitem__, codes.tolist()).__next__
             rows.append([next_step() if text else None for text in row])
             planned.append((texts, codes))
-        return Plan(int(meta["num_microbatches"]), tuple(int(r) for r in meta["placement"]), rows,
-                    str(schedule.get("name", "custom")), dict(schedule.get("params", {}))), planned  # fmt: skip
+        return Plan(
+            int(meta["num_microbatches"]),
+            tuple(int(r) for r in meta["placement"]),
+            rows,
+            str(schedule.get("name", "custom")),
+            dict(schedule.get("params", {})),
+        ), planned
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        problems.append(InputProblem("warning", f"meta.json: the plan cannot be read ({exc}); "
-                                     "plan checks and the ideal timeline are skipped"))  # fmt: skip
+        problems.append(
+            InputProblem(
+                "warning",
+                f"meta.json: the plan cannot be read ({exc}); "
+                "plan checks and the ideal timeline are skipped",
+            )
+        )
         return None, []
 
 
@@ -237,7 +294,9 @@ class _Assembly:
         self.meta, self.world_size, self.problems = meta, world_size, problems
         self.texts, self.shapes, self.dtypes = _Interned(), _Interned(), _Interned()
         self.threads = _Interned(["main"])
-        self.text_parts: list[tuple[np.ndarray, ...]] = []  # (kind, stage, mb) of each new text, in code order
+        self.text_parts: list[
+            tuple[np.ndarray, ...]
+        ] = []  # (kind, stage, mb) of each new text, in code order
         self.steps: list[Step | None] = []  # the Step of each text, in code order
         self.ranks: list[RankTimeline] = []
         self.models: dict[int, dict[str, clocks.OffsetFn]] = {}
@@ -252,32 +311,54 @@ class _Assembly:
         parts = tuple(part[new] for part in raw.text_parts)  # parsed by the worker
         self.text_parts.append(parts)
         self.steps += steps_of([text for text, n in zip(raw.texts, new.tolist()) if n], *parts)
-        timeline, self.models[rank] = _timeline(rank, raw, remap, self.shapes.remap(raw.shapes),
-                                                self.dtypes.remap(raw.dtypes), self.threads.remap(raw.threads))  # fmt: skip
+        timeline, self.models[rank] = _timeline(
+            rank,
+            raw,
+            remap,
+            self.shapes.remap(raw.shapes),
+            self.dtypes.remap(raw.dtypes),
+            self.threads.remap(raw.threads),
+        )
         self.ranks.append(timeline)
 
     def finish(self, run_dir: Path) -> Run:
         if not any(r.present for r in self.ranks):
             raise TraceFormatError(
                 f"{run_dir}: no usable event log ("
-                + "; ".join(p.message for p in self.problems if p.rank is not None)[:400] + ")"
+                + "; ".join(p.message for p in self.problems if p.rank is not None)[:400]
+                + ")"
             )
         catalog = self._catalog()
         plan, planned = _meta_plan(self.meta, catalog, self.problems)
         for rank in self.ranks:
             if rank.present:
                 row = planned[rank.rank] if rank.rank < len(planned) else None
-                rank.plan_codes = row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
+                rank.plan_codes = (
+                    row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
+                )
         match_messages(self.ranks)
-        offsets, quality = clocks.align([r for r in self.ranks if r.present], self.world_size, self.models)
+        offsets, quality = clocks.align(
+            [r for r in self.ranks if r.present], self.world_size, self.models
+        )
         t0 = _shift_times(self.ranks, offsets)
         for rank in self.ranks:
             if rank.present:
                 rank.status = _status(rank, catalog)
         _note_clock_problems(self.ranks, quality, self.problems)
-        return Run(path=run_dir, meta=self.meta, plan=plan, world_size=self.world_size, ranks=self.ranks,
-                   catalog=catalog, shapes=self.shapes.values, dtypes=self.dtypes.values,
-                   threads=self.threads.values, t0_ns=t0, problems=self.problems, clock_quality=quality)  # fmt: skip
+        return Run(
+            path=run_dir,
+            meta=self.meta,
+            plan=plan,
+            world_size=self.world_size,
+            ranks=self.ranks,
+            catalog=catalog,
+            shapes=self.shapes.values,
+            dtypes=self.dtypes.values,
+            threads=self.threads.values,
+            t0_ns=t0,
+            problems=self.problems,
+            clock_quality=quality,
+        )
 
     def _catalog(self) -> StepCatalog:
         """Every step text of the run: the ranks' texts, then the plans' (a planned step that
@@ -287,10 +368,18 @@ class _Assembly:
         extra = []
         for rank in self.ranks:
             if rank.present:
-                planned = rows[rank.rank] if rank.rank < len(rows) and isinstance(rows[rank.rank], list) else None
-                if planned is None or rank.plan != [t for t in planned if t]:  # usually the same texts
+                planned = (
+                    rows[rank.rank]
+                    if rank.rank < len(rows) and isinstance(rows[rank.rank], list)
+                    else None
+                )
+                if planned is None or rank.plan != [
+                    t for t in planned if t
+                ]:  # usually the same texts
                     extra.extend(rank.plan)
-        extra += [t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t]
+        extra += [
+            t for row in rows if isinstance(row, list) for t in row if isinstance(t, str) and t
+        ]
         self.texts.extend(extra)
         texts = self.texts.values
         # the ranks' texts come parsed by the workers; the plans' extra ones are parsed by build (-2)
@@ -307,20 +396,43 @@ def _ran_plan(raw: RawRank) -> list[str]:
     return [] if raw.run_start is None else [str(t) for t in raw.run_start.get("plan") or ()]
 
 
-def _timeline(rank: int, raw: RawRank, remap: np.ndarray, shape_map: np.ndarray, dtype_map: np.ndarray,
-              thread_map: np.ndarray) -> tuple[RankTimeline, dict[str, clocks.OffsetFn]]:  # fmt: skip
+def _timeline(
+    rank: int,
+    raw: RawRank,
+    remap: np.ndarray,
+    shape_map: np.ndarray,
+    dtype_map: np.ndarray,
+    thread_map: np.ndarray,
+) -> tuple[RankTimeline, dict[str, clocks.OffsetFn]]:
     """The rank's timeline, times still on its own clock and its plan not yet coded (both
     need every rank)."""
     lifecycle = [LifecycleEvent(e, t, f) for e, t, f in raw.lifecycle]
     info, models = clocks.offset_models(clocks.clock_events(lifecycle))
     s, p = raw.steps, raw.p2p
-    steps = StepTable(s["begin"], s["end"], s["it"], s["pos"], remap[s["code"]] if len(remap) else s["code"],
-                      thread_map[s["thread"]].astype(np.int8) if len(thread_map) else s["thread"])  # fmt: skip
+    steps = StepTable(
+        s["begin"],
+        s["end"],
+        s["it"],
+        s["pos"],
+        remap[s["code"]] if len(remap) else s["code"],
+        thread_map[s["thread"]].astype(np.int8) if len(thread_map) else s["thread"],
+    )
     empty = np.empty(0, np.int32)
-    p2p = P2PTable(p["post"], p["done"], p["it"], p["op"], p["peer"], p["ch"], p["seq"],
-                   p["nbytes"], shape_map[p["shape"]] if len(shape_map) else p["shape"],
-                   dtype_map[p["dtype"]] if len(dtype_map) else p["dtype"],
-                   remap[p["code"]] if len(remap) else p["code"], empty, empty.astype(np.int64))  # fmt: skip
+    p2p = P2PTable(
+        p["post"],
+        p["done"],
+        p["it"],
+        p["op"],
+        p["peer"],
+        p["ch"],
+        p["seq"],
+        p["nbytes"],
+        shape_map[p["shape"]] if len(shape_map) else p["shape"],
+        dtype_map[p["dtype"]] if len(dtype_map) else p["dtype"],
+        remap[p["code"]] if len(remap) else p["code"],
+        empty,
+        empty.astype(np.int64),
+    )
     its = sorted(raw.iterations)
     rows = [raw.iterations[i] for i in its]
     iterations = IterationTable(
@@ -332,27 +444,49 @@ def _timeline(rank: int, raw: RawRank, remap: np.ndarray, shape_map: np.ndarray,
     start = raw.run_start or {}
     stages = start.get("stages")
     return RankTimeline(
-        rank=rank, present=True, steps=steps, p2p=p2p, iterations=iterations,
-        status=RankStatus(RankState.ENDED, ""), clock=info, header=raw.header, plan=_ran_plan(raw),
-        stages=[int(x) for x in stages] if isinstance(stages, list) and all(isinstance(x, int) for x in stages) else [],
+        rank=rank,
+        present=True,
+        steps=steps,
+        p2p=p2p,
+        iterations=iterations,
+        status=RankStatus(RankState.ENDED, ""),
+        clock=info,
+        header=raw.header,
+        plan=_ran_plan(raw),
+        stages=[int(x) for x in stages]
+        if isinstance(stages, list) and all(isinstance(x, int) for x in stages)
+        else [],
         config=start.get("config") if isinstance(start.get("config"), dict) else None,
-        lifecycle=lifecycle, events=raw.events, path=Path(raw.path),
-    ), models  # fmt: skip
+        lifecycle=lifecycle,
+        events=raw.events,
+        path=Path(raw.path),
+    ), models
 
 
 def _missing(rank: int, raw: RawRank) -> RankTimeline:
     empty = np.empty(0, np.int64)
     return RankTimeline(
-        rank=rank, present=False, steps=StepTable.empty(), p2p=P2PTable.empty(),
+        rank=rank,
+        present=False,
+        steps=StepTable.empty(),
+        p2p=P2PTable.empty(),
         iterations=IterationTable(np.empty(0, np.int32), empty, empty, np.empty(0)),
         status=RankStatus(RankState.MISSING, raw.error or "no usable log"),
-        clock=ClockInfo(None, None, None, 0), path=Path(raw.path),
-    )  # fmt: skip
+        clock=ClockInfo(None, None, None, 0),
+        path=Path(raw.path),
+    )
 
 
 def _time_columns(rank: RankTimeline) -> tuple[np.ndarray, ...]:
     """The rank's time columns (`_shift_times` shifts them in place)."""
-    return rank.steps.begin, rank.steps.end, rank.p2p.post, rank.p2p.done, rank.iterations.begin, rank.iterations.end
+    return (
+        rank.steps.begin,
+        rank.steps.end,
+        rank.p2p.post,
+        rank.p2p.done,
+        rank.iterations.begin,
+        rank.iterations.end,
+    )
 
 
 def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn]) -> int:
@@ -403,25 +537,51 @@ def _status(rank: RankTimeline, catalog: StepCatalog) -> RankStatus:
     abort = rank.last_of(fmt.ABORT)
     if abort is not None:
         message = str(abort.fields.get("message", "watchdog abort"))
-        return RankStatus(RankState.ABORTED, "ended by its watchdog after a stall", last_step, last_it, message)
+        return RankStatus(
+            RankState.ABORTED, "ended by its watchdog after a stall", last_step, last_it, message
+        )
     if rank.last_of(fmt.RUN_END) is not None:
         return RankStatus(RankState.FINISHED, "finished cleanly", last_step, last_it)
     if rank.last_of(fmt.STALL) is not None:
-        return RankStatus(RankState.STALLED, "stalled (watchdog) and the log ends there", last_step, last_it)
-    return RankStatus(RankState.ENDED, "the log ends without run_end (killed, or still running)", last_step, last_it)
+        return RankStatus(
+            RankState.STALLED, "stalled (watchdog) and the log ends there", last_step, last_it
+        )
+    return RankStatus(
+        RankState.ENDED,
+        "the log ends without run_end (killed, or still running)",
+        last_step,
+        last_it,
+    )
 
 
-def _note_clock_problems(ranks: list[RankTimeline], quality: dict[str, Any], problems: list[InputProblem]) -> None:
+def _note_clock_problems(
+    ranks: list[RankTimeline], quality: dict[str, Any], problems: list[InputProblem]
+) -> None:
     if not quality.get("feasible", True):
-        problems.append(InputProblem("warning", "clocks: no per-rank correction makes every message "
-                                     "arrive after it was sent; recorded offsets kept"))  # fmt: skip
+        problems.append(
+            InputProblem(
+                "warning",
+                "clocks: no per-rank correction makes every message "
+                "arrive after it was sent; recorded offsets kept",
+            )
+        )
     elif quality.get("model") not in (None, "recorded"):
-        problems.append(InputProblem("info", f"clocks: the recorded offsets are inconsistent with the "
-                                     f"messages; aligned with {quality['model']} instead"))  # fmt: skip
+        problems.append(
+            InputProblem(
+                "info",
+                f"clocks: the recorded offsets are inconsistent with the "
+                f"messages; aligned with {quality['model']} instead",
+            )
+        )
     if quality.get("refined"):
         for rank in ranks:
             u = rank.clock.uncertainty_ns
             if u is not None and abs(rank.clock.correction_ns) > 2 * u + 100_000:
-                problems.append(InputProblem(
-                    "info", f"clocks: rank {rank.rank} moved {rank.clock.correction_ns / 1e3:+.0f} us, "
-                    f"beyond its recorded uncertainty (+-{u / 1e3:.0f} us)", rank.rank))  # fmt: skip
+                problems.append(
+                    InputProblem(
+                        "info",
+                        f"clocks: rank {rank.rank} moved {rank.clock.correction_ns / 1e3:+.0f} us, "
+                        f"beyond its recorded uncertainty (+-{u / 1e3:.0f} us)",
+                        rank.rank,
+                    )
+                )

@@ -32,13 +32,23 @@ _SEQ_BITS, _IT_BITS = 31, 29
 
 
 def _packable(p) -> bool:
-    return bool(p.seq.min() >= 0 and p.seq.max() < 2**_SEQ_BITS and p.it.min() >= 0 and p.it.max() < 2**_IT_BITS
-                and p.ch.min() >= -1 and p.ch.max() <= 1)  # fmt: skip
+    return bool(
+        p.seq.min() >= 0
+        and p.seq.max() < 2**_SEQ_BITS
+        and p.it.min() >= 0
+        and p.it.max() < 2**_IT_BITS
+        and p.ch.min() >= -1
+        and p.ch.max() <= 1
+    )
 
 
 def _packed(p) -> np.ndarray:
     """(iteration, channel, seq) of every row as one int64."""
-    return (p.it.astype(np.int64) << (_SEQ_BITS + 2)) | ((p.ch.astype(np.int64) + 1) << _SEQ_BITS) | p.seq
+    return (
+        (p.it.astype(np.int64) << (_SEQ_BITS + 2))
+        | ((p.ch.astype(np.int64) + 1) << _SEQ_BITS)
+        | p.seq
+    )
 
 
 def _occurrence(sorted_keys: np.ndarray) -> np.ndarray:
@@ -99,9 +109,18 @@ def _match_general(parts: list[RankTimeline]) -> int:
     ch = np.concatenate([r.p2p.ch for r in parts]).astype(np.int64)
     seq = np.concatenate([r.p2p.seq for r in parts])
     post = np.concatenate([r.p2p.post for r in parts])
-    if len(seq) and 0 <= seq.min() and seq.max() < 2**31 and 0 <= it.min() and it.max() < 2**30 \
-            and ch.min() >= -1 and ch.max() < 2 and sender.min() >= 0 and receiver.min() >= 0 \
-            and receiver.max() < 2**31:  # fmt: skip
+    if (
+        len(seq)
+        and seq.min() >= 0
+        and seq.max() < 2**31
+        and it.min() >= 0
+        and it.max() < 2**30
+        and ch.min() >= -1
+        and ch.max() < 2
+        and sender.min() >= 0
+        and receiver.min() >= 0
+        and receiver.max() < 2**31
+    ):
         # two int64 keys sort much faster than five
         # Two int64 keys sort much faster than five; the op goes in the lowest bit so that
         # sends come first in a group, and stable sorts keep each rank's rows (post order).
@@ -146,4 +165,4 @@ def _match_general(parts: list[RankTimeline]) -> int:
             rows = row_col[a[lo:hi]]
             table.match_rank[rows] = rank_col[b[lo:hi]]
             table.match_index[rows] = row_col[b[lo:hi]]
-    return int(len(send_at))
+    return len(send_at)

@@ -58,8 +58,11 @@ def find_message_problems(run: Run) -> list[Finding]:
             backwards[1:] = (ch[1:] == ch[:-1]) & (it[1:] == it[:-1]) & (orows[1:] < orows[:-1])
             for row in rows[differ | backwards]:
                 flagged.add(_group(rank.rank, p, int(row)))
-            bad = (p.nbytes[rows] != other.nbytes[orows]) | (p.dtype[rows] != other.dtype[orows]) | \
-                (p.shape[rows] != other.shape[orows])  # fmt: skip
+            bad = (
+                (p.nbytes[rows] != other.nbytes[orows])
+                | (p.dtype[rows] != other.dtype[orows])
+                | (p.shape[rows] != other.shape[orows])
+            )
             for row, orow in zip(rows[bad], orows[bad]):
                 mismatches[(rank.rank, int(peer), int(p.ch[row]))].append((int(row), int(orow)))
     out = [_mismatch(run, key, pairs) for key, pairs in sorted(mismatches.items())]
@@ -90,7 +93,9 @@ def _rows(run: Run, rank: int, peer: int, op: int, ch: int, it: int) -> np.ndarr
     return np.flatnonzero((p.op == op) & (p.peer == peer) & (p.ch == ch) & (p.it == it))
 
 
-def _examine(run: Run, group: Group, identities, unmatched_sends, unmatched_recvs, crossings) -> None:
+def _examine(
+    run: Run, group: Group, identities, unmatched_sends, unmatched_recvs, crossings
+) -> None:
     sender, receiver, ch, it = group
     s_rows = _rows(run, sender, receiver, OP_SEND, ch, it)
     r_rows = _rows(run, receiver, sender, 1 - OP_SEND, ch, it)
@@ -107,10 +112,18 @@ def _examine(run: Run, group: Group, identities, unmatched_sends, unmatched_recv
         return
     extra = Counter(s_ids) - Counter(r_ids)
     missing = Counter(r_ids) - Counter(s_ids)
-    kept_s = _drop(s_rows, s_ids, extra, lambda row: _maybe_unmatched(
-        run, sender, receiver, row, ch, it, unmatched_sends, True))
-    kept_r = _drop(r_rows, r_ids, missing, lambda row: _maybe_unmatched(
-        run, receiver, sender, row, ch, it, unmatched_recvs, False))
+    kept_s = _drop(
+        s_rows,
+        s_ids,
+        extra,
+        lambda row: _maybe_unmatched(run, sender, receiver, row, ch, it, unmatched_sends, True),
+    )
+    kept_r = _drop(
+        r_rows,
+        r_ids,
+        missing,
+        lambda row: _maybe_unmatched(run, receiver, sender, row, ch, it, unmatched_recvs, False),
+    )
     seq_s = [i for _, i in kept_s]
     seq_r = [i for _, i in kept_r]
     if seq_s != seq_r:
@@ -125,7 +138,9 @@ def _ids(identity, rows: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(src[rows].tolist(), mb[rows].tolist()))
 
 
-def _drop(rows: np.ndarray, ids: list, surplus: Counter, report) -> list[tuple[int, tuple[int, int]]]:
+def _drop(
+    rows: np.ndarray, ids: list, surplus: Counter, report
+) -> list[tuple[int, tuple[int, int]]]:
     """Remove surplus meanings (the last occurrences) and report them; returns the rest."""
     surplus = Counter(surplus)
     kept = []
@@ -139,11 +154,15 @@ def _drop(rows: np.ndarray, ids: list, surplus: Counter, report) -> list[tuple[i
     return kept
 
 
-def _maybe_unmatched(run: Run, rank: int, peer: int, row: int, ch: int, it: int, into, send: bool) -> None:
+def _maybe_unmatched(
+    run: Run, rank: int, peer: int, row: int, ch: int, it: int, into, send: bool
+) -> None:
     """Record an op without counterpart if the counterpart can no longer come."""
     p = run.ranks[rank].p2p
     src, mb = message_identity(run.ranks[rank], run.catalog)
-    wanted = counterpart_text(int(p.op[row]), ch, int(src[row]), int(mb[row])) if src[row] >= 0 else None
+    wanted = (
+        counterpart_text(int(p.op[row]), ch, int(src[row]), int(mb[row])) if src[row] >= 0 else None
+    )
     reason = _why_never(run, peer, wanted, it)
     if reason is None:
         # The peer failed, hung or stopped before it could post the counterpart: a consequence,
@@ -162,19 +181,27 @@ def _why_never(run: Run, peer: int, wanted: str | None, it: int) -> str | None:
         return f"rank {peer}'s plan has no {wanted}"
     if wanted is not None:
         code = run.catalog.code(wanted)
-        done_rows = np.flatnonzero((other.steps.code == code) & (other.steps.it == it) & (other.steps.end != OPEN))
+        done_rows = np.flatnonzero(
+            (other.steps.code == code) & (other.steps.it == it) & (other.steps.end != OPEN)
+        )
         if code >= 0 and len(done_rows):
             return f"rank {peer} ran {wanted} without posting it (a custom step function that skips the message?)"
     if other.status.state == RankState.FINISHED:
         return f"rank {peer} finished without {wanted or 'a counterpart'}"
-    if len(other.iterations) and int(other.iterations.it.max()) > it and (other.iterations.end[other.iterations.it == it] != OPEN).all():
+    if (
+        len(other.iterations)
+        and int(other.iterations.it.max()) > it
+        and (other.iterations.end[other.iterations.it == it] != OPEN).all()
+    ):
         return f"rank {peer} moved on to later iterations without {wanted or 'a counterpart'}"
     return None
 
 
 def _ref(run: Run, rank: int, row: int, note: str | None = None) -> StepRef:
     p = run.ranks[rank].p2p
-    return StepRef(rank, run.catalog.texts[int(p.code[row])], int(p.it[row]), None, int(p.post[row]), note)
+    return StepRef(
+        rank, run.catalog.texts[int(p.code[row])], int(p.it[row]), None, int(p.post[row]), note
+    )
 
 
 def _unmatched(run: Run, key: tuple[int, int, int], items: list, send: bool) -> Finding:
@@ -187,16 +214,26 @@ def _unmatched(run: Run, key: tuple[int, int, int], items: list, send: bool) -> 
     dup = send and _count_meant(run, rank, peer, ch, it, mb, True) > 1
     cause = f"micro-batch {mb} was sent more than once" if dup else reason
     return Finding(
-        fk.UNMATCHED_SEND if send else fk.UNMATCHED_RECV, fk.ERROR,
+        fk.UNMATCHED_SEND if send else fk.UNMATCHED_RECV,
+        fk.ERROR,
         f"rank {rank} {what} {text} (channel {CHANNELS[ch] if ch in (0, 1) else ch}, iteration {it}) "
         f"{direction} rank {peer} with no counterpart{more}",
-        cause, ranks=[rank, peer], steps=[_ref(run, rank, r[0], r[4]) for r in items[:20]],
-        microbatches=[r[2] for r in items if r[2] >= 0], iterations=sorted({r[1] for r in items}),
+        cause,
+        ranks=[rank, peer],
+        steps=[_ref(run, rank, r[0], r[4]) for r in items[:20]],
+        microbatches=[r[2] for r in items if r[2] >= 0],
+        iterations=sorted({r[1] for r in items}),
         time_ns=(int(run.ranks[rank].p2p.post[row]), int(run.ranks[rank].p2p.post[items[-1][0]])),
-        details={"channel": CHANNELS[ch] if ch in (0, 1) else ch, "count": len(items),
-                 "counterpart": wanted, "ops": [{"row": r[0], "iteration": r[1], "microbatch": r[2],
-                                                  "reason": r[4]} for r in items[:50]]},
-    )  # fmt: skip
+        details={
+            "channel": CHANNELS[ch] if ch in (0, 1) else ch,
+            "count": len(items),
+            "counterpart": wanted,
+            "ops": [
+                {"row": r[0], "iteration": r[1], "microbatch": r[2], "reason": r[4]}
+                for r in items[:50]
+            ],
+        },
+    )
 
 
 def _count_meant(run: Run, rank: int, peer: int, ch: int, it: int, mb: int, send: bool) -> int:
@@ -213,27 +250,46 @@ def _mismatch(run: Run, key: tuple[int, int, int], pairs: list[tuple[int, int]])
     def desc(p, r: int) -> str:
         return f"{list(run.shapes[int(p.shape[r])])} {run.dtypes[int(p.dtype[r])]} ({int(p.nbytes[r])} bytes)"
 
-    diffs = [name for name, a, b in (("bytes", sp.nbytes[row], rp.nbytes[orow]), ("shape", sp.shape[row], rp.shape[orow]),
-                                     ("dtype", sp.dtype[row], rp.dtype[orow])) if a != b]  # fmt: skip
+    diffs = [
+        name
+        for name, a, b in (
+            ("bytes", sp.nbytes[row], rp.nbytes[orow]),
+            ("shape", sp.shape[row], rp.shape[orow]),
+            ("dtype", sp.dtype[row], rp.dtype[orow]),
+        )
+        if a != b
+    ]
     _, mbs = message_identity(run.ranks[sender], run.catalog)
     return Finding(
-        fk.MESSAGE_MISMATCH, fk.ERROR,
+        fk.MESSAGE_MISMATCH,
+        fk.ERROR,
         f"rank {sender} sent {run.catalog.texts[int(sp.code[row])]} as {desc(sp, row)} but rank {receiver} "
         f"expected {desc(rp, orow)} in {run.catalog.texts[int(rp.code[orow])]}"
         + (f" ({len(pairs)} messages on this channel)" if len(pairs) > 1 else ""),
         f"the {'/'.join(diffs)} of stage {int(message_identity(run.ranks[sender], run.catalog)[0][row])}'s "
         f"{'output' if ch == 0 else 'input gradient'} changed after the receiver learned it (or the two "
         "stages disagree on it)",
-        ranks=[sender, receiver], steps=[_ref(run, sender, row), _ref(run, receiver, orow)],
+        ranks=[sender, receiver],
+        steps=[_ref(run, sender, row), _ref(run, receiver, orow)],
         microbatches=sorted({int(mbs[r]) for r, _ in pairs if mbs[r] >= 0}),
         iterations=sorted({int(sp.it[r]) for r, _ in pairs}),
         time_ns=(int(sp.post[row]), int(max(rp.done[orow], sp.post[row]))),
-        details={"channel": CHANNELS[ch] if ch in (0, 1) else ch, "count": len(pairs), "differs": diffs,
-                 "send": {"shape": list(run.shapes[int(sp.shape[row])]), "dtype": run.dtypes[int(sp.dtype[row])],
-                          "bytes": int(sp.nbytes[row])},
-                 "recv": {"shape": list(run.shapes[int(rp.shape[orow])]), "dtype": run.dtypes[int(rp.dtype[orow])],
-                          "bytes": int(rp.nbytes[orow])}},
-    )  # fmt: skip
+        details={
+            "channel": CHANNELS[ch] if ch in (0, 1) else ch,
+            "count": len(pairs),
+            "differs": diffs,
+            "send": {
+                "shape": list(run.shapes[int(sp.shape[row])]),
+                "dtype": run.dtypes[int(sp.dtype[row])],
+                "bytes": int(sp.nbytes[row]),
+            },
+            "recv": {
+                "shape": list(run.shapes[int(rp.shape[orow])]),
+                "dtype": run.dtypes[int(rp.dtype[orow])],
+                "bytes": int(rp.nbytes[orow]),
+            },
+        },
+    )
 
 
 def _crossing(run: Run, key: tuple[int, int, int], items: list) -> Finding:
@@ -242,17 +298,34 @@ def _crossing(run: Run, key: tuple[int, int, int], items: list) -> Finding:
     sends = [run.catalog.texts[int(run.ranks[sender].p2p.code[a])] for a, _, _, _ in crossed]
     recvs = [run.catalog.texts[int(run.ranks[receiver].p2p.code[b])] for _, b, _, _ in crossed]
     mbs = sorted({m for _, _, ia, ib in crossed for m in (ia[1], ib[1])})
-    steps = [_ref(run, sender, a, f"posted as message {k}") for k, (a, _, _, _) in enumerate(crossed[:10])]
-    steps += [_ref(run, receiver, b, f"posted as message {k}") for k, (_, b, _, _) in enumerate(crossed[:10])]
+    steps = [
+        _ref(run, sender, a, f"posted as message {k}")
+        for k, (a, _, _, _) in enumerate(crossed[:10])
+    ]
+    steps += [
+        _ref(run, receiver, b, f"posted as message {k}")
+        for k, (_, b, _, _) in enumerate(crossed[:10])
+    ]
     return Finding(
-        fk.ORDER_CROSSING, fk.ERROR,
+        fk.ORDER_CROSSING,
+        fk.ERROR,
         f"channel {CHANNELS[ch] if ch in (0, 1) else ch} rank {sender} -> rank {receiver}, iteration {it}: "
         f"sends in order {', '.join(sends[:6])} but receives in order {', '.join(recvs[:6])}"
         + (f" ({len(items)} iterations affected)" if len(items) > 1 else ""),
         "the sender's and receiver's plans order these messages differently; with order-matched "
         "P2P (NCCL, untagged gloo) the receiver gets the wrong micro-batch even when shapes agree",
-        ranks=[sender, receiver], steps=steps, microbatches=mbs, iterations=sorted(i for i, _ in items),
-        time_ns=(int(run.ranks[sender].p2p.post[crossed[0][0]]), int(run.ranks[receiver].p2p.post[crossed[-1][1]])),
-        details={"channel": CHANNELS[ch] if ch in (0, 1) else ch, "send_order": sends, "recv_order": recvs,
-                 "iterations": len(items)},
-    )  # fmt: skip
+        ranks=[sender, receiver],
+        steps=steps,
+        microbatches=mbs,
+        iterations=sorted(i for i, _ in items),
+        time_ns=(
+            int(run.ranks[sender].p2p.post[crossed[0][0]]),
+            int(run.ranks[receiver].p2p.post[crossed[-1][1]]),
+        ),
+        details={
+            "channel": CHANNELS[ch] if ch in (0, 1) else ch,
+            "send_order": sends,
+            "recv_order": recvs,
+            "iterations": len(items),
+        },
+    )

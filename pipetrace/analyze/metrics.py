@@ -18,18 +18,33 @@ Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from pipetrace.analyze.derive import containing_rows, counterpart_values, run_bounds, run_starts, top_level
+from pipetrace.analyze.derive import (
+    containing_rows,
+    counterpart_values,
+    run_bounds,
+    run_starts,
+    top_level,
+)
 from pipetrace.analyze.model import (
-    IS_COMM, IS_COMPUTE, IS_COMPUTE_OR_COMPOSITE, KIND_CODE, KINDS, MAIN_THREAD, OPEN, RankTimeline, Run,
-    StepCatalog, StepTable,
-)  # fmt: skip
+    IS_COMM,
+    IS_COMPUTE,
+    IS_COMPUTE_OR_COMPOSITE,
+    KIND_CODE,
+    KINDS,
+    MAIN_THREAD,
+    OPEN,
+    RankTimeline,
+    Run,
+    StepCatalog,
+    StepTable,
+)
 from pipetrace.schedule.ir import StepKind
-
 
 OVERLAPPED = "~overlap"
 """Suffix of a `Metrics.stage_costs` kind for sub-steps run inside an OVERLAP_F_B composite:
@@ -70,7 +85,9 @@ class Metrics:
         """Mean cost per (stage, kind) of standalone steps; a kind a stage only runs inside
         composites (OVERLAP_F_B) takes its overlapped cost."""
         keys = [key for key, v in self.stage_costs.items() if len(v)]
-        means = reduce_groups([self.stage_costs[key] for key in keys], lambda rows: rows.mean(axis=1)).tolist()
+        means = reduce_groups(
+            [self.stage_costs[key] for key in keys], lambda rows: rows.mean(axis=1)
+        ).tolist()
         out = {key: m for key, m in zip(keys, means) if not key[1].endswith(OVERLAPPED)}
         for (stage, kind), m in zip(keys, means):
             if kind.endswith(OVERLAPPED):
@@ -78,7 +95,9 @@ class Metrics:
         return out
 
 
-def reduce_groups(groups: list[np.ndarray], reduce: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+def reduce_groups(
+    groups: list[np.ndarray], reduce: Callable[[np.ndarray], np.ndarray]
+) -> np.ndarray:
     """``reduce`` applied to every (non-empty) group, one call per distinct group size.
 
     ``reduce`` gets the groups of one size as the rows of a 2-D array and returns one result
@@ -89,7 +108,9 @@ def reduce_groups(groups: list[np.ndarray], reduce: Callable[[np.ndarray], np.nd
     sizes = np.fromiter(map(len, groups), np.int64, len(groups))
     order = np.argsort(sizes, kind="stable")
     cuts = np.flatnonzero(np.diff(sizes[order])) + 1
-    parts = [reduce(np.stack([groups[i] for i in same])) for same in np.split(order, cuts) if len(same)]
+    parts = [
+        reduce(np.stack([groups[i] for i in same])) for same in np.split(order, cuts) if len(same)
+    ]
     if not parts:
         return np.empty(0)
     out = np.empty((len(groups), *parts[0].shape[1:]), parts[0].dtype)
@@ -99,7 +120,9 @@ def reduce_groups(groups: list[np.ndarray], reduce: Callable[[np.ndarray], np.nd
 
 def compute_metrics(run: Run) -> Metrics:
     its = run.iterations()
-    it_values = np.array(its, np.int64)  # searched once per table: not converted from the list each time
+    it_values = np.array(
+        its, np.int64
+    )  # searched once per table: not converted from the list each time
     n = len(its)
     start = np.full(n, np.iinfo(np.int64).max, np.int64)
     end = np.full(n, -1, np.int64)
@@ -162,8 +185,11 @@ def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.nda
         in_own = ok & (poster >= 0) & ((end[ps] >= done) | (end[ps] == OPEN)) & (done >= begin[ps])
         # plain mode: the op completes inside its own SEND/RECV step
         own = in_own & is_comm[ps] & (partner >= 0)
-        blocking = np.bincount(op_it[own], weights=np.maximum(done[own] - np.maximum(p2p.post[own], partner[own]), 0),
-                               minlength=n)  # fmt: skip
+        blocking = np.bincount(
+            op_it[own],
+            weights=np.maximum(done[own] - np.maximum(p2p.post[own], partner[own]), 0),
+            minlength=n,
+        )
         # overlap mode: ops completing outside their own step (none in plain mode)
         detached = ok & ~in_own
         overlap = bool(detached.any())
@@ -173,7 +199,9 @@ def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.nda
             late = detached & (consumer >= 0)
             rows = consumer[late]
             wait_from = np.maximum(steps.begin[rows], p2p.post[late])
-            inside = (done[late] >= steps.begin[rows]) & ((steps.end[rows] == OPEN) | (done[late] <= steps.end[rows]))
+            inside = (done[late] >= steps.begin[rows]) & (
+                (steps.end[rows] == OPEN) | (done[late] <= steps.end[rows])
+            )
             w = np.where(inside, np.maximum(done[late] - wait_from, 0), 0)
             np.add.at(waited, rows, w)
             on_main = steps.thread[rows] == MAIN_THREAD
@@ -187,22 +215,37 @@ def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.nda
             drain_from = np.maximum(last_end[op_it], p2p.post)
             drain = np.where(drained, np.maximum(done - drain_from, 0), 0)
             wait += _max_per_bin(op_it, drain, n)
-            drain_exposed = np.where(drained, np.maximum(done - np.maximum(drain_from, partner), 0), 0)
+            drain_exposed = np.where(
+                drained, np.maximum(done - np.maximum(drain_from, partner), 0), 0
+            )
             # one pass, recvs then drains: each bin adds in that order, as np.add.at twice would
-            exposed = np.bincount(np.concatenate((op_it[late], op_it)), minlength=n,
-                                  weights=np.concatenate((late_exposed, drain_exposed)))  # fmt: skip
+            exposed = np.bincount(
+                np.concatenate((op_it[late], op_it)),
+                minlength=n,
+                weights=np.concatenate((late_exposed, drain_exposed)),
+            )
     present = np.zeros(n, bool)
     present[np.searchsorted(its, rank.iterations.it)] = True
     nan = np.where(present, 0.0, np.nan)
     standalone = np.zeros(len(steps), bool)
     standalone[top] = True
-    costs = _stage_costs(catalog, steps, leaf_kind, np.maximum((steps.end - steps.begin).astype(np.int64) - waited, 0),
-                         standalone)  # fmt: skip
+    costs = _stage_costs(
+        catalog,
+        steps,
+        leaf_kind,
+        np.maximum((steps.end - steps.begin).astype(np.int64) - waited, 0),
+        standalone,
+    )
     return RankIterations(busy + nan, wait + nan, exposed + nan, blocking + nan), costs, overlap
 
 
-def _stage_costs(catalog: StepCatalog, steps: StepTable, leaf_kind: np.ndarray, leaf_dur: np.ndarray,
-                 standalone: np.ndarray) -> dict[tuple[int, str], np.ndarray]:  # fmt: skip
+def _stage_costs(
+    catalog: StepCatalog,
+    steps: StepTable,
+    leaf_kind: np.ndarray,
+    leaf_dur: np.ndarray,
+    standalone: np.ndarray,
+) -> dict[tuple[int, str], np.ndarray]:
     """Per-stage costs from the leaf compute rows (any thread), without their input waits:
     (stage, kind) for standalone steps, (stage, kind + OVERLAPPED) for composites' parts."""
     leaf_stage = catalog.stage[steps.code]
@@ -210,13 +253,19 @@ def _stage_costs(catalog: StepCatalog, steps: StepTable, leaf_kind: np.ndarray, 
     if not len(rows):
         return {}
     # one sort key per row: stage, kind (4 bits), inside a composite (1 bit)
-    key = (leaf_stage[rows].astype(np.int64) << 5) | (leaf_kind[rows].astype(np.int64) << 1) | ~standalone[rows]
+    key = (
+        (leaf_stage[rows].astype(np.int64) << 5)
+        | (leaf_kind[rows].astype(np.int64) << 1)
+        | ~standalone[rows]
+    )
     order = np.argsort(key, kind="stable")  # stable: a group keeps the rows' order
     key, values = key[order], leaf_dur[rows[order]]
     first = run_starts(key)
     bounds = run_bounds(first, len(key))
-    return {(k >> 5, KINDS[(k >> 1) & 15].value + (OVERLAPPED if k & 1 else "")): values[lo:hi]
-            for k, lo, hi in zip(key[first].tolist(), bounds, bounds[1:])}
+    return {
+        (k >> 5, KINDS[(k >> 1) & 15].value + (OVERLAPPED if k & 1 else "")): values[lo:hi]
+        for k, lo, hi in zip(key[first].tolist(), bounds, bounds[1:])
+    }
 
 
 def _max_per_bin(index: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
@@ -258,12 +307,19 @@ def _consumers(run: Run, rank: RankTimeline, kinds: np.ndarray) -> np.ndarray:
     return out
 
 
-def _consumer_key(it: np.ndarray, stage: np.ndarray, mb: np.ndarray, backward: np.ndarray) -> np.ndarray:
+def _consumer_key(
+    it: np.ndarray, stage: np.ndarray, mb: np.ndarray, backward: np.ndarray
+) -> np.ndarray:
     """(iteration, stage, micro-batch, forward or backward) as one int64."""
     return ((it.astype(np.int64) * 65536 + stage) * 1048576 + mb) * 2 + backward
 
 
-def ideal_timeline(run: Run, costs: dict[tuple[int, str], float], *, override: dict[tuple[int, str], float] | None = None) -> dict[str, Any]:
+def ideal_timeline(
+    run: Run,
+    costs: dict[tuple[int, str], float],
+    *,
+    override: dict[tuple[int, str], float] | None = None,
+) -> dict[str, Any]:
     """The simulator's timeline for this run's plan with these per-stage costs (ns)."""
     if run.plan is None or not costs:
         return {"available": False, "reason": "no plan" if run.plan is None else "no measured step"}
@@ -279,9 +335,14 @@ def ideal_timeline(run: Run, costs: dict[tuple[int, str], float], *, override: d
         values = [c for (s, k), c in per_stage.items() if k == kind]
         by_kind[kind] = float(np.mean(values)) if values else 0.0
     try:
-        result = simulate(run.plan, Costs(F=by_kind["F"], B=by_kind["B"], I=by_kind["I"], W=by_kind["W"],
-                                          per_stage=per_stage), semantics="eager")  # fmt: skip
-    except Exception as exc:  # noqa: BLE001 - a plan the simulator cannot run is reported, not fatal
+        result = simulate(
+            run.plan,
+            Costs(
+                F=by_kind["F"], B=by_kind["B"], I=by_kind["I"], W=by_kind["W"], per_stage=per_stage
+            ),
+            semantics="eager",
+        )
+    except Exception as exc:
         return {"available": False, "reason": f"simulation failed: {exc}"}
     return {
         "available": True,

@@ -52,9 +52,16 @@ IS_COMM = kind_table({StepKind.SEND_F, StepKind.SEND_B, StepKind.RECV_F, StepKin
 SEND_CODES = np.array([KIND_CODE[StepKind.SEND_F], KIND_CODE[StepKind.SEND_B]], dtype=np.int8)
 RECV_CODES = np.array([KIND_CODE[StepKind.RECV_F], KIND_CODE[StepKind.RECV_B]], dtype=np.int8)
 
-_SIMPLE_KINDS = frozenset(COMPUTE_KINDS) | {StepKind.SEND_F, StepKind.SEND_B, StepKind.RECV_F, StepKind.RECV_B}
+_SIMPLE_KINDS = frozenset(COMPUTE_KINDS) | {
+    StepKind.SEND_F,
+    StepKind.SEND_B,
+    StepKind.RECV_F,
+    StepKind.RECV_B,
+}
 _KIND_TEXT_CODE = {k.value: KIND_CODE[k] for k in _SIMPLE_KINDS}
-_SIMPLE = re.compile(r"(\d+)(" + "|".join(sorted(_KIND_TEXT_CODE, key=len, reverse=True)) + r")(\d+)")
+_SIMPLE = re.compile(
+    r"(\d+)(" + "|".join(sorted(_KIND_TEXT_CODE, key=len, reverse=True)) + r")(\d+)"
+)
 
 OP_SEND, OP_RECV = 0, 1
 OPS = ("send", "recv")
@@ -70,7 +77,9 @@ class RankState:
     SIGNALED = "signaled"  # a terminating signal was recorded
     ABORTED = "aborted"  # the watchdog ended it after a stall
     STALLED = "stalled"  # a stall was recorded and nothing after it (still hung, or killed)
-    ENDED = "ended"  # the log just stops: no run_end and no failure event (killed, or still running)
+    ENDED = (
+        "ended"  # the log just stops: no run_end and no failure event (killed, or still running)
+    )
     MISSING = "missing"  # no usable log
 
 
@@ -86,8 +95,13 @@ class StepCatalog:
     _steps: list[Step | None] | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, texts: list[str], parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-              codes: dict[str, int] | None = None, steps: list[Step | None] | None = None) -> StepCatalog:  # fmt: skip
+    def build(
+        cls,
+        texts: list[str],
+        parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        codes: dict[str, int] | None = None,
+        steps: list[Step | None] | None = None,
+    ) -> StepCatalog:
         """``parts``: (kind, stage, microbatch) already parsed (e.g. by the loader's workers),
         with kind -2 for a text still to parse; ``codes``: text -> index, when already made;
         ``steps``: the Steps of the first texts, when already made."""
@@ -99,8 +113,14 @@ class StepCatalog:
             if len(todo):
                 k, s, m = parse_texts([texts[i] for i in todo])
                 kind[todo], stage[todo], mb[todo] = k, s, m
-        return cls(list(texts), kind.astype(np.int8), stage.astype(np.int32), mb.astype(np.int32),
-                   dict(zip(texts, range(len(texts)))) if codes is None else codes, steps)  # fmt: skip
+        return cls(
+            list(texts),
+            kind.astype(np.int8),
+            stage.astype(np.int32),
+            mb.astype(np.int32),
+            dict(zip(texts, range(len(texts)))) if codes is None else codes,
+            steps,
+        )
 
     def code(self, text: str) -> int:
         """The code of a step text, -1 when the run never recorded it."""
@@ -108,7 +128,9 @@ class StepCatalog:
 
     def codes(self, texts: list[str]) -> np.ndarray:
         """`code` of many texts at once (int32)."""
-        return np.fromiter(map(self._codes.get, texts, repeat(-1, len(texts))), np.int32, len(texts))
+        return np.fromiter(
+            map(self._codes.get, texts, repeat(-1, len(texts))), np.int32, len(texts)
+        )
 
     @property
     def steps(self) -> list[Step | None]:
@@ -121,7 +143,9 @@ class StepCatalog:
             self._steps = []
         if len(self._steps) < len(self.texts):
             n = len(self._steps)
-            self._steps += steps_of(self.texts[n:], self.kind[n:], self.stage[n:], self.microbatch[n:])
+            self._steps += steps_of(
+                self.texts[n:], self.kind[n:], self.stage[n:], self.microbatch[n:]
+            )
         return self._steps
 
     def step(self, code: int) -> Step | None:
@@ -133,12 +157,16 @@ class StepCatalog:
         return KINDS[k] if k >= 0 else None
 
 
-_SIMPLE_KIND_AT: tuple[StepKind | None, ...] = tuple(k if k in _SIMPLE_KINDS else None for k in KINDS) + (None,)
+_SIMPLE_KIND_AT: tuple[StepKind | None, ...] = tuple(
+    k if k in _SIMPLE_KINDS else None for k in KINDS
+) + (None,)
 """By kind code (-1, unparsable, reads the last entry): the kind when a text of it is just
 "{stage}{KIND}{mb}", so its Step is made from the parsed columns without parsing again."""
 
 
-def steps_of(texts: list[str], kind: np.ndarray, stage: np.ndarray, mb: np.ndarray) -> list[Step | None]:
+def steps_of(
+    texts: list[str], kind: np.ndarray, stage: np.ndarray, mb: np.ndarray
+) -> list[Step | None]:
     """One Step per text, from its parsed columns (composite and FSDP texts are parsed)."""
     steps: list[Step | None] = []
     append = steps.append
@@ -195,7 +223,9 @@ class StepTable:
 
     @classmethod
     def empty(cls) -> StepTable:
-        return cls(*(np.empty(0, dt) for dt in (np.int64, np.int64, np.int32, np.int32, np.int32, np.int8)))
+        return cls(
+            *(np.empty(0, dt) for dt in (np.int64, np.int64, np.int32, np.int32, np.int32, np.int8))
+        )
 
 
 @dataclass
@@ -221,8 +251,21 @@ class P2PTable:
 
     @classmethod
     def empty(cls) -> P2PTable:
-        types = (np.int64, np.int64, np.int32, np.int8, np.int32, np.int8, np.int64, np.int64,
-                 np.int32, np.int32, np.int32, np.int32, np.int64)  # fmt: skip
+        types = (
+            np.int64,
+            np.int64,
+            np.int32,
+            np.int8,
+            np.int32,
+            np.int8,
+            np.int64,
+            np.int64,
+            np.int32,
+            np.int32,
+            np.int32,
+            np.int32,
+            np.int64,
+        )
         return cls(*(np.empty(0, dt) for dt in types))
 
 

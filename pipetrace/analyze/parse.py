@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, field
-from pathlib import Path
 from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,16 @@ from pipetrace.recorder import format as fmt
 OPEN = -1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _LIFECYCLE = frozenset(
-    {fmt.RUN_START, fmt.CLOCK, fmt.STALL, fmt.DUMP, fmt.SIGNAL, fmt.EXCEPTION, fmt.ABORT, fmt.RUN_END}
+    {
+        fmt.RUN_START,
+        fmt.CLOCK,
+        fmt.STALL,
+        fmt.DUMP,
+        fmt.SIGNAL,
+        fmt.EXCEPTION,
+        fmt.ABORT,
+        fmt.RUN_END,
+    }
 )
 _OPS = {"send": 0, "recv": 1}
 _CHANNELS = {"F": 0, "B": 1}
@@ -46,7 +55,9 @@ class RawRank:
     dtypes: list[str] = field(default_factory=list)
     text_parts: tuple[np.ndarray, ...] = ()  # (kind, stage, microbatch) of each text
     steps: dict[str, np.ndarray] = field(default_factory=dict)  # begin end it pos code thread
-    p2p: dict[str, np.ndarray] = field(default_factory=dict)  # post done it op peer ch seq nbytes shape dtype code
+    p2p: dict[str, np.ndarray] = field(
+        default_factory=dict
+    )  # post done it op peer ch seq nbytes shape dtype code
     iterations: dict[int, list] = field(default_factory=dict)  # it -> [begin, end, loss]
     lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     run_start: dict[str, Any] | None = None
@@ -187,7 +198,7 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[_Interner, ...]):
         else:
             other_add(d)
     for d in other:
-        d["t"]  # noqa: B018 (a KeyError sends the chunk to the checked path)
+        d["t"]
     n_sb, n_pp, n_en = len(sb), len(pp), len(en)
 
     def ints(rows: list, key: str, count: int, dtype: Any = _I64) -> np.ndarray:
@@ -240,8 +251,14 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_In
             en["id"].append(d["id"])
             en["t"].append(d["t"])
         elif e == "step_begin":
-            for name, value in (("t", d["t"]), ("id", d["id"]), ("it", d["it"]), ("pos", d["pos"]),
-                                ("code", texts.get(d["step"])), ("thread", threads.get(d["th"]))):  # fmt: skip
+            for name, value in (
+                ("t", d["t"]),
+                ("id", d["id"]),
+                ("it", d["it"]),
+                ("pos", d["pos"]),
+                ("code", texts.get(d["step"])),
+                ("thread", threads.get(d["th"])),
+            ):
                 sb[name].append(value)
         elif e == "p2p_post":
             values = _p2p_values(d, interners)
@@ -249,8 +266,15 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_In
                 pp[name].append(value)
         else:
             other.append(d)
-    dtypes_of = {"code": np.int32, "thread": np.int32, "op": np.int8, "ch": np.int8, "shape": np.int32,
-                 "dtype": np.int32}  # fmt: skip
+    dtypes_of = {
+        "code": np.int32,
+        "thread": np.int32,
+        "op": np.int8,
+        "ch": np.int8,
+        "shape": np.int32,
+        "dtype": np.int32,
+    }
+
     def arrays(cols: dict[str, list]) -> dict[str, np.ndarray]:
         return {n: np.array(v, dtypes_of.get(n, _I64)) for n, v in cols.items()}
 
@@ -259,22 +283,42 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_In
 
 def _p2p_values(d: dict[str, Any], interners: tuple[_Interner, ...]) -> tuple:
     texts, _, shapes, dtypes = interners
-    return (d["t"], d["id"], d["it"], _OPS[d["op"]], d["peer"], _CHANNELS.get(d["ch"], -1),
-            d["seq"], d["bytes"], shapes.get(tuple(d["shape"])), dtypes.get(d["dtype"]),
-            texts.get(d["step"]))  # fmt: skip
+    return (
+        d["t"],
+        d["id"],
+        d["it"],
+        _OPS[d["op"]],
+        d["peer"],
+        _CHANNELS.get(d["ch"], -1),
+        d["seq"],
+        d["bytes"],
+        shapes.get(tuple(d["shape"])),
+        dtypes.get(d["dtype"]),
+        texts.get(d["step"]),
+    )
 
 
 _REQUIRED: dict[str, tuple[tuple[str, str], ...]] = {
     "step_begin": (("id", "int"), ("it", "int"), ("pos", "int"), ("step", "str"), ("th", "str")),
     "step_end": (("id", "int"),),
     "p2p_done": (("id", "int"),),
-    "p2p_post": (("id", "int"), ("it", "int"), ("op", "op"), ("step", "str"), ("peer", "int"),
-                 ("ch", "str"), ("seq", "int"), ("bytes", "int"), ("shape", "shape"), ("dtype", "str")),
+    "p2p_post": (
+        ("id", "int"),
+        ("it", "int"),
+        ("op", "op"),
+        ("step", "str"),
+        ("peer", "int"),
+        ("ch", "str"),
+        ("seq", "int"),
+        ("bytes", "int"),
+        ("shape", "shape"),
+        ("dtype", "str"),
+    ),
     "iter_begin": (("it", "int"),),
     "iter_end": (("it", "int"),),
     "clock": (("offset_ns", "int"),),
     "run_start": (("plan", "texts"),),
-}  # fmt: skip
+}
 
 
 def _valid(d: Any) -> bool:
@@ -309,7 +353,9 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
         row = raw.iterations.setdefault(d["it"], [OPEN, t, None])
         row[1] = t
         loss = d.get("loss")
-        row[2] = float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+        row[2] = (
+            float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
+        )
     elif e in _LIFECYCLE:
         fields = {k: v for k, v in d.items() if k not in ("e", "t")}
         if e == fmt.RUN_START and raw.run_start is None:
@@ -322,8 +368,18 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
 
 def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> None:
     sb = steps.result({n: np.int32 if n in ("code", "thread") else _I64 for n in _STEP_COLS})
-    pp = p2p.result({n: (np.int8 if n in ("op", "ch") else np.int32 if n in ("shape", "dtype", "code")
-                         else _I64) for n in _P2P_COLS})  # fmt: skip
+    pp = p2p.result(
+        {
+            n: (
+                np.int8
+                if n in ("op", "ch")
+                else np.int32
+                if n in ("shape", "dtype", "code")
+                else _I64
+            )
+            for n in _P2P_COLS
+        }
+    )
     en = ends.result({"id": _I64, "t": _I64})
     _add_listed_open(raw, sb, pp)
     raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
@@ -338,18 +394,35 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         idx_c = np.minimum(idx, len(end_ids) - 1)
         return np.where(end_ids[idx_c] == ids, end_t[idx_c], OPEN)
 
-    raw.steps = {"begin": sb["t"], "end": end_of(sb["id"]), "it": sb["it"].astype(np.int32),
-                 "pos": sb["pos"].astype(np.int32), "code": sb["code"],
-                 "thread": sb["thread"].astype(np.int8)}  # fmt: skip
-    raw.p2p = {"post": pp["t"], "done": end_of(pp["id"]), "it": pp["it"].astype(np.int32),
-               "op": pp["op"], "peer": pp["peer"].astype(np.int32), "ch": pp["ch"], "seq": pp["seq"],
-               "nbytes": pp["nbytes"], "shape": pp["shape"], "dtype": pp["dtype"], "code": pp["code"]}  # fmt: skip
+    raw.steps = {
+        "begin": sb["t"],
+        "end": end_of(sb["id"]),
+        "it": sb["it"].astype(np.int32),
+        "pos": sb["pos"].astype(np.int32),
+        "code": sb["code"],
+        "thread": sb["thread"].astype(np.int8),
+    }
+    raw.p2p = {
+        "post": pp["t"],
+        "done": end_of(pp["id"]),
+        "it": pp["it"].astype(np.int32),
+        "op": pp["op"],
+        "peer": pp["peer"].astype(np.int32),
+        "ch": pp["ch"],
+        "seq": pp["seq"],
+        "nbytes": pp["nbytes"],
+        "shape": pp["shape"],
+        "dtype": pp["dtype"],
+        "code": pp["code"],
+    }
 
 
 def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.ndarray]) -> None:
     """Steps and ops that the last stall/dump/signal/exception lists as open but whose begin
     is not in the log (lost with a damaged chunk): add them, begun at that event's time."""
-    listing = [ev for ev in raw.lifecycle if ev[0] in (fmt.STALL, fmt.DUMP, fmt.SIGNAL, fmt.EXCEPTION)]
+    listing = [
+        ev for ev in raw.lifecycle if ev[0] in (fmt.STALL, fmt.DUMP, fmt.SIGNAL, fmt.EXCEPTION)
+    ]
     if not listing:
         return
     _, t, fields = listing[-1]
@@ -360,10 +433,17 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
     threads.codes = {v: i for i, v in enumerate(raw.threads)}
     add_steps = []
     for item in fields.get("open_steps") or ():
-        if (isinstance(item, dict) and _is_int(item.get("id")) and item["id"] not in known_steps
-                and _is_int(item.get("pos")) and isinstance(item.get("step"), str)):  # fmt: skip
+        if (
+            isinstance(item, dict)
+            and _is_int(item.get("id"))
+            and item["id"] not in known_steps
+            and _is_int(item.get("pos"))
+            and isinstance(item.get("step"), str)
+        ):
             thread = item.get("thread") if isinstance(item.get("thread"), str) else "main"
-            add_steps.append((t, item["id"], -1, item["pos"], texts.get(item["step"]), threads.get(thread)))
+            add_steps.append(
+                (t, item["id"], -1, item["pos"], texts.get(item["step"]), threads.get(thread))
+            )
     if add_steps:
         for name, values in zip(_STEP_COLS, zip(*add_steps)):
             sb[name] = np.concatenate([sb[name], np.array(values, sb[name].dtype)])
@@ -374,7 +454,12 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
     dtypes.codes = {v: i for i, v in enumerate(raw.dtypes)}
     add_ops = []
     for item in fields.get("inflight") or ():
-        if isinstance(item, dict) and item.get("e") == fmt.P2P_POST and _valid(item) and item["id"] not in known_ops:
+        if (
+            isinstance(item, dict)
+            and item.get("e") == fmt.P2P_POST
+            and _valid(item)
+            and item["id"] not in known_ops
+        ):
             add_ops.append(_p2p_values(item, (texts, threads, shapes, dtypes)))
     if add_ops:
         for name, values in zip(_P2P_COLS, zip(*add_ops)):

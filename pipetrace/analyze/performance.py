@@ -33,9 +33,15 @@ MAX_SIMULATED = 8
 def find_stragglers(run: Run, metrics: Metrics) -> list[Finding]:
     costs = metrics.mean_costs()
     by_kind: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
-    keys = [key for key, values in metrics.stage_costs.items() if len(values) >= 4 and not key[1].endswith(OVERLAPPED)]
-    quartiles = reduce_groups([metrics.stage_costs[key] for key in keys], lambda rows: np.column_stack(
-        (np.median(rows, axis=1), np.percentile(rows, 25, axis=1))))
+    keys = [
+        key
+        for key, values in metrics.stage_costs.items()
+        if len(values) >= 4 and not key[1].endswith(OVERLAPPED)
+    ]
+    quartiles = reduce_groups(
+        [metrics.stage_costs[key] for key in keys],
+        lambda rows: np.column_stack((np.median(rows, axis=1), np.percentile(rows, 25, axis=1))),
+    )
     for (stage, kind), (median, low) in zip(keys, quartiles.tolist()):
         by_kind[kind][stage] = (median, low)
     slow: dict[int, dict[str, tuple[float, float]]] = defaultdict(dict)
@@ -58,28 +64,55 @@ def find_stragglers(run: Run, metrics: Metrics) -> list[Finding]:
     placement = run.plan.placement if run.plan is not None else ()
     # The effect is simulated for the slowest stages only: each simulation costs a run of the
     # whole plan, and beyond a handful the list is the story, not each stage's share.
-    simulated = set(sorted(slow, key=lambda st: -max(c / m for c, m in slow[st].values()))[:MAX_SIMULATED])
+    simulated = set(
+        sorted(slow, key=lambda st: -max(c / m for c, m in slow[st].values()))[:MAX_SIMULATED]
+    )
     for stage, kinds in sorted(slow.items()):
         override = {(stage, k): med for k, (_, med) in kinds.items()}
         fixed = ideal_timeline(run, costs, override=override) if stage in simulated else {}
-        effect = (base - fixed["makespan_ns"]) if base is not None and fixed.get("available") else None
+        effect = (
+            (base - fixed["makespan_ns"]) if base is not None and fixed.get("available") else None
+        )
         rank = placement[stage] if stage < len(placement) else None
         worst_kind, (cost, median) = max(kinds.items(), key=lambda kv: kv[1][0] / kv[1][1])
         share = effect / base if effect is not None and base else None
         severity = fk.WARNING if share is not None and share >= STRAGGLER_MIN_EFFECT else fk.INFO
-        what = ", ".join(f"{k} {c / 1e6:.3g} ms vs {m / 1e6:.3g} ms median ({c / m:.1f}x)" for k, (c, m) in sorted(kinds.items()))
-        effect_text = (f"; at its peers' speed the ideal iteration would be {effect / 1e6:.3g} ms "
-                       f"({share:.0%}) shorter" if effect is not None and share is not None else "")  # fmt: skip
-        out.append(Finding(
-            fk.STRAGGLER, severity,
-            f"stage {stage}" + (f" (rank {rank})" if rank is not None else "") + f" is slow: {what}{effect_text}",
-            f"rank {rank} computes stage {stage} slower than its peers (a heavier layer split, a slower or "
-            "busier host, CPU contention)" if rank is not None else "one stage is slower than its peers",
-            ranks=[rank] if rank is not None else [],
-            details={"stage": stage, "rank": rank, "kinds": {k: {"mean_ns": c, "median_ns": m, "factor": c / m}
-                                                             for k, (c, m) in kinds.items()},
-                     "worst_kind": worst_kind, "effect_ns": effect, "effect_fraction": share,
-                     "iteration_ns": iteration}))  # fmt: skip
+        what = ", ".join(
+            f"{k} {c / 1e6:.3g} ms vs {m / 1e6:.3g} ms median ({c / m:.1f}x)"
+            for k, (c, m) in sorted(kinds.items())
+        )
+        effect_text = (
+            f"; at its peers' speed the ideal iteration would be {effect / 1e6:.3g} ms "
+            f"({share:.0%}) shorter"
+            if effect is not None and share is not None
+            else ""
+        )
+        out.append(
+            Finding(
+                fk.STRAGGLER,
+                severity,
+                f"stage {stage}"
+                + (f" (rank {rank})" if rank is not None else "")
+                + f" is slow: {what}{effect_text}",
+                f"rank {rank} computes stage {stage} slower than its peers (a heavier layer split, a slower or "
+                "busier host, CPU contention)"
+                if rank is not None
+                else "one stage is slower than its peers",
+                ranks=[rank] if rank is not None else [],
+                details={
+                    "stage": stage,
+                    "rank": rank,
+                    "kinds": {
+                        k: {"mean_ns": c, "median_ns": m, "factor": c / m}
+                        for k, (c, m) in kinds.items()
+                    },
+                    "worst_kind": worst_kind,
+                    "effect_ns": effect,
+                    "effect_fraction": share,
+                    "iteration_ns": iteration,
+                },
+            )
+        )
     return out
 
 
@@ -127,15 +160,26 @@ def find_exposed_comm(run: Run, metrics: Metrics) -> list[Finding]:
     severity = fk.WARNING if metrics.overlap_mode and fraction >= EXPOSED_MIN_FRACTION else fk.INFO
     listed = ", ".join(f"rank {r} {e / 1e6:.3g} ms ({e / iteration:.0%})" for e, r in per_rank[:6])
     more = f" and {len(per_rank) - 6} more ranks" if len(per_rank) > 6 else ""
-    return [Finding(
-        fk.EXPOSED_COMM, severity,
-        f"P2P transfers still running after the peer had posted its side ({label} mode), per iteration: "
-        f"{listed}{more}",
-        ("the transfers take longer than the compute meant to hide them (large activations, slow link, "
-         "or CPU contention on the transport)") if metrics.overlap_mode else
-        "plain P2P mode waits for every transfer; --overlap-p2p posts recvs early to hide them",
-        ranks=[r for _, r in per_rank],
-        details={"overlap_mode": metrics.overlap_mode, "iteration_ns": iteration,
-                 "ranks": [{"rank": r, "exposed_ns_per_iteration": e, "fraction": e / iteration}
-                           for e, r in per_rank]},
-    )]  # fmt: skip
+    return [
+        Finding(
+            fk.EXPOSED_COMM,
+            severity,
+            f"P2P transfers still running after the peer had posted its side ({label} mode), per iteration: "
+            f"{listed}{more}",
+            (
+                "the transfers take longer than the compute meant to hide them (large activations, slow link, "
+                "or CPU contention on the transport)"
+            )
+            if metrics.overlap_mode
+            else "plain P2P mode waits for every transfer; --overlap-p2p posts recvs early to hide them",
+            ranks=[r for _, r in per_rank],
+            details={
+                "overlap_mode": metrics.overlap_mode,
+                "iteration_ns": iteration,
+                "ranks": [
+                    {"rank": r, "exposed_ns_per_iteration": e, "fraction": e / iteration}
+                    for e, r in per_rank
+                ],
+            },
+        )
+    ]

@@ -33,8 +33,9 @@ DEFAULT_COSTS_NS = {"F": 1_000_000, "B": 2_000_000, "I": 1_000_000, "W": 1_000_0
 _T0 = 1_700_000_000_000_000_000
 
 
-def _durations(plan: Plan, costs: dict[str, int], slow: dict[int, float], jitter: float,
-               rng: random.Random) -> list[list[float]]:  # fmt: skip
+def _durations(
+    plan: Plan, costs: dict[str, int], slow: dict[int, float], jitter: float, rng: random.Random
+) -> list[list[float]]:
     out = []
     for row in plan.ranks:
         durations = []
@@ -76,20 +77,40 @@ def write_synthetic_run(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    plan = build_plan(schedule, num_ranks=num_ranks, num_microbatches=num_microbatches,
-                      stages_per_rank=stages_per_rank, comms=True)  # fmt: skip
+    plan = build_plan(
+        schedule,
+        num_ranks=num_ranks,
+        num_microbatches=num_microbatches,
+        stages_per_rank=stages_per_rank,
+        comms=True,
+    )
     rng = random.Random(seed)
     costs = dict(DEFAULT_COSTS_NS if costs_ns is None else costs_ns)
     program = compile_plan(plan)
     timelines = []
     for _ in range(iterations if jitter else 1):
-        outcome = execute(program, "eager", _durations(plan, costs, slow_stages or {}, jitter, rng),
-                          transfer=float(transfer_ns))  # fmt: skip
+        outcome = execute(
+            program,
+            "eager",
+            _durations(plan, costs, slow_stages or {}, jitter, rng),
+            transfer=float(transfer_ns),
+        )
         timelines.append((outcome.start, outcome.end))
-    config = {"schedule": schedule, "num_microbatches": num_microbatches, "synthetic": True,
-              "p2p": "plain", "seed": seed}  # fmt: skip
-    write_meta(run_dir, plan=plan, world_size=num_ranks, config=config, framework="synthetic",
-               framework_version="0")  # fmt: skip
+    config = {
+        "schedule": schedule,
+        "num_microbatches": num_microbatches,
+        "synthetic": True,
+        "p2p": "plain",
+        "seed": seed,
+    }
+    write_meta(
+        run_dir,
+        plan=plan,
+        world_size=num_ranks,
+        config=config,
+        framework="synthetic",
+        framework_version="0",
+    )
     meta_path = run_dir / fmt.META_FILE
     meta = orjson.loads(meta_path.read_bytes())
     meta["created"] = _T0
@@ -97,9 +118,23 @@ def write_synthetic_run(
     offsets = clock_offsets_ns or [0] * num_ranks
     errors = clock_errors_ns or [0] * num_ranks
     period = max(max((e[-1] if e else 0.0) for e in ends) for _, ends in timelines) + 200_000
-    jobs = [(str(run_dir), r, [format_step(x) for x in plan.steps(r)], plan.placement, plan.stages_of(r),
-             [(starts[r], ends[r]) for starts, ends in timelines], period, iterations, config, offsets[r],
-             errors[r], num_ranks) for r in range(num_ranks)]  # fmt: skip
+    jobs = [
+        (
+            str(run_dir),
+            r,
+            [format_step(x) for x in plan.steps(r)],
+            plan.placement,
+            plan.stages_of(r),
+            [(starts[r], ends[r]) for starts, ends in timelines],
+            period,
+            iterations,
+            config,
+            offsets[r],
+            errors[r],
+            num_ranks,
+        )
+        for r in range(num_ranks)
+    ]
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
             list(pool.map(_write_rank, jobs, chunksize=max(1, len(jobs) // (4 * workers))))
@@ -110,24 +145,61 @@ def write_synthetic_run(
 
 
 def _write_rank(job: tuple) -> None:
-    run_dir, rank, texts, placement, stages, timelines, period, iterations, config, offset, error, world = job
+    (
+        run_dir,
+        rank,
+        texts,
+        placement,
+        stages,
+        timelines,
+        period,
+        iterations,
+        config,
+        offset,
+        error,
+        world,
+    ) = job
     steps: list[Step] = [parse_step(t) for t in texts]  # type: ignore[misc]
     dumps = orjson.dumps
     nl = orjson.OPT_APPEND_NEWLINE
-    header = {"format": fmt.LOG_FORMAT, "schema_version": fmt.SCHEMA_VERSION, "rank": rank,
-              "world_size": world, "pid": 1000 + rank, "host": socket.gethostname(),
-              "pipetrace_version": __version__, "framework": "synthetic", "framework_version": "0",
-              "record_mode": "steps", "t0": _T0 + offset}  # fmt: skip
+    header = {
+        "format": fmt.LOG_FORMAT,
+        "schema_version": fmt.SCHEMA_VERSION,
+        "rank": rank,
+        "world_size": world,
+        "pid": 1000 + rank,
+        "host": socket.gethostname(),
+        "pipetrace_version": __version__,
+        "framework": "synthetic",
+        "framework_version": "0",
+        "record_mode": "steps",
+        "t0": _T0 + offset,
+    }
     out = bytearray(dumps(header, option=nl))
     t_base = _T0 + offset
     ids = 0
-    out += dumps({"e": fmt.RUN_START, "t": t_base, "config": config, "plan": texts,
-                  "stages": stages}, option=nl)  # fmt: skip
+    out += dumps(
+        {"e": fmt.RUN_START, "t": t_base, "config": config, "plan": texts, "stages": stages},
+        option=nl,
+    )
     if world > 1:
-        out += dumps({"e": fmt.CLOCK, "t": t_base + 1000, "phase": "start", "offset_ns": offset + error,
-                      "uncertainty_ns": 5_000, "reference_rank": 0}, option=nl)  # fmt: skip
-    comm = {StepKind.SEND_F: ("send", "F", 1), StepKind.SEND_B: ("send", "B", -1),
-            StepKind.RECV_F: ("recv", "F", -1), StepKind.RECV_B: ("recv", "B", 1)}  # fmt: skip
+        out += dumps(
+            {
+                "e": fmt.CLOCK,
+                "t": t_base + 1000,
+                "phase": "start",
+                "offset_ns": offset + error,
+                "uncertainty_ns": 5_000,
+                "reference_rank": 0,
+            },
+            option=nl,
+        )
+    comm = {
+        StepKind.SEND_F: ("send", "F", 1),
+        StepKind.SEND_B: ("send", "B", -1),
+        StepKind.RECV_F: ("recv", "F", -1),
+        StepKind.RECV_B: ("recv", "B", 1),
+    }
     origin = 100_000
     with open(Path(run_dir) / fmt.rank_log_name(rank), "wb") as handle:
         for it in range(iterations):
@@ -141,8 +213,18 @@ def _write_rank(job: tuple) -> None:
                 end = base + 10 + int(ends[pos])
                 sid = ids
                 ids += 1
-                out += dumps({"e": "step_begin", "t": start, "id": sid, "it": it, "pos": pos,
-                              "step": texts[pos], "th": "main"}, option=nl)  # fmt: skip
+                out += dumps(
+                    {
+                        "e": "step_begin",
+                        "t": start,
+                        "id": sid,
+                        "it": it,
+                        "pos": pos,
+                        "step": texts[pos],
+                        "th": "main",
+                    },
+                    option=nl,
+                )
                 info = comm.get(step.kind)
                 if info is not None:
                     op, ch, direction = info
@@ -152,9 +234,23 @@ def _write_rank(job: tuple) -> None:
                     seqs[key] = seq + 1
                     pid = ids
                     ids += 1
-                    out += dumps({"e": "p2p_post", "t": start, "id": pid, "it": it, "op": op,
-                                  "step": texts[pos], "peer": peer, "ch": ch, "seq": seq,
-                                  "bytes": 4096, "shape": [32, 32], "dtype": "float32"}, option=nl)  # fmt: skip
+                    out += dumps(
+                        {
+                            "e": "p2p_post",
+                            "t": start,
+                            "id": pid,
+                            "it": it,
+                            "op": op,
+                            "step": texts[pos],
+                            "peer": peer,
+                            "ch": ch,
+                            "seq": seq,
+                            "bytes": 4096,
+                            "shape": [32, 32],
+                            "dtype": "float32",
+                        },
+                        option=nl,
+                    )
                     out += dumps({"e": "p2p_done", "t": end, "id": pid}, option=nl)
                 out += dumps({"e": "step_end", "t": end, "id": sid}, option=nl)
                 last = end
@@ -165,8 +261,17 @@ def _write_rank(job: tuple) -> None:
             out += dumps({"e": fmt.ITER_END, "t": last + 20, "it": it, "loss": loss}, option=nl)
         end_t = last + 1000
         if world > 1:
-            out += dumps({"e": fmt.CLOCK, "t": end_t, "phase": "end", "offset_ns": offset + error,
-                          "uncertainty_ns": 5_000, "reference_rank": 0}, option=nl)  # fmt: skip
+            out += dumps(
+                {
+                    "e": fmt.CLOCK,
+                    "t": end_t,
+                    "phase": "end",
+                    "offset_ns": offset + error,
+                    "uncertainty_ns": 5_000,
+                    "reference_rank": 0,
+                },
+                option=nl,
+            )
         out += dumps({"e": fmt.RUN_END, "t": end_t + 10}, option=nl)
         handle.write(out)
 
@@ -182,9 +287,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    write_synthetic_run(args.out, schedule=args.schedule, num_ranks=args.ranks,
-                        num_microbatches=args.microbatches, stages_per_rank=args.stages_per_rank,
-                        iterations=args.iterations, workers=args.workers)  # fmt: skip
+    write_synthetic_run(
+        args.out,
+        schedule=args.schedule,
+        num_ranks=args.ranks,
+        num_microbatches=args.microbatches,
+        stages_per_rank=args.stages_per_rank,
+        iterations=args.iterations,
+        workers=args.workers,
+    )
     print(f"wrote {args.out} in {time.perf_counter() - start:.1f} s")
 
 

@@ -14,11 +14,23 @@ from pipetrace.schedule.ir import ScheduleError
 
 # verb -> (module, attribute, one-line help shown by `pipetrace --help`)
 _COMMANDS: dict[str, tuple[str, str, str]] = {
-    "schedule": ("pipetrace.cli.schedule", "schedule", "Show, verify and simulate pipeline schedules."),
+    "schedule": (
+        "pipetrace.cli.schedule",
+        "schedule",
+        "Show, verify and simulate pipeline schedules.",
+    ),
     "tui": ("pipetrace.cli.tui", "tui", "Inspect a recorded run interactively."),
     "run": ("pipetrace.cli.run", "run", "Train on local ranks with a pipeline schedule."),
-    "analyze": ("pipetrace.cli.analyze", "analyze", "Diagnose a recorded run: findings, then metrics."),
-    "diff": ("pipetrace.cli.diff", "diff", "Compare two recorded runs: stage times, bubbles, iteration time."),
+    "analyze": (
+        "pipetrace.cli.analyze",
+        "analyze",
+        "Diagnose a recorded run: findings, then metrics.",
+    ),
+    "diff": (
+        "pipetrace.cli.diff",
+        "diff",
+        "Compare two recorded runs: stage times, bubbles, iteration time.",
+    ),
     "export": ("pipetrace.cli.export", "export", "Export a recorded run for ui.perfetto.dev."),
 }
 

@@ -30,8 +30,14 @@ class _LazyProgress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-            self.bar = Progress("loading rank logs", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                console=Console(file=sys.stderr), transient=True)
+            self.bar = Progress(
+                "loading rank logs",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(file=sys.stderr),
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("load", total=total)
         self.bar.update(self.task, completed=done)
@@ -43,10 +49,18 @@ class _LazyProgress:
 
 @click.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Findings and metrics as JSON (docs/analyze.md).")
-@click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Processes that parse rank logs (default: automatic; 0: none).")
-@click.option("--no-segments", is_flag=True, help="Leave the critical path's segments out of --json.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Findings and metrics as JSON (docs/analyze.md)."
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Processes that parse rank logs (default: automatic; 0: none).",
+)
+@click.option(
+    "--no-segments", is_flag=True, help="Leave the critical path's segments out of --json."
+)
 def analyze(run_dir: str, as_json: bool, workers: int | None, no_segments: bool) -> int:
     """Diagnose a recorded run: hangs, failures, message problems, plan divergence,
     stragglers, exposed communication; then iteration time, bubbles, per-stage step

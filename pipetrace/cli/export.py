@@ -27,7 +27,9 @@ class _Progress:
         if time.monotonic() - self.started < self.delay:
             return
         if self.tty:
-            line = f"pipetrace export: {phase}" + (f" {fraction:4.0%}" if fraction is not None else "")
+            line = f"pipetrace export: {phase}" + (
+                f" {fraction:4.0%}" if fraction is not None else ""
+            )
             sys.stderr.write("\r" + line + "\x1b[K")
             sys.stderr.flush()
             self.shown = True
@@ -43,21 +45,57 @@ class _Progress:
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=str))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=str),
-              help="Trace file to write [default: DIR.pftrace, or DIR.json, next to the run directory].")
-@click.option("--format", "fmt", type=click.Choice(["perfetto", "chrome-json"]), default="perfetto", show_default=True,
-              help="Native Perfetto protobuf, or Chrome JSON for tools that read only that.")
-@click.option("--open", "open_ui", is_flag=True,
-              help="Then serve the file once on 127.0.0.1 and print the ui.perfetto.dev link that opens it.")
-@click.option("--port", type=click.IntRange(0, 65535), default=9001, show_default=True,
-              help="Port for --open (ui.perfetto.dev only fetches from 9001; 0 picks a free one).")
-@click.option("--timeout", type=click.FloatRange(min=0), default=300.0, show_default=True,
-              help="Seconds --open waits for the browser to fetch the file.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=str),
+    help="Trace file to write [default: DIR.pftrace, or DIR.json, next to the run directory].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["perfetto", "chrome-json"]),
+    default="perfetto",
+    show_default=True,
+    help="Native Perfetto protobuf, or Chrome JSON for tools that read only that.",
+)
+@click.option(
+    "--open",
+    "open_ui",
+    is_flag=True,
+    help="Then serve the file once on 127.0.0.1 and print the ui.perfetto.dev link that opens it.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=9001,
+    show_default=True,
+    help="Port for --open (ui.perfetto.dev only fetches from 9001; 0 picks a free one).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=300.0,
+    show_default=True,
+    help="Seconds --open waits for the browser to fetch the file.",
+)
 @click.option("--no-findings", is_flag=True, help="Do not run the analyzers (no findings track).")
-@click.option("--workers", type=click.IntRange(min=0), default=None,
-              help="Processes that parse rank logs (default: automatic; 0: none).")  # fmt: skip
-def export(run_dir: str, output: str | None, fmt: str, open_ui: bool, port: int, timeout: float,
-           no_findings: bool, workers: int | None) -> int:  # fmt: skip
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Processes that parse rank logs (default: automatic; 0: none).",
+)
+def export(
+    run_dir: str,
+    output: str | None,
+    fmt: str,
+    open_ui: bool,
+    port: int,
+    timeout: float,
+    no_findings: bool,
+    workers: int | None,
+) -> int:
     """Export a recorded run as a trace for ui.perfetto.dev (or chrome://tracing).
 
     One process per rank with its steps, P2P ops (arrows from each send to its recv's
@@ -77,8 +115,11 @@ def export(run_dir: str, output: str | None, fmt: str, open_ui: bool, port: int,
     progress = _Progress()
     try:
         progress("loading rank logs")
-        run = load_run(run_dir, progress=lambda done, total: progress("loading rank logs", done / total),
-                       workers=workers)  # fmt: skip
+        run = load_run(
+            run_dir,
+            progress=lambda done, total: progress("loading rank logs", done / total),
+            workers=workers,
+        )
         findings = None
         if not no_findings:
             from pipetrace.analyze.analysis import analyze
@@ -86,15 +127,22 @@ def export(run_dir: str, output: str | None, fmt: str, open_ui: bool, port: int,
             progress("analyzing")
             try:
                 findings = analyze(run).findings
-            except Exception as exc:  # noqa: BLE001 - the timeline is still worth having
-                click.echo(f"pipetrace export: warning: the analyzers failed ({type(exc).__name__}: {exc}); "
-                           "exporting without findings", err=True)  # fmt: skip
+            except Exception as exc:
+                click.echo(
+                    f"pipetrace export: warning: the analyzers failed ({type(exc).__name__}: {exc}); "
+                    "exporting without findings",
+                    err=True,
+                )
         summary = export_run(run, out, fmt=fmt, findings=findings, progress=progress)
     finally:
         progress.close()
-    found = "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
-    click.echo(f"wrote {summary.path} ({_size(summary.bytes)}: {summary.slices:,} slices, {summary.flows:,} "
-               f"message arrows{found}) in {summary.seconds:.1f} s")  # fmt: skip
+    found = (
+        "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
+    )
+    click.echo(
+        f"wrote {summary.path} ({_size(summary.bytes)}: {summary.slices:,} slices, {summary.flows:,} "
+        f"message arrows{found}) in {summary.seconds:.1f} s"
+    )
     if not open_ui:
         click.echo("open it at https://ui.perfetto.dev (Open trace file), or run again with --open")
         return EXIT_OK
@@ -110,7 +158,9 @@ def export(run_dir: str, output: str | None, fmt: str, open_ui: bool, port: int,
         click.echo("stopped serving", err=True)
         return EXIT_OK
     if not served:
-        click.echo(f"nobody fetched the trace within {timeout:g} s; it stays at {summary.path}", err=True)
+        click.echo(
+            f"nobody fetched the trace within {timeout:g} s; it stays at {summary.path}", err=True
+        )
     return EXIT_OK
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import click
 
@@ -51,7 +51,9 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     else:
         from pipetrace.runtime.launch import launch  # only the ranks it starts import torch
 
-    result = launch([config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}"))
+    result = launch(
+        [config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}")
+    )
     recorded = config.out is not None and config.record != "off"
     if result.failures:
         first, *others = result.failures
@@ -59,7 +61,9 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
         for other in others:
             click.echo(f"  then rank {other.rank}: {other.error}", err=True)
         if recorded:
-            click.echo(f"trace in {config.out}; diagnose with: pipetrace analyze {config.out}", err=True)
+            click.echo(
+                f"trace in {config.out}; diagnose with: pipetrace analyze {config.out}", err=True
+            )
         return EXIT_PROBLEMS
     code = EXIT_OK
     if config.check_parity:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 import orjson
 
-from pipetrace.schedule.ir import Plan, ScheduleError
+from pipetrace.schedule.ir import Plan
 
 
 def use_color(stream: Any = None) -> bool:
@@ -28,9 +29,21 @@ def plan_source(func: Callable) -> Callable:
 
     @click.argument("name", required=False)
     @click.option("--ranks", "-p", type=click.IntRange(min=1), help="Number of ranks P.")
-    @click.option("--microbatches", "-m", type=click.IntRange(min=1), help="Micro-batches M per iteration.")
-    @click.option("--stages-per-rank", "-v", type=click.IntRange(min=1), help="Stages per rank V (interleaved, zero-bubble, V schedules).")
-    @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="A schedule file in torch.distributed.pipelining's CSV format instead of NAME.")
+    @click.option(
+        "--microbatches", "-m", type=click.IntRange(min=1), help="Micro-batches M per iteration."
+    )
+    @click.option(
+        "--stages-per-rank",
+        "-v",
+        type=click.IntRange(min=1),
+        help="Stages per rank V (interleaved, zero-bubble, V schedules).",
+    )
+    @click.option(
+        "--csv",
+        "csv_path",
+        type=click.Path(dir_okay=False),
+        help="A schedule file in torch.distributed.pipelining's CSV format instead of NAME.",
+    )
     @functools.wraps(func)
     def wrapper(name, ranks, microbatches, stages_per_rank, csv_path, **kwargs):
         plan = load_plan(name, ranks, microbatches, stages_per_rank, csv_path)
@@ -39,8 +52,13 @@ def plan_source(func: Callable) -> Callable:
     return wrapper
 
 
-def load_plan(name: str | None, ranks: int | None, microbatches: int | None,
-              stages_per_rank: int | None, csv_path: str | None) -> Plan:  # fmt: skip
+def load_plan(
+    name: str | None,
+    ranks: int | None,
+    microbatches: int | None,
+    stages_per_rank: int | None,
+    csv_path: str | None,
+) -> Plan:
     if csv_path is not None:
         if name is not None:
             raise click.UsageError("give either a schedule NAME or --csv FILE, not both")
@@ -48,13 +66,19 @@ def load_plan(name: str | None, ranks: int | None, microbatches: int | None,
 
         return load_csv(csv_path, num_microbatches=microbatches)
     if name is None:
-        raise click.UsageError("missing schedule NAME (see `pipetrace schedule list`) or --csv FILE")
+        raise click.UsageError(
+            "missing schedule NAME (see `pipetrace schedule list`) or --csv FILE"
+        )
     if ranks is None or microbatches is None:
         raise click.UsageError(f"schedule {name!r} needs --ranks and --microbatches")
     from pipetrace.schedule.builders import build_compute_plan, resolve_schedule_name
 
-    return build_compute_plan(resolve_schedule_name(name), num_ranks=ranks,
-                              num_microbatches=microbatches, stages_per_rank=stages_per_rank)  # fmt: skip
+    return build_compute_plan(
+        resolve_schedule_name(name),
+        num_ranks=ranks,
+        num_microbatches=microbatches,
+        stages_per_rank=stages_per_rank,
+    )
 
 
 @click.group()
@@ -79,21 +103,40 @@ def list_schedules(as_json: bool) -> None:
 
     infos = describe_schedules()
     if as_json:
-        echo_json([{"name": i.name, "aliases": list(i.aliases), "placement": i.placement.value,
-                    "stages_per_rank": i.stages_per_rank, "description": i.description}
-                   for i in infos])  # fmt: skip
+        echo_json(
+            [
+                {
+                    "name": i.name,
+                    "aliases": list(i.aliases),
+                    "placement": i.placement.value,
+                    "stages_per_rank": i.stages_per_rank,
+                    "description": i.description,
+                }
+                for i in infos
+            ]
+        )
         return
     width = max(len(i.name) for i in infos)
     for info in infos:
-        click.echo(f"{info.name:<{width}}  V={info.stages_per_rank:<4} {info.placement.value:<4}  {info.description}")
+        click.echo(
+            f"{info.name:<{width}}  V={info.stages_per_rank:<4} {info.placement.value:<4}  {info.description}"
+        )
         click.echo(f"{'':<{width}}  aliases: {', '.join(info.aliases)}")
 
 
 @schedule.command()
 @plan_source
 @click.option("--comms", is_flag=True, help="Include the SEND/RECV steps the runtime executes.")
-@click.option("--fsdp", is_flag=True, help="Include UNSHARD/RESHARD/REDUCE_GRAD steps (implies --comms).")
-@click.option("--format", "out_format", type=click.Choice(["text", "csv", "json"]), default="text", show_default=True)
+@click.option(
+    "--fsdp", is_flag=True, help="Include UNSHARD/RESHARD/REDUCE_GRAD steps (implies --comms)."
+)
+@click.option(
+    "--format",
+    "out_format",
+    type=click.Choice(["text", "csv", "json"]),
+    default="text",
+    show_default=True,
+)
 def show(plan: Plan, comms: bool, fsdp: bool, out_format: str) -> None:
     """Print a schedule's step x rank grid.
 
@@ -121,8 +164,13 @@ def show(plan: Plan, comms: bool, fsdp: bool, out_format: str) -> None:
 
 @schedule.command()
 @plan_source
-@click.option("--semantics", type=click.Choice(["eager", "rendezvous", "fifo"]), default="rendezvous", show_default=True,
-              help="P2P semantics for the deadlock check: eager (sends never block), rendezvous (a send blocks until its recv is posted), fifo (in-order matching without tags, like NCCL).")  # fmt: skip
+@click.option(
+    "--semantics",
+    type=click.Choice(["eager", "rendezvous", "fifo"]),
+    default="rendezvous",
+    show_default=True,
+    help="P2P semantics for the deadlock check: eager (sends never block), rendezvous (a send blocks until its recv is posted), fifo (in-order matching without tags, like NCCL).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Findings as JSON (see docs/schedules.md).")
 def verify(plan: Plan, semantics: str, as_json: bool) -> int:
     """Check a plan: coverage, data dependencies, send/recv pairing and deadlock freedom.
@@ -147,7 +195,9 @@ def verify(plan: Plan, semantics: str, as_json: bool) -> int:
         for finding in report.findings:
             label = finding.severity.upper()
             if use_color():
-                label = click.style(label, fg="red" if finding.severity == "error" else "yellow", bold=True)
+                label = click.style(
+                    label, fg="red" if finding.severity == "error" else "yellow", bold=True
+                )
             click.echo(f"{label} [{finding.kind}] {finding.message}")
         if report.blocked:
             from pipetrace.schedule.grid import render_grid
@@ -159,9 +209,18 @@ def verify(plan: Plan, semantics: str, as_json: bool) -> int:
 
 @schedule.command()
 @plan_source
-@click.option("--costs", default="", metavar="KIND=VALUE,...",
-              help="Per-kind costs F, B, I, W and the P2P model comm (latency), bandwidth, message_bytes. Default F=1,B=2,I=1,W=1,comm=0.")  # fmt: skip
-@click.option("--semantics", type=click.Choice(["eager", "rendezvous", "fifo"]), default="eager", show_default=True)
+@click.option(
+    "--costs",
+    default="",
+    metavar="KIND=VALUE,...",
+    help="Per-kind costs F, B, I, W and the P2P model comm (latency), bandwidth, message_bytes. Default F=1,B=2,I=1,W=1,comm=0.",
+)
+@click.option(
+    "--semantics",
+    type=click.Choice(["eager", "rendezvous", "fifo"]),
+    default="eager",
+    show_default=True,
+)
 @click.option("--json", "as_json", is_flag=True, help="Timeline and metrics as JSON.")
 def simulate(plan: Plan, costs: str, semantics: str, as_json: bool) -> None:
     """Predict the timeline, makespan, bubbles and peak activations of a plan.
@@ -179,18 +238,24 @@ def simulate(plan: Plan, costs: str, semantics: str, as_json: bool) -> None:
         echo_json(result.to_json())
         return
     click.echo(_title(plan))
-    click.echo(f"makespan {result.makespan:g}   idle fraction {result.idle_fraction:.1%}   "
-               f"bubble/ideal {result.bubble_ratio:.3f}")  # fmt: skip
+    click.echo(
+        f"makespan {result.makespan:g}   idle fraction {result.idle_fraction:.1%}   "
+        f"bubble/ideal {result.bubble_ratio:.3f}"
+    )
     click.echo(f"{'rank':>4} {'busy':>9} {'idle':>9} {'idle %':>7} {'bubble':>7} {'peak act':>8}")
     for r in result.per_rank:
-        click.echo(f"{r.rank:>4} {r.busy:>9g} {r.idle:>9g} {r.idle_fraction:>7.1%} "
-                   f"{r.bubble_ratio:>7.3f} {r.peak_inflight_activations:>8}")  # fmt: skip
+        click.echo(
+            f"{r.rank:>4} {r.busy:>9g} {r.idle:>9g} {r.idle_fraction:>7.1%} "
+            f"{r.bubble_ratio:>7.3f} {r.peak_inflight_activations:>8}"
+        )
 
 
 def _title(plan: Plan) -> str:
     stages_per_rank = plan.num_stages / max(1, plan.num_ranks)
-    return (f"{plan.name}: {_count(plan.num_ranks, 'rank')}, {_count(plan.num_stages, 'stage')} "
-            f"({stages_per_rank:g} per rank), {_count(plan.num_microbatches, 'micro-batch')}")  # fmt: skip
+    return (
+        f"{plan.name}: {_count(plan.num_ranks, 'rank')}, {_count(plan.num_stages, 'stage')} "
+        f"({stages_per_rank:g} per rank), {_count(plan.num_microbatches, 'micro-batch')}"
+    )
 
 
 def _count(n: int, noun: str) -> str:

@@ -29,9 +29,13 @@ def tui(run_dir: Path) -> int:
     try:
         from pipetrace.tui.app import PipetraceApp
     except ImportError as exc:
-        raise PipetraceError(f"the TUI needs textual ({exc.name} is missing): pip install 'pipetrace[tui]'") from None
+        raise PipetraceError(
+            f"the TUI needs textual ({exc.name} is missing): pip install 'pipetrace[tui]'"
+        ) from None
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise PipetraceError("pipetrace tui needs a terminal (stdin and stdout); run it in a terminal")
+        raise PipetraceError(
+            "pipetrace tui needs a terminal (stdin and stdout); run it in a terminal"
+        )
     app = PipetraceApp(run_dir)
     code = app.run()
     if app.load_error:

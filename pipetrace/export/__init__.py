@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import Run
@@ -59,8 +59,14 @@ def default_output(run_dir: str | Path, fmt: str = PERFETTO) -> Path:
     return d.with_name(d.name + SUFFIXES[fmt])
 
 
-def export_run(run: Run, out: str | Path, *, fmt: str = PERFETTO, findings: list[Finding] | None = None,
-               progress: Progress | None = None) -> ExportSummary:  # fmt: skip
+def export_run(
+    run: Run,
+    out: str | Path,
+    *,
+    fmt: str = PERFETTO,
+    findings: list[Finding] | None = None,
+    progress: Progress | None = None,
+) -> ExportSummary:
     """Write ``run`` to ``out`` (atomically: a temporary file renamed at the end)."""
     from pipetrace.export.layout import build_layout
 
@@ -78,11 +84,22 @@ def export_run(run: Run, out: str | Path, *, fmt: str = PERFETTO, findings: list
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            size = write(layout, f, progress=(lambda x: progress("writing", x)) if progress else None)
+            size = write(
+                layout, f, progress=(lambda x: progress("writing", x)) if progress else None
+            )
         os.replace(tmp, out)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise PipetraceError(f"cannot write {out}: {exc.strerror or exc}") from None
-    return ExportSummary(path=out, format=fmt, bytes=size, tracks=len(layout.tracks), slices=len(layout.slices),
-                         instants=len(layout.instants), counters=len(layout.counters), flows=layout.num_flows,
-                         findings=len(findings or []), seconds=time.perf_counter() - start)  # fmt: skip
+    return ExportSummary(
+        path=out,
+        format=fmt,
+        bytes=size,
+        tracks=len(layout.tracks),
+        slices=len(layout.slices),
+        instants=len(layout.instants),
+        counters=len(layout.counters),
+        flows=layout.num_flows,
+        findings=len(findings or []),
+        seconds=time.perf_counter() - start,
+    )

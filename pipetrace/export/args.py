@@ -18,10 +18,32 @@ import numpy as np
 from pipetrace.export.columns import SLICE_BUBBLE, SLICE_ITERATION, SLICE_P2P, SLICE_STEP, Layout
 
 STAGE, MICROBATCH, ITERATION, POSITION = "stage", "microbatch", "iteration", "position"
-OP, PEER, CHANNEL, SEQ, BYTES, SHAPE, DTYPE = "op", "peer", "channel", "seq", "bytes", "shape", "dtype"
+OP, PEER, CHANNEL, SEQ, BYTES, SHAPE, DTYPE = (
+    "op",
+    "peer",
+    "channel",
+    "seq",
+    "bytes",
+    "shape",
+    "dtype",
+)
 LOSS, UNFINISHED, FINDING = "loss", "unfinished", "finding"
-NAMES = (STAGE, MICROBATCH, ITERATION, POSITION, OP, PEER, CHANNEL, SEQ, BYTES, SHAPE, DTYPE, LOSS,
-         UNFINISHED, FINDING)  # fmt: skip
+NAMES = (
+    STAGE,
+    MICROBATCH,
+    ITERATION,
+    POSITION,
+    OP,
+    PEER,
+    CHANNEL,
+    SEQ,
+    BYTES,
+    SHAPE,
+    DTYPE,
+    LOSS,
+    UNFINISHED,
+    FINDING,
+)
 
 
 @dataclass
@@ -45,8 +67,22 @@ class SliceArgs:
 def slice_args(layout: Layout) -> SliceArgs:
     s, run = layout.slices, layout.run
     n = len(s)
-    cols = {name: np.full(n, -1, np.int64) for name in ("stage", "microbatch", "iteration", "position", "op",
-                                                        "peer", "channel", "seq", "nbytes", "shape", "dtype")}  # fmt: skip
+    cols = {
+        name: np.full(n, -1, np.int64)
+        for name in (
+            "stage",
+            "microbatch",
+            "iteration",
+            "position",
+            "op",
+            "peer",
+            "channel",
+            "seq",
+            "nbytes",
+            "shape",
+            "dtype",
+        )
+    }
     loss = np.full(n, np.nan)
     steps = np.flatnonzero(s.kind == SLICE_STEP)
     cols["stage"][steps] = run.catalog.stage[s.name[steps]]
@@ -61,8 +97,16 @@ def slice_args(layout: Layout) -> SliceArgs:
         cols["position"][rows] = table.pos[s.row[rows]]
         rows = np.flatnonzero(mine & (s.kind == SLICE_P2P))
         p2p, r = rank.p2p, s.row[rows]
-        for name, column in (("iteration", p2p.it), ("op", p2p.op), ("peer", p2p.peer), ("channel", p2p.ch),
-                             ("seq", p2p.seq), ("nbytes", p2p.nbytes), ("shape", p2p.shape), ("dtype", p2p.dtype)):  # fmt: skip
+        for name, column in (
+            ("iteration", p2p.it),
+            ("op", p2p.op),
+            ("peer", p2p.peer),
+            ("channel", p2p.ch),
+            ("seq", p2p.seq),
+            ("nbytes", p2p.nbytes),
+            ("shape", p2p.shape),
+            ("dtype", p2p.dtype),
+        ):
             cols[name][rows] = column[r]
         rows = np.flatnonzero(mine & (s.kind == SLICE_ITERATION))
         if len(rows) and len(rank.iterations):

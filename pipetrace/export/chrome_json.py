@@ -15,7 +15,8 @@ tenth of a nanosecond above its value (`_us`): rounded or truncated, it reads ba
 
 from __future__ import annotations
 
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 import orjson
 
@@ -40,29 +41,105 @@ def chrome_events(layout: Layout) -> list[dict[str, Any]]:
     for t in layout.tracks:
         if t.pid is not None:
             pid_of[t.uuid] = t.pid
-            events.append({"ph": "M", "name": "process_name", "pid": t.pid, "args": {"name": t.name}})
-            events.append({"ph": "M", "name": "process_sort_index", "pid": t.pid, "args": {"sort_index": t.order}})
+            events.append(
+                {"ph": "M", "name": "process_name", "pid": t.pid, "args": {"name": t.name}}
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "process_sort_index",
+                    "pid": t.pid,
+                    "args": {"sort_index": t.order},
+                }
+            )
     for t in layout.tracks:
         if t.pid is not None:
             continue
         pid = pid_of.get(t.parent, RUN_PID)
         if pid == RUN_PID and RUN_PID not in named:
             named.add(RUN_PID)
-            events.append({"ph": "M", "name": "process_name", "pid": RUN_PID, "args": {"name": "pipetrace run"}})
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "process_name",
+                    "pid": RUN_PID,
+                    "args": {"name": "pipetrace run"},
+                }
+            )
         pid_of[t.uuid] = pid
         if not t.counter:
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t.uuid, "args": {"name": t.name}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": t.uuid,
-                           "args": {"sort_index": t.order}})  # fmt: skip
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": pid,
+                    "tid": t.uuid,
+                    "args": {"name": t.name},
+                }
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": pid,
+                    "tid": t.uuid,
+                    "args": {"sort_index": t.order},
+                }
+            )
     s, a = layout.slices, slice_args(layout)
     shapes = [str(list(shape)) for shape in run.shapes]
-    columns = (s.track, s.begin, s.end, s.name, s.unfinished, s.flow, s.note, a.stage, a.microbatch, a.iteration,
-               a.position, a.op, a.peer, a.channel, a.seq, a.nbytes, a.shape, a.dtype, a.loss)  # fmt: skip
-    for (track, begin, end, name, unfinished, flow, note, stage, mb, it, pos, op, peer, ch, seq, nbytes, shape,
-         dtype, loss) in zip(*(c.tolist() for c in columns)):  # fmt: skip
+    columns = (
+        s.track,
+        s.begin,
+        s.end,
+        s.name,
+        s.unfinished,
+        s.flow,
+        s.note,
+        a.stage,
+        a.microbatch,
+        a.iteration,
+        a.position,
+        a.op,
+        a.peer,
+        a.channel,
+        a.seq,
+        a.nbytes,
+        a.shape,
+        a.dtype,
+        a.loss,
+    )
+    for (
+        track,
+        begin,
+        end,
+        name,
+        unfinished,
+        flow,
+        note,
+        stage,
+        mb,
+        it,
+        pos,
+        op,
+        peer,
+        ch,
+        seq,
+        nbytes,
+        shape,
+        dtype,
+        loss,
+    ) in zip(*(c.tolist() for c in columns)):
         args: dict[str, Any] = {}
-        for key, value in ((A.STAGE, stage), (A.MICROBATCH, mb), (A.ITERATION, it), (A.POSITION, pos),
-                           (A.PEER, peer), (A.SEQ, seq), (A.BYTES, nbytes)):  # fmt: skip
+        for key, value in (
+            (A.STAGE, stage),
+            (A.MICROBATCH, mb),
+            (A.ITERATION, it),
+            (A.POSITION, pos),
+            (A.PEER, peer),
+            (A.SEQ, seq),
+            (A.BYTES, nbytes),
+        ):
             if value >= 0:
                 args[key] = value
         if op >= 0:
@@ -76,30 +153,54 @@ def chrome_events(layout: Layout) -> list[dict[str, Any]]:
             args[A.UNFINISHED] = True
         if note >= 0:
             args[A.FINDING] = layout.notes[note]
-        event = {"ph": "X", "name": names[name], "pid": pid_of[track], "tid": track, "ts": _us(begin),
-                 "dur": _us(end - begin), "args": args}  # fmt: skip
+        event = {
+            "ph": "X",
+            "name": names[name],
+            "pid": pid_of[track],
+            "tid": track,
+            "ts": _us(begin),
+            "dur": _us(end - begin),
+            "args": args,
+        }
         if flow:
             event["bind_id"] = flow
             event["flow_out"] = True
         events.append(event)
     ins = layout.instants
-    for track, ts, name, kind, flow, detail in zip(*(c.tolist() for c in (ins.track, ins.ts, ins.name, ins.kind,
-                                                                          ins.flow, ins.detail))):  # fmt: skip
+    for track, ts, name, kind, flow, detail in zip(
+        *(c.tolist() for c in (ins.track, ins.ts, ins.name, ins.kind, ins.flow, ins.detail))
+    ):
         pid = pid_of[track]
         if kind == INSTANT_ARRIVAL:
-            event = {"ph": "X", "name": names[name], "pid": pid, "tid": track, "ts": _us(ts), "dur": 0}
+            event = {
+                "ph": "X",
+                "name": names[name],
+                "pid": pid,
+                "tid": track,
+                "ts": _us(ts),
+                "dur": 0,
+            }
             if flow:
                 event["bind_id"] = flow
                 event["flow_in"] = True
         else:
-            event = {"ph": "i", "s": "t", "name": names[name], "pid": pid, "tid": track, "ts": _us(ts),
-                     "args": layout.details[detail] if detail >= 0 else {}}  # fmt: skip
+            event = {
+                "ph": "i",
+                "s": "t",
+                "name": names[name],
+                "pid": pid,
+                "tid": track,
+                "ts": _us(ts),
+                "args": layout.details[detail] if detail >= 0 else {},
+            }
         events.append(event)
     c = layout.counters
     for track, ts, value in zip(c.track.tolist(), c.ts.tolist(), c.value.tolist()):
         # importers name a counter "NAME KEY": "activations" + "in flight"
         name, key = _counter_name(by_uuid[track].name)
-        events.append({"ph": "C", "name": name, "pid": pid_of[track], "ts": _us(ts), "args": {key: value}})
+        events.append(
+            {"ph": "C", "name": name, "pid": pid_of[track], "ts": _us(ts), "args": {key: value}}
+        )
     return events
 
 
@@ -120,11 +221,13 @@ def write_chrome_json(layout: Layout, out: IO[bytes], *, progress: Progress | No
     doc = {
         "traceEvents": events,
         "displayTimeUnit": "ns",
-        "otherData": {"pipetrace_run": str(layout.run.path), "t0_ns": layout.run.t0_ns,
-                      "schedule": layout.run.schedule_name},  # fmt: skip
+        "otherData": {
+            "pipetrace_run": str(layout.run.path),
+            "t0_ns": layout.run.t0_ns,
+            "schedule": layout.run.schedule_name,
+        },
     }
     data = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if progress:
         progress(1.0)
     return out.write(data)
-

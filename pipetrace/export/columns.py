@@ -15,8 +15,15 @@ ARRIVED, NEVER_ARRIVED, BUBBLE = "arrived", "never arrived", "bubble"
 FINDINGS_TRACK = "pipetrace findings"
 
 # sibling order of a process's tracks
-TRACK_ORDER = {"findings": 0, "events": 1, "iterations": 2, "steps": 10, "bubbles": 40, "p2p": 50,
-               "counters": 100_000}  # fmt: skip
+TRACK_ORDER = {
+    "findings": 0,
+    "events": 1,
+    "iterations": 2,
+    "steps": 10,
+    "bubbles": 40,
+    "p2p": 50,
+    "counters": 100_000,
+}
 
 
 @dataclass
@@ -38,7 +45,9 @@ class Slices:
     name: np.ndarray  # int32 into Layout.names
     kind: np.ndarray  # int8 SLICE_*
     rank: np.ndarray  # int32
-    row: np.ndarray  # int64: row in the rank's step / P2P table; the iteration for bubbles, iterations
+    row: (
+        np.ndarray
+    )  # int64: row in the rank's step / P2P table; the iteration for bubbles, iterations
     unfinished: np.ndarray  # bool
     flow: np.ndarray  # int64 id of the flow that starts here, 0 for none
     note: np.ndarray  # int32 into Layout.notes, -1 for none
@@ -91,14 +100,34 @@ def concat(cls, parts: list[dict[str, np.ndarray]], dtypes: dict[str, Any]):
     cols = {}
     for f in fields(cls):
         arrays = [p[f.name] for p in parts]
-        cols[f.name] = np.concatenate(arrays).astype(dtypes[f.name]) if arrays else np.empty(0, dtypes[f.name])
+        cols[f.name] = (
+            np.concatenate(arrays).astype(dtypes[f.name]) if arrays else np.empty(0, dtypes[f.name])
+        )
     return cls(**cols)
 
 
-SLICE_TYPES = {"track": np.int64, "begin": np.int64, "end": np.int64, "name": np.int32, "kind": np.int8,
-               "rank": np.int32, "row": np.int64, "unfinished": bool, "flow": np.int64, "note": np.int32}  # fmt: skip
-INSTANT_TYPES = {"track": np.int64, "ts": np.int64, "name": np.int32, "kind": np.int8, "rank": np.int32,
-                 "flow": np.int64, "parent": np.int64, "detail": np.int32}  # fmt: skip
+SLICE_TYPES = {
+    "track": np.int64,
+    "begin": np.int64,
+    "end": np.int64,
+    "name": np.int32,
+    "kind": np.int8,
+    "rank": np.int32,
+    "row": np.int64,
+    "unfinished": bool,
+    "flow": np.int64,
+    "note": np.int32,
+}
+INSTANT_TYPES = {
+    "track": np.int64,
+    "ts": np.int64,
+    "name": np.int32,
+    "kind": np.int8,
+    "rank": np.int32,
+    "flow": np.int64,
+    "parent": np.int64,
+    "detail": np.int32,
+}
 COUNTER_TYPES = {"track": np.int64, "ts": np.int64, "value": np.int64}
 
 
@@ -128,29 +157,54 @@ class Builder:
             self.names.append(text)
         return found
 
-    def add_slices(self, track: int, begin: np.ndarray, end: np.ndarray, name, kind: int, rank: int,
-                   row, unfinished) -> np.ndarray:  # fmt: skip
+    def add_slices(
+        self,
+        track: int,
+        begin: np.ndarray,
+        end: np.ndarray,
+        name,
+        kind: int,
+        rank: int,
+        row,
+        unfinished,
+    ) -> np.ndarray:
         n = len(begin)
         first = self.num_slices
         self.num_slices += n
-        self.slices.append({
-            "track": np.full(n, track), "begin": begin, "end": end, "name": np.broadcast_to(name, n),
-            "kind": np.full(n, kind), "rank": np.full(n, rank), "row": np.broadcast_to(row, n),
-            "unfinished": np.broadcast_to(unfinished, n), "flow": np.zeros(n, np.int64), "note": np.full(n, -1),
-        })  # fmt: skip
+        self.slices.append(
+            {
+                "track": np.full(n, track),
+                "begin": begin,
+                "end": end,
+                "name": np.broadcast_to(name, n),
+                "kind": np.full(n, kind),
+                "rank": np.full(n, rank),
+                "row": np.broadcast_to(row, n),
+                "unfinished": np.broadcast_to(unfinished, n),
+                "flow": np.zeros(n, np.int64),
+                "note": np.full(n, -1),
+            }
+        )
         return np.arange(first, first + n)
 
-    def add_instants(self, track, ts, name, kind: int, rank, *, flow=0, parent=-1, detail=-1) -> None:
+    def add_instants(
+        self, track, ts, name, kind: int, rank, *, flow=0, parent=-1, detail=-1
+    ) -> None:
         n = len(ts)
-        self.instants.append({
-            "track": np.broadcast_to(track, n), "ts": ts, "name": np.broadcast_to(name, n),
-            "kind": np.full(n, kind), "rank": np.broadcast_to(rank, n), "flow": np.broadcast_to(flow, n),
-            "parent": np.broadcast_to(parent, n), "detail": np.broadcast_to(detail, n),
-        })  # fmt: skip
+        self.instants.append(
+            {
+                "track": np.broadcast_to(track, n),
+                "ts": ts,
+                "name": np.broadcast_to(name, n),
+                "kind": np.full(n, kind),
+                "rank": np.broadcast_to(rank, n),
+                "flow": np.broadcast_to(flow, n),
+                "parent": np.broadcast_to(parent, n),
+                "detail": np.broadcast_to(detail, n),
+            }
+        )
 
     def add_counter(self, track: int, ts: np.ndarray, value: np.ndarray) -> None:
         if len(ts) and ts[0] > 0:  # start the series at 0 so the track reads 0 before
             ts, value = np.r_[0, ts], np.r_[0, value]
         self.counters.append({"track": np.full(len(ts), track), "ts": ts, "value": value})
-
-

@@ -11,8 +11,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipetrace.analyze.model import (
-    COMPOSITE_CODE, COMPUTE_CODES, KIND_CODE, OPEN, RankTimeline, StepCatalog,
-)  # fmt: skip
+    COMPOSITE_CODE,
+    COMPUTE_CODES,
+    KIND_CODE,
+    OPEN,
+    RankTimeline,
+    StepCatalog,
+)
 from pipetrace.schedule.ir import StepKind
 
 MIN_BUBBLE_NS = 10_000
@@ -35,11 +40,15 @@ def ended(end: np.ndarray, t_end: int) -> np.ndarray:
     return np.where(end == OPEN, t_end, end)
 
 
-def bubbles(rank: RankTimeline, catalog: StepCatalog, t_end: int, min_ns: int = MIN_BUBBLE_NS) -> Bubbles:
+def bubbles(
+    rank: RankTimeline, catalog: StepCatalog, t_end: int, min_ns: int = MIN_BUBBLE_NS
+) -> Bubbles:
     """Idle gaps on the rank's compute (no compute step running on any thread) inside its
     iterations, from each iteration's begin to its end."""
     steps, its = rank.steps, rank.iterations
-    empty = Bubbles(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool))
+    empty = Bubbles(
+        np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, bool)
+    )
     if not len(its):
         return empty
     kinds = catalog.kind[steps.code]
@@ -92,7 +101,9 @@ def messages_in_flight(rank: RankTimeline) -> tuple[np.ndarray, np.ndarray]:
     return _step_function(t, delta)
 
 
-def activations_in_flight(rank: RankTimeline, catalog: StepCatalog) -> tuple[np.ndarray, np.ndarray]:
+def activations_in_flight(
+    rank: RankTimeline, catalog: StepCatalog
+) -> tuple[np.ndarray, np.ndarray]:
     """Micro-batches whose forward finished and whose activations are still held: +1 when an
     F ends, -1 when the step that frees them ends (the W of a backward split into I and W,
     else the B). A step that never ended never frees them."""
@@ -143,9 +154,15 @@ def _composite_leaves(steps, catalog: StepCatalog, kind, it, pos):
         if step is None:
             continue
         for sub in step.leaves():
-            rows.append((KIND_CODE[sub.kind], sub.stage if sub.stage is not None else -1,
-                         sub.microbatch if sub.microbatch is not None else -1,
-                         int(it[row]), int(steps.end[row])))  # fmt: skip
+            rows.append(
+                (
+                    KIND_CODE[sub.kind],
+                    sub.stage if sub.stage is not None else -1,
+                    sub.microbatch if sub.microbatch is not None else -1,
+                    int(it[row]),
+                    int(steps.end[row]),
+                )
+            )
     if not rows:
         return None
     cols = np.array(rows, np.int64).T

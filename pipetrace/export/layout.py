@@ -30,9 +30,25 @@ from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import OP_RECV, OP_SEND, OPEN, RankState, RankTimeline, Run
 from pipetrace.export import derived
 from pipetrace.export.columns import (
-    ARRIVED, BUBBLE, COUNTER_TYPES, INSTANT_ARRIVAL, INSTANT_TYPES, NEVER_ARRIVED, SLICE_BUBBLE, SLICE_ITERATION,
-    SLICE_P2P, SLICE_STEP, SLICE_TYPES, TRACK_ORDER, Builder, Counters, Instants, Layout, Slices, concat,
-)  # fmt: skip
+    ARRIVED,
+    BUBBLE,
+    COUNTER_TYPES,
+    INSTANT_ARRIVAL,
+    INSTANT_TYPES,
+    NEVER_ARRIVED,
+    SLICE_BUBBLE,
+    SLICE_ITERATION,
+    SLICE_P2P,
+    SLICE_STEP,
+    SLICE_TYPES,
+    TRACK_ORDER,
+    Builder,
+    Counters,
+    Instants,
+    Layout,
+    Slices,
+    concat,
+)
 from pipetrace.export.marks import Marks
 from pipetrace.export.tracks import nest_lanes, pool_lanes
 
@@ -56,7 +72,9 @@ def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
     step_index: dict[int, np.ndarray] = {}
     ops: dict[int, _Ops] = {}
     for rank in run.ranks:
-        proc = b.track(process_name(run, rank), rank=rank.rank, order=rank.rank, pid=pids[rank.rank])
+        proc = b.track(
+            process_name(run, rank), rank=rank.rank, order=rank.rank, pid=pids[rank.rank]
+        )
         marks.process[rank.rank] = proc
         if not rank.present:
             continue
@@ -64,26 +82,56 @@ def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
         ops[rank.rank] = _p2p(b, run, rank, proc, t_end)
         _iterations(b, rank, proc, t_end)
         _bubbles(b, run, rank, proc, t_end)
-        b.add_counter(b.track("activations in flight", parent=proc, rank=rank.rank, order=TRACK_ORDER["counters"],
-                              counter=True), *derived.activations_in_flight(rank, run.catalog))  # fmt: skip
-        b.add_counter(b.track("messages in flight", parent=proc, rank=rank.rank, order=TRACK_ORDER["counters"] + 1,
-                              counter=True), *derived.messages_in_flight(rank))  # fmt: skip
+        b.add_counter(
+            b.track(
+                "activations in flight",
+                parent=proc,
+                rank=rank.rank,
+                order=TRACK_ORDER["counters"],
+                counter=True,
+            ),
+            *derived.activations_in_flight(rank, run.catalog),
+        )
+        b.add_counter(
+            b.track(
+                "messages in flight",
+                parent=proc,
+                rank=rank.rank,
+                order=TRACK_ORDER["counters"] + 1,
+                counter=True,
+            ),
+            *derived.messages_in_flight(rank),
+        )
         marks.recorded_events(rank)
     slices = concat(Slices, b.slices, SLICE_TYPES)
     num_flows = _flows(b, run, slices, ops)
     marks.findings(findings or [], slices, step_index)
-    return Layout(run=run, t_end=t_end, tracks=b.tracks, names=b.names, slices=slices,
-                  instants=concat(Instants, b.instants, INSTANT_TYPES),
-                  counters=concat(Counters, b.counters, COUNTER_TYPES),
-                  details=marks.details, notes=marks.notes, num_flows=num_flows)  # fmt: skip
+    return Layout(
+        run=run,
+        t_end=t_end,
+        tracks=b.tracks,
+        names=b.names,
+        slices=slices,
+        instants=concat(Instants, b.instants, INSTANT_TYPES),
+        counters=concat(Counters, b.counters, COUNTER_TYPES),
+        details=marks.details,
+        notes=marks.notes,
+        num_flows=num_flows,
+    )
 
 
 def last_time(run: Run) -> int:
     """The last time recorded anywhere in the run: where unfinished spans end."""
     latest = 0
     for rank in run.present_ranks:
-        for arr in (rank.steps.begin, rank.steps.end, rank.p2p.post, rank.p2p.done, rank.iterations.begin,
-                    rank.iterations.end):  # fmt: skip
+        for arr in (
+            rank.steps.begin,
+            rank.steps.end,
+            rank.p2p.post,
+            rank.p2p.done,
+            rank.iterations.begin,
+            rank.iterations.end,
+        ):
             if len(arr):
                 latest = max(latest, int(arr.max()))
         latest = max([latest, *(ev.t for ev in rank.lifecycle)])
@@ -121,9 +169,19 @@ def _steps(b: Builder, run: Run, rank: RankTimeline, proc: int, t_end: int) -> n
         for lane in np.unique(lanes).tolist():
             sel = rows[lanes == lane]
             name = base if lane == 0 else f"{base} (overlapping {lane})"
-            track = b.track(name, parent=proc, rank=rank.rank, order=TRACK_ORDER["steps"] + 5 * thread + lane)
-            index[sel] = b.add_slices(track, steps.begin[sel], end[sel], steps.code[sel], SLICE_STEP, rank.rank,
-                                      sel, unfinished[sel])  # fmt: skip
+            track = b.track(
+                name, parent=proc, rank=rank.rank, order=TRACK_ORDER["steps"] + 5 * thread + lane
+            )
+            index[sel] = b.add_slices(
+                track,
+                steps.begin[sel],
+                end[sel],
+                steps.code[sel],
+                SLICE_STEP,
+                rank.rank,
+                sel,
+                unfinished[sel],
+            )
     return index
 
 
@@ -137,18 +195,34 @@ def _p2p(b: Builder, run: Run, rank: RankTimeline, proc: int, t_end: int) -> _Op
         rows = recv[p2p.match_rank[recv] == peer]
         end[rows] = np.maximum(end[rows], run.ranks[peer].p2p.post[p2p.match_index[rows]])
     lanes = pool_lanes(p2p.post, end)
-    keys = (p2p.code.astype(np.int64) << 33) | (p2p.peer.astype(np.int64) << 1) | p2p.op.astype(np.int64)
+    keys = (
+        (p2p.code.astype(np.int64) << 33)
+        | (p2p.peer.astype(np.int64) << 1)
+        | p2p.op.astype(np.int64)
+    )
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    ids = [b.name(f"{run.catalog.texts[int(p2p.code[row])]} {'→' if p2p.op[row] == OP_SEND else '←'} {int(p2p.peer[row])}")
-           for row in first.tolist()]  # fmt: skip
+    ids = [
+        b.name(
+            f"{run.catalog.texts[int(p2p.code[row])]} {'→' if p2p.op[row] == OP_SEND else '←'} {int(p2p.peer[row])}"
+        )
+        for row in first.tolist()
+    ]
     names = np.array(ids, np.int32)[inverse.reshape(-1)] if n else np.empty(0, np.int32)
     index = np.full(n, -1, np.int64)
     track_of = np.zeros(n, np.int64)
     for lane in np.unique(lanes).tolist():
         sel = np.flatnonzero(lanes == lane)
         track = b.track(f"p2p {lane}", parent=proc, rank=rank.rank, order=TRACK_ORDER["p2p"] + lane)
-        index[sel] = b.add_slices(track, p2p.post[sel], end[sel], names[sel], SLICE_P2P, rank.rank, sel,
-                                  p2p.done[sel] == OPEN)  # fmt: skip
+        index[sel] = b.add_slices(
+            track,
+            p2p.post[sel],
+            end[sel],
+            names[sel],
+            SLICE_P2P,
+            rank.rank,
+            sel,
+            p2p.done[sel] == OPEN,
+        )
         track_of[sel] = track
     return _Ops(index, track_of, end)
 
@@ -163,10 +237,23 @@ def _iterations(b: Builder, rank: RankTimeline, proc: int, t_end: int) -> None:
     names = np.array([b.name(f"iteration {int(i)}") for i in its.it], np.int32)
     for lane in np.unique(lanes).tolist():
         sel = np.flatnonzero(lanes == lane)
-        t = track if lane == 0 else b.track(f"iterations ({lane})", parent=proc, rank=rank.rank,
-                                            order=TRACK_ORDER["iterations"])  # fmt: skip
-        b.add_slices(t, its.begin[sel], end[sel], names[sel], SLICE_ITERATION, rank.rank, its.it[sel],
-                     its.end[sel] == OPEN)  # fmt: skip
+        t = (
+            track
+            if lane == 0
+            else b.track(
+                f"iterations ({lane})", parent=proc, rank=rank.rank, order=TRACK_ORDER["iterations"]
+            )
+        )
+        b.add_slices(
+            t,
+            its.begin[sel],
+            end[sel],
+            names[sel],
+            SLICE_ITERATION,
+            rank.rank,
+            its.it[sel],
+            its.end[sel] == OPEN,
+        )
 
 
 def _bubbles(b: Builder, run: Run, rank: RankTimeline, proc: int, t_end: int) -> None:
@@ -174,8 +261,16 @@ def _bubbles(b: Builder, run: Run, rank: RankTimeline, proc: int, t_end: int) ->
     if not len(found.begin):
         return
     track = b.track("bubbles", parent=proc, rank=rank.rank, order=TRACK_ORDER["bubbles"])
-    b.add_slices(track, found.begin, found.end, b.name(BUBBLE), SLICE_BUBBLE, rank.rank, found.iteration,
-                 found.unfinished)  # fmt: skip
+    b.add_slices(
+        track,
+        found.begin,
+        found.end,
+        b.name(BUBBLE),
+        SLICE_BUBBLE,
+        rank.rank,
+        found.iteration,
+        found.unfinished,
+    )
 
 
 def _flows(b: Builder, run: Run, slices: Slices, ops: dict[int, _Ops]) -> int:
@@ -196,6 +291,13 @@ def _flows(b: Builder, run: Run, slices: Slices, ops: dict[int, _Ops]) -> int:
             slices.flow[ops[rank.rank].slice_index[rows]] = ids
             target = ops[peer]
             done = run.ranks[peer].p2p.done[recv_rows] != OPEN
-            b.add_instants(target.track[recv_rows], target.end[recv_rows], np.where(done, arrived, never),
-                           INSTANT_ARRIVAL, peer, flow=ids, parent=target.slice_index[recv_rows])  # fmt: skip
+            b.add_instants(
+                target.track[recv_rows],
+                target.end[recv_rows],
+                np.where(done, arrived, never),
+                INSTANT_ARRIVAL,
+                peer,
+                flow=ids,
+                parent=target.slice_index[recv_rows],
+            )
     return next_id - 1

@@ -10,7 +10,14 @@ import orjson
 
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import OPEN, RankTimeline, Run
-from pipetrace.export.columns import FINDINGS_TRACK, INSTANT_EVENT, INSTANT_FINDING, TRACK_ORDER, Builder, Slices
+from pipetrace.export.columns import (
+    FINDINGS_TRACK,
+    INSTANT_EVENT,
+    INSTANT_FINDING,
+    TRACK_ORDER,
+    Builder,
+    Slices,
+)
 from pipetrace.recorder import format as fmt
 
 SHOWN_EVENTS = (fmt.STALL, fmt.DUMP, fmt.ABORT, fmt.SIGNAL, fmt.EXCEPTION, fmt.RUN_END)
@@ -34,29 +41,47 @@ class Marks:
         track = self._findings_tracks.get(rank)
         if track is None:
             if rank in self.process:
-                track = self.b.track(FINDINGS_TRACK, parent=self.process[rank], rank=rank,
-                                     order=TRACK_ORDER["findings"])  # fmt: skip
+                track = self.b.track(
+                    FINDINGS_TRACK,
+                    parent=self.process[rank],
+                    rank=rank,
+                    order=TRACK_ORDER["findings"],
+                )
             else:
                 track = self.b.track(FINDINGS_TRACK)
             self._findings_tracks[rank] = track
         return track
 
-    def _instant(self, rank: int, ts: int, name: str, kind: int, detail: dict[str, Any], track: int) -> None:
+    def _instant(
+        self, rank: int, ts: int, name: str, kind: int, detail: dict[str, Any], track: int
+    ) -> None:
         self.details.append(detail)
-        self.b.add_instants(np.array([track]), np.array([min(max(ts, 0), self.t_end)], np.int64),
-                            self.b.name(name), kind, rank, detail=len(self.details) - 1)  # fmt: skip
+        self.b.add_instants(
+            np.array([track]),
+            np.array([min(max(ts, 0), self.t_end)], np.int64),
+            self.b.name(name),
+            kind,
+            rank,
+            detail=len(self.details) - 1,
+        )
 
     def recorded_events(self, rank: RankTimeline) -> None:
         shown = [ev for ev in rank.lifecycle if ev.e in SHOWN_EVENTS]
         if not shown:
             return
-        track = self.b.track("recorded events", parent=self.process[rank.rank], rank=rank.rank,
-                             order=TRACK_ORDER["events"])  # fmt: skip
+        track = self.b.track(
+            "recorded events",
+            parent=self.process[rank.rank],
+            rank=rank.rank,
+            order=TRACK_ORDER["events"],
+        )
         for ev in shown:
             detail = {k: _scalar(v) for k, v in ev.fields.items()}
             self._instant(rank.rank, ev.t, ev.e, INSTANT_EVENT, detail, track)
 
-    def findings(self, findings: list[Finding], slices: Slices, step_index: dict[int, np.ndarray]) -> None:
+    def findings(
+        self, findings: list[Finding], slices: Slices, step_index: dict[int, np.ndarray]
+    ) -> None:
         """An instant per place a finding points at; the steps it names get a ``finding`` note."""
         notes: dict[int, list[str]] = {}
         for f in findings:
@@ -66,21 +91,46 @@ class Marks:
             if f.steps:
                 for ref in f.steps:
                     row = self._locate(ref)
-                    ts = ref.time_ns if ref.time_ns is not None else (
-                        int(self.run.ranks[ref.rank].steps.begin[row]) if row is not None else start)
+                    ts = (
+                        ref.time_ns
+                        if ref.time_ns is not None
+                        else (
+                            int(self.run.ranks[ref.rank].steps.begin[row])
+                            if row is not None
+                            else start
+                        )
+                    )
                     if ts is None:
                         ts = self._rank_end(ref.rank)
-                    detail = {**base, "step": ref.step, "iteration": ref.iteration, "note": ref.note}
-                    self._instant(ref.rank, ts, name, INSTANT_FINDING, {k: v for k, v in detail.items() if v is not None},
-                                  self._track(ref.rank if 0 <= ref.rank < self.run.world_size else -1))  # fmt: skip
+                    detail = {
+                        **base,
+                        "step": ref.step,
+                        "iteration": ref.iteration,
+                        "note": ref.note,
+                    }
+                    self._instant(
+                        ref.rank,
+                        ts,
+                        name,
+                        INSTANT_FINDING,
+                        {k: v for k, v in detail.items() if v is not None},
+                        self._track(ref.rank if 0 <= ref.rank < self.run.world_size else -1),
+                    )
                     if row is not None and ref.rank in step_index:
                         notes.setdefault(int(step_index[ref.rank][row]), []).append(
-                            f"{f.severity} {f.kind}: {ref.note or f.message}")
+                            f"{f.severity} {f.kind}: {ref.note or f.message}"
+                        )
             elif f.ranks:
                 for r in sorted(set(f.ranks)):
                     ts = start if start is not None else self._rank_end(r)
-                    self._instant(r, ts, name, INSTANT_FINDING, base,
-                                  self._track(r if 0 <= r < self.run.world_size else -1))  # fmt: skip
+                    self._instant(
+                        r,
+                        ts,
+                        name,
+                        INSTANT_FINDING,
+                        base,
+                        self._track(r if 0 <= r < self.run.world_size else -1),
+                    )
             else:
                 self._instant(-1, start or 0, name, INSTANT_FINDING, base, self._track(-1))
         for index, texts in notes.items():
@@ -114,7 +164,9 @@ class Marks:
         if not 0 <= rank < self.run.world_size or not self.run.ranks[rank].present:
             return self.t_end
         r = self.run.ranks[rank]
-        times = [int(a.max()) for a in (r.steps.begin, r.steps.end, r.p2p.post, r.p2p.done) if len(a)]
+        times = [
+            int(a.max()) for a in (r.steps.begin, r.steps.end, r.p2p.post, r.p2p.done) if len(a)
+        ]
         times += [ev.t for ev in r.lifecycle]
         return max(times, default=self.t_end)
 

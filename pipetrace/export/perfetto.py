@@ -21,7 +21,8 @@ recv: its ``arrived`` instant, which ends a flow begun earlier, then the recv's 
 
 from __future__ import annotations
 
-from typing import IO, Any, Callable
+from collections.abc import Callable
+from typing import IO, Any
 
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -36,8 +37,12 @@ SEQUENCE_ID = 1
 CLOCK_ID = 64  # a sequence-scoped clock (64..127)
 CHUNK_EVENTS = 1 << 18
 BEGIN, END, INSTANT, COUNTER = range(4)
-_TYPES = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END, pb.TrackEvent.TYPE_INSTANT,
-          pb.TrackEvent.TYPE_COUNTER)  # fmt: skip
+_TYPES = (
+    pb.TrackEvent.TYPE_SLICE_BEGIN,
+    pb.TrackEvent.TYPE_SLICE_END,
+    pb.TrackEvent.TYPE_INSTANT,
+    pb.TrackEvent.TYPE_COUNTER,
+)
 
 Progress = Callable[[float], None]
 
@@ -72,14 +77,23 @@ def event_order(layout: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     e_sub = np.where(parent | zero, rank_of, -rank_of)
     arrival = ins.parent >= 0
     i_phase = np.where(arrival, 3, 1)
-    i_sub = np.where(arrival, rank_of[np.maximum(ins.parent, 0)], -1) if n else np.full(len(ins), -1)
+    i_sub = (
+        np.where(arrival, rank_of[np.maximum(ins.parent, 0)], -1) if n else np.full(len(ins), -1)
+    )
     ts = np.concatenate([s.begin, s.end, ins.ts, c.ts])
     phase = np.concatenate([b_phase, e_phase, i_phase, np.ones(len(c), np.int64)])
     sub = np.concatenate([rank_of, e_sub, i_sub, np.full(len(c), -1)])
-    sub2 = np.concatenate([np.zeros(n, np.int64), np.where(parent, 2, 1), np.ones(len(ins), np.int64),
-                           np.zeros(len(c), np.int64)])  # fmt: skip
-    etype = np.concatenate([np.full(n, BEGIN), np.full(n, END), np.full(len(ins), INSTANT),
-                            np.full(len(c), COUNTER)]).astype(np.int8)  # fmt: skip
+    sub2 = np.concatenate(
+        [
+            np.zeros(n, np.int64),
+            np.where(parent, 2, 1),
+            np.ones(len(ins), np.int64),
+            np.zeros(len(c), np.int64),
+        ]
+    )
+    etype = np.concatenate(
+        [np.full(n, BEGIN), np.full(n, END), np.full(len(ins), INSTANT), np.full(len(c), COUNTER)]
+    ).astype(np.int8)
     index = np.concatenate([np.arange(n), np.arange(n), np.arange(len(ins)), np.arange(len(c))])
     span = 2 * n + 3  # sub lies in [-n, n]
     order = np.lexsort(((phase * span + sub + n + 1) * 3 + sub2, ts))
@@ -106,7 +120,12 @@ class _Interning:
             A.DTYPE: [self.string(str(d)) for d in run.dtypes],
         }
         self.string_args = {}
-        for name, column in ((A.OP, a.op), (A.CHANNEL, a.channel), (A.SHAPE, a.shape), (A.DTYPE, a.dtype)):
+        for name, column in (
+            (A.OP, a.op),
+            (A.CHANNEL, a.channel),
+            (A.SHAPE, a.shape),
+            (A.DTYPE, a.dtype),
+        ):
             table = np.array(lookup[name] + [0], np.int64)  # an index out of range reads 0: absent
             valid = (column >= 0) & (column < len(lookup[name]))
             self.string_args[name] = table[np.where(valid, column, len(lookup[name]))]
@@ -149,21 +168,33 @@ class _Interning:
         return event.SerializeToString()
 
 
-def _annotation(name_iid: int, value_field: int, values: np.ndarray, rows: np.ndarray) -> list[wire.Col]:
+def _annotation(
+    name_iid: int, value_field: int, values: np.ndarray, rows: np.ndarray
+) -> list[wire.Col]:
     """A ``debug_annotations`` entry on ``rows``: an interned name and an integer value field
     (``int_value`` or ``string_value_iid``). Two parts: everything before the value (its size
     only depends on the value's size), then the value."""
     value = wire.varint(values, rows)
-    head = wire.key(1, wire.VARINT) + wire.encode_varint(name_iid) + wire.key(value_field, wire.VARINT)
-    prefixes = [wire.key(4, wire.LEN) + wire.encode_varint(len(head) + size) + head for size in range(11)]
+    head = (
+        wire.key(1, wire.VARINT) + wire.encode_varint(name_iid) + wire.key(value_field, wire.VARINT)
+    )
+    prefixes = [
+        wire.key(4, wire.LEN) + wire.encode_varint(len(head) + size) + head for size in range(11)
+    ]
     return [wire.table_rows(rows, value.lens, prefixes), value]
 
 
 _INT_VALUE, _STRING_VALUE_IID = 4, 17
 
 
-def _events(layout: Layout, enc: _Interning, a: SliceArgs, etype: np.ndarray, index: np.ndarray,
-            delta: np.ndarray) -> bytes:  # fmt: skip
+def _events(
+    layout: Layout,
+    enc: _Interning,
+    a: SliceArgs,
+    etype: np.ndarray,
+    index: np.ndarray,
+    delta: np.ndarray,
+) -> bytes:
     """The packets of a run of events (one row each), encoded column by column."""
     s, ins, c = layout.slices, layout.instants, layout.counters
     n = len(etype)
@@ -189,11 +220,24 @@ def _events(layout: Layout, enc: _Interning, a: SliceArgs, etype: np.ndarray, in
         extra[instants] = enc.instant_extra[ii[instants]]
     if len(counters):
         track[counters] = c.track[index[counters]]
-    te = [wire.table(etype.astype(np.int64), [wire.key(9, wire.VARINT) + wire.encode_varint(t) for t in _TYPES]),
-          *wire.field_varint(11, track, every), *wire.field_varint(10, name + 1, named)]  # fmt: skip
+    te = [
+        wire.table(
+            etype.astype(np.int64),
+            [wire.key(9, wire.VARINT) + wire.encode_varint(t) for t in _TYPES],
+        ),
+        *wire.field_varint(11, track, every),
+        *wire.field_varint(10, name + 1, named),
+    ]
     if len(begins):
-        for ann, column in ((A.STAGE, a.stage), (A.MICROBATCH, a.microbatch), (A.ITERATION, a.iteration),
-                            (A.POSITION, a.position), (A.PEER, a.peer), (A.SEQ, a.seq), (A.BYTES, a.nbytes)):  # fmt: skip
+        for ann, column in (
+            (A.STAGE, a.stage),
+            (A.MICROBATCH, a.microbatch),
+            (A.ITERATION, a.iteration),
+            (A.POSITION, a.position),
+            (A.PEER, a.peer),
+            (A.SEQ, a.seq),
+            (A.BYTES, a.nbytes),
+        ):
             values = np.full(n, -1, np.int64)
             values[begins] = column[si[begins]]
             te += _annotation(enc.ann[ann], _INT_VALUE, values, wire.rows_where(values >= 0))
@@ -212,11 +256,16 @@ def _events(layout: Layout, enc: _Interning, a: SliceArgs, etype: np.ndarray, in
     if len(counters):
         te += wire.field_varint(30, _spread(c.value, index, counters, n), counters)
     te.append(wire.table(extra, enc.extras))
-    packet = [*wire.field_varint(8, delta, every),
-              wire.const(wire.key(10, wire.VARINT) + wire.encode_varint(SEQUENCE_ID), every),
-              wire.const(wire.key(13, wire.VARINT) + wire.encode_varint(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE),
-                         named),
-              *wire.field_message(11, te, every, n)]  # fmt: skip
+    packet = [
+        *wire.field_varint(8, delta, every),
+        wire.const(wire.key(10, wire.VARINT) + wire.encode_varint(SEQUENCE_ID), every),
+        wire.const(
+            wire.key(13, wire.VARINT)
+            + wire.encode_varint(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE),
+            named,
+        ),
+        *wire.field_message(11, te, every, n),
+    ]
     return wire.assemble(wire.field_message(1, packet, every, n), n)
 
 
@@ -257,9 +306,11 @@ def _header(layout: Layout, enc: _Interning) -> bytes:
     interned = first.interned_data
     interned.event_names.extend(pb.EventName(iid=i + 1, name=n) for i, n in enumerate(layout.names))
     interned.debug_annotation_names.extend(
-        pb.DebugAnnotationName(iid=i + 1, name=n) for i, n in enumerate(enc.ann_names))
+        pb.DebugAnnotationName(iid=i + 1, name=n) for i, n in enumerate(enc.ann_names)
+    )
     interned.debug_annotation_string_values.extend(
-        pb.InternedString(iid=i + 1, str=s.encode()) for i, s in enumerate(enc.strings))
+        pb.InternedString(iid=i + 1, str=s.encode()) for i, s in enumerate(enc.strings)
+    )
     snapshot = packet().clock_snapshot
     snapshot.clocks.add(clock_id=CLOCK_ID, timestamp=0, is_incremental=True)
     for builtin in (pb.BUILTIN_CLOCK_BOOTTIME, pb.BUILTIN_CLOCK_REALTIME):

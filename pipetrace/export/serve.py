@@ -12,8 +12,8 @@ import http.server
 import shutil
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pipetrace.errors import PipetraceError
 
@@ -35,7 +35,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Access-Control-Allow-Private-Network", "true")
         self.send_header("Cache-Control", "no-cache")
 
-    def do_OPTIONS(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_OPTIONS(self) -> None:
         self.send_response(204)
         self._cors()
         self.send_header("Content-Length", "0")
@@ -57,10 +57,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 shutil.copyfileobj(f, self.wfile, 1 << 20)
             self.server.served = True
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self._file(body=True)
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._file(body=False)
 
     def log_message(self, format: str, *args: object) -> None:  # quiet: the CLI says what matters
@@ -75,8 +75,14 @@ class _OneShotServer(http.server.HTTPServer):
         super().__init__(("127.0.0.1", port), _Handler)
 
 
-def serve_once(path: str | Path, *, port: int = DEFAULT_PORT, timeout: float = 300.0, origin: str = UI_ORIGIN,
-               ready: Callable[[str], None] | None = None) -> bool:  # fmt: skip
+def serve_once(
+    path: str | Path,
+    *,
+    port: int = DEFAULT_PORT,
+    timeout: float = 300.0,
+    origin: str = UI_ORIGIN,
+    ready: Callable[[str], None] | None = None,
+) -> bool:
     """Serve ``path`` until it has been downloaded once, or ``timeout`` seconds passed.
 
     ``ready(link)`` is called once the server listens, with the UI link to open (port 0
@@ -89,7 +95,8 @@ def serve_once(path: str | Path, *, port: int = DEFAULT_PORT, timeout: float = 3
     except OSError as exc:
         raise PipetraceError(
             f"cannot serve on 127.0.0.1:{port} ({exc.strerror}); is another trace server running? "
-            "Stop it, or pass --port (ui.perfetto.dev itself only fetches from port 9001)") from None
+            "Stop it, or pass --port (ui.perfetto.dev itself only fetches from port 9001)"
+        ) from None
     with server:
         server.timeout = 0.25
         if ready is not None:

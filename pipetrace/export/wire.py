@@ -46,10 +46,16 @@ class Col:
     are ``mat[src[k], :lens[k]]``, where ``src`` is ``idx`` (None: k itself; a constant
     has one ``mat`` row, read by every row)."""
 
-    __slots__ = ("rows", "mat", "lens", "idx", "const")
+    __slots__ = ("const", "idx", "lens", "mat", "rows")
 
-    def __init__(self, rows: np.ndarray, mat: np.ndarray, lens: np.ndarray, idx: np.ndarray | None = None,
-                 const: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        rows: np.ndarray,
+        mat: np.ndarray,
+        lens: np.ndarray,
+        idx: np.ndarray | None = None,
+        const: bool = False,
+    ) -> None:
         self.rows = rows
         self.mat = mat
         self.lens = lens
@@ -94,7 +100,11 @@ def varint(values: np.ndarray, rows: np.ndarray) -> Col:
 
 
 def fixed64(values: np.ndarray, rows: np.ndarray) -> Col:
-    mat = np.ascontiguousarray(np.asarray(values)[rows].astype("<u8")).view(np.uint8).reshape(len(rows), 8)
+    mat = (
+        np.ascontiguousarray(np.asarray(values)[rows].astype("<u8"))
+        .view(np.uint8)
+        .reshape(len(rows), 8)
+    )
     return Col(rows, mat, np.full(len(rows), 8, np.int64))
 
 

@@ -12,8 +12,8 @@ The algorithm is backend-neutral: a backend supplies `send_ints` / `recv_ints`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 SendInts = Callable[[int, list[int]], None]  # (peer, values)
 RecvInts = Callable[[int, int], list[int]]  # (peer, count) -> values

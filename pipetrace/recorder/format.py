@@ -36,9 +36,21 @@ ABORT = "abort"  # the watchdog ended the run
 RUN_END = "run_end"  # a clean end
 
 EVENT_TYPES = (
-    RUN_START, CLOCK, ITER_BEGIN, ITER_END, STEP_BEGIN, STEP_END, P2P_POST, P2P_DONE,
-    STALL, DUMP, SIGNAL, EXCEPTION, ABORT, RUN_END,
-)  # fmt: skip
+    RUN_START,
+    CLOCK,
+    ITER_BEGIN,
+    ITER_END,
+    STEP_BEGIN,
+    STEP_END,
+    P2P_POST,
+    P2P_DONE,
+    STALL,
+    DUMP,
+    SIGNAL,
+    EXCEPTION,
+    ABORT,
+    RUN_END,
+)
 
 
 def rank_log_name(rank: int) -> str:

@@ -125,8 +125,14 @@ class Recorder:
             capacity=self.config.capacity,
         )
         if rank == 0:
-            write_meta(run_dir, plan=plan, world_size=world_size, config=config,
-                       framework=self.framework, framework_version=self.framework_version)
+            write_meta(
+                run_dir,
+                plan=plan,
+                world_size=world_size,
+                config=config,
+                framework=self.framework,
+                framework_version=self.framework_version,
+            )
         steps = [format_step(s) for s in plan.steps(rank)]
         self._other(fmt.RUN_START, config=config, plan=steps, stages=plan.stages_of(rank))
         self._align_clock("start")
@@ -163,10 +169,20 @@ class Recorder:
         if self._clock_exchange is None or self.world_size < 2:
             return
         send_ints, recv_ints = self._clock_exchange
-        offset = align_clocks(rank=self.rank, world_size=self.world_size, now_ns=self.now_ns,
-                              send_ints=send_ints, recv_ints=recv_ints)  # fmt: skip
-        self.record_event(fmt.CLOCK, phase=phase, offset_ns=offset.offset_ns,
-                          uncertainty_ns=offset.uncertainty_ns, reference_rank=0)  # fmt: skip
+        offset = align_clocks(
+            rank=self.rank,
+            world_size=self.world_size,
+            now_ns=self.now_ns,
+            send_ints=send_ints,
+            recv_ints=recv_ints,
+        )
+        self.record_event(
+            fmt.CLOCK,
+            phase=phase,
+            offset_ns=offset.offset_ns,
+            uncertainty_ns=offset.uncertainty_ns,
+            reference_rank=0,
+        )
 
     # -- iterations ------------------------------------------------------------------------
 
@@ -225,8 +241,21 @@ class Recorder:
         self.last_progress = t
         pid = next(self._ids)
         stack = _short_stack() if self._stacks else None
-        record = (_P2P_POST, t, pid, self._iteration, op, step, peer, channel, seq, nbytes,
-                  shape, dtype, stack)  # fmt: skip
+        record = (
+            _P2P_POST,
+            t,
+            pid,
+            self._iteration,
+            op,
+            step,
+            peer,
+            channel,
+            seq,
+            nbytes,
+            shape,
+            dtype,
+            stack,
+        )
         self.inflight[pid] = record
         self._writer.append(record)
         return pid
@@ -304,9 +333,20 @@ class Recorder:
             return _P2P_DONE_LINE % (t, record[2])
         if tag == _P2P_POST:
             _, _, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
-            event = {"e": fmt.P2P_POST, "t": t, "id": pid, "it": it, "op": op,
-                     "step": self._text(step).decode(), "peer": peer, "ch": channel, "seq": seq,
-                     "bytes": nbytes, "shape": list(shape), "dtype": dtype}  # fmt: skip
+            event = {
+                "e": fmt.P2P_POST,
+                "t": t,
+                "id": pid,
+                "it": it,
+                "op": op,
+                "step": self._text(step).decode(),
+                "peer": peer,
+                "ch": channel,
+                "seq": seq,
+                "bytes": nbytes,
+                "shape": list(shape),
+                "dtype": dtype,
+            }
             if stack is not None:
                 event["stack"] = stack
             return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)

@@ -8,9 +8,9 @@ variables tune it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from pipetrace.errors import PipetraceError
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
@@ -40,7 +40,9 @@ class RecordSettings:
 
     def __post_init__(self) -> None:
         if self.mode not in RECORD_MODES:
-            raise PipetraceError(f"record mode must be one of {', '.join(RECORD_MODES)}; got {self.mode!r}")
+            raise PipetraceError(
+                f"record mode must be one of {', '.join(RECORD_MODES)}; got {self.mode!r}"
+            )
         for name in ("stall_timeout", "abort_timeout"):
             if getattr(self, name) < 0:
                 raise PipetraceError(f"{name} must be >= 0 seconds (0 turns it off)")

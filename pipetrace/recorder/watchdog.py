@@ -41,7 +41,9 @@ def thread_stacks() -> dict[str, list[str]]:
     for ident, frame in sys._current_frames().items():
         frames = traceback.extract_stack(frame)
         key = f"{names.get(ident, 'thread')} ({ident})"
-        stacks[key] = [f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" for f in frames]
+        stacks[key] = [
+            f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" for f in frames
+        ]
     return stacks
 
 
@@ -109,8 +111,11 @@ class Watchdog:
     def _terminate(self, signum: int) -> None:
         if not self._exiting.acquire(blocking=False):
             return
-        self.recorder.record_event(fmt.SIGNAL, signal=signal.Signals(signum).name,
-                                   open_steps=self.recorder.describe_open_steps())  # fmt: skip
+        self.recorder.record_event(
+            fmt.SIGNAL,
+            signal=signal.Signals(signum).name,
+            open_steps=self.recorder.describe_open_steps(),
+        )
         os._exit(128 + signum)
 
     # -- the watch loop --------------------------------------------------------------------
@@ -132,8 +137,10 @@ class Watchdog:
                 stalled_at_progress = progress
                 stalled_since = time.monotonic()
                 self.dump(fmt.STALL, idle_s=round(idle, 3))
-                self._say(f"no progress for {idle:.0f} s{self._where()}; stacks recorded in "
-                          f"{recorder.config.run_dir}")  # fmt: skip
+                self._say(
+                    f"no progress for {idle:.0f} s{self._where()}; stacks recorded in "
+                    f"{recorder.config.run_dir}"
+                )
             elif self.abort_timeout > 0 and time.monotonic() - stalled_since >= self.abort_timeout:
                 self._abort(idle)
 
@@ -150,8 +157,9 @@ class Watchdog:
             elif signum == signal.SIGTERM and signal.SIGTERM in self._previous_handlers:
                 self._terminate(signum)
             elif signum == signal.SIGINT:
-                self.recorder.record_event(fmt.SIGNAL, signal="SIGINT",
-                                           open_steps=self.recorder.describe_open_steps())  # fmt: skip
+                self.recorder.record_event(
+                    fmt.SIGNAL, signal="SIGINT", open_steps=self.recorder.describe_open_steps()
+                )
 
     def dump(self, event: str, **fields: Any) -> None:
         recorder = self.recorder
@@ -171,9 +179,13 @@ class Watchdog:
     def _abort(self, idle: float) -> None:
         if not self._exiting.acquire(blocking=False):
             return
-        message = (f"no progress for {idle:.0f} s{self._where()}: the watchdog ended the run "
-                   f"(abort timeout {self.abort_timeout:g} s)")  # fmt: skip
-        self.recorder.record_event(fmt.ABORT, idle_s=round(idle, 3), message=message, **self._waiting_in())
+        message = (
+            f"no progress for {idle:.0f} s{self._where()}: the watchdog ended the run "
+            f"(abort timeout {self.abort_timeout:g} s)"
+        )
+        self.recorder.record_event(
+            fmt.ABORT, idle_s=round(idle, 3), message=message, **self._waiting_in()
+        )
         self._say(message)
         os._exit(WATCHDOG_EXIT_CODE)
 

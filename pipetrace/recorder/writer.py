@@ -16,8 +16,9 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 
@@ -46,7 +47,10 @@ class EventWriter:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(
-            target=self._flush_periodically, args=(flush_interval,), name="pipetrace-flush", daemon=True
+            target=self._flush_periodically,
+            args=(flush_interval,),
+            name="pipetrace-flush",
+            daemon=True,
         )
         self._thread.start()
 

@@ -22,8 +22,9 @@ jobs are plain torchrun jobs; nothing here is specific to one machine.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,8 +32,8 @@ import torch.distributed as dist
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.runtime.executor import Executor, StepContext
-from pipetrace.runtime.runner import RunnerBase, resolve_plan, split_batch
 from pipetrace.runtime.p2p import P2P, TensorMeta
+from pipetrace.runtime.runner import RunnerBase, resolve_plan, split_batch
 from pipetrace.runtime.split import split_sequential, stages_of_rank
 from pipetrace.runtime.stage import LossFn, PipelineStage
 from pipetrace.schedule.ir import Plan
@@ -93,7 +94,9 @@ class PipelineRunner(RunnerBase):
             init_distributed(self.device, timeout=timeout)
         self.group = group
         self.rank = dist.get_rank(group)
-        self.plan = resolve_plan(schedule, dist.get_world_size(group), num_microbatches, stages_per_rank)
+        self.plan = resolve_plan(
+            schedule, dist.get_world_size(group), num_microbatches, stages_per_rank
+        )
         modules = _stage_modules(model, self.plan, self.rank)
         num_stages = self.plan.num_stages
         self.stages = {
@@ -145,7 +148,13 @@ class PipelineRunner(RunnerBase):
 
 
 def _device_of(model: Any) -> torch.device:
-    modules = model.values() if isinstance(model, Mapping) else [model] if isinstance(model, torch.nn.Module) else model
+    modules = (
+        model.values()
+        if isinstance(model, Mapping)
+        else [model]
+        if isinstance(model, torch.nn.Module)
+        else model
+    )
     for module in modules:
         for param in module.parameters():
             return param.device
@@ -162,7 +171,9 @@ def _stage_modules(
     if isinstance(model, Mapping):
         expected = plan.stages_of(rank)
         if sorted(model) != expected:
-            raise ValueError(f"rank {rank} holds stages {expected}; got modules for {sorted(model)}")
+            raise ValueError(
+                f"rank {rank} holds stages {expected}; got modules for {sorted(model)}"
+            )
         return dict(model)
     if isinstance(model, torch.nn.Module):
         raise TypeError("give a whole model as nn.Sequential, or one module per stage")

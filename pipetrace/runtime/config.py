@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -110,13 +111,20 @@ class RunConfig:
             )
         if self.record not in ("off", "steps", "full"):
             raise PipetraceError(f"--record must be off, steps or full, got {self.record!r}")
-        for flag, value in (("--stall-timeout", self.stall_timeout), ("--abort-timeout", self.abort_timeout)):
+        for flag, value in (
+            ("--stall-timeout", self.stall_timeout),
+            ("--abort-timeout", self.abort_timeout),
+        ):
             if value < 0:
                 raise PipetraceError(f"{flag} must be >= 0 seconds (0 turns it off), got {value}")
         if self.torch_profiler and self.record == "off":
-            raise PipetraceError("--torch-profiler writes into the run directory: it needs recording on")
+            raise PipetraceError(
+                "--torch-profiler writes into the run directory: it needs recording on"
+            )
         if self.backend not in BACKENDS:
-            raise PipetraceError(f"unknown --backend {self.backend!r}; choose from {', '.join(BACKENDS)}")
+            raise PipetraceError(
+                f"unknown --backend {self.backend!r}; choose from {', '.join(BACKENDS)}"
+            )
         if self.faults:  # last: the check builds the plan from the fields above
             object.__setattr__(self, "faults", _faults.resolve_faults(tuple(self.faults), self))
 
@@ -203,30 +211,135 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     default to `faults.HANG_STALL_TIMEOUT` etc., so that the run ends within seconds.
     """
 
-    @click.option("--schedule", "-s", required=True, help="Schedule name, e.g. 1f1b, zbv, dualpipev, or a torch class name.")
-    @click.option("--ranks", "-p", type=int, default=None, help="Pipeline ranks P.  [default: 2; WORLD_SIZE / D under torchrun]")
-    @click.option("--microbatches", "-m", type=int, default=8, show_default=True, help="Micro-batches M per iteration.")
-    @click.option("--stages-per-rank", "-v", type=int, default=None, help="Stages per rank V (interleaved-1f1b, zb1p; zbv and dualpipev use 2).")
-    @click.option("--steps", "-n", type=int, default=3, show_default=True, help="Training iterations.")
-    @click.option("--backend", type=click.Choice(BACKENDS), default="torch", show_default=True, help="Framework that runs the plan.")
-    @click.option("--out", "-o", type=click.Path(file_okay=False), default=None, help="Run directory for the recording.  [default: runs/SCHEDULE-TIME]")
-    @click.option("--record", type=click.Choice(["off", "steps", "full"]), default="steps", show_default=True, help="steps: every step, P2P op and lifecycle event; full: also the stack of each P2P post.")
-    @click.option("--stall-timeout", type=float, default=None, help="Seconds without progress before a rank records a stall with every thread's stack (0: off).  [default: 30; 3 with a fault that hangs]")
-    @click.option("--abort-timeout", type=float, default=None, help="Further seconds after a stall before the watchdog ends the rank (0: never).  [default: 30; 2 with a fault that hangs]")
-    @click.option("--torch-profiler", is_flag=True, help="Also capture a torch.profiler trace per rank into OUT/profiler/.")
-    @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the model and the synthetic data.")
-    @click.option("--overlap-p2p", is_flag=True, help="Post recvs early, wait them where consumed; drain sends at iteration end.")
-    @click.option("--check-parity", is_flag=True, help="After step 1, compare loss and gradients with a single-process run.")
-    @click.option("--timeout", type=float, default=None, help="Seconds a rank waits on a peer before failing.  [default: 60; 20 with a fault that hangs]")
-    @click.option("--data-parallel", "-d", type=int, default=1, show_default=True, help="Data-parallel replicas D (P * D processes).")
+    @click.option(
+        "--schedule",
+        "-s",
+        required=True,
+        help="Schedule name, e.g. 1f1b, zbv, dualpipev, or a torch class name.",
+    )
+    @click.option(
+        "--ranks",
+        "-p",
+        type=int,
+        default=None,
+        help="Pipeline ranks P.  [default: 2; WORLD_SIZE / D under torchrun]",
+    )
+    @click.option(
+        "--microbatches",
+        "-m",
+        type=int,
+        default=8,
+        show_default=True,
+        help="Micro-batches M per iteration.",
+    )
+    @click.option(
+        "--stages-per-rank",
+        "-v",
+        type=int,
+        default=None,
+        help="Stages per rank V (interleaved-1f1b, zb1p; zbv and dualpipev use 2).",
+    )
+    @click.option(
+        "--steps", "-n", type=int, default=3, show_default=True, help="Training iterations."
+    )
+    @click.option(
+        "--backend",
+        type=click.Choice(BACKENDS),
+        default="torch",
+        show_default=True,
+        help="Framework that runs the plan.",
+    )
+    @click.option(
+        "--out",
+        "-o",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Run directory for the recording.  [default: runs/SCHEDULE-TIME]",
+    )
+    @click.option(
+        "--record",
+        type=click.Choice(["off", "steps", "full"]),
+        default="steps",
+        show_default=True,
+        help="steps: every step, P2P op and lifecycle event; full: also the stack of each P2P post.",
+    )
+    @click.option(
+        "--stall-timeout",
+        type=float,
+        default=None,
+        help="Seconds without progress before a rank records a stall with every thread's stack (0: off).  [default: 30; 3 with a fault that hangs]",
+    )
+    @click.option(
+        "--abort-timeout",
+        type=float,
+        default=None,
+        help="Further seconds after a stall before the watchdog ends the rank (0: never).  [default: 30; 2 with a fault that hangs]",
+    )
+    @click.option(
+        "--torch-profiler",
+        is_flag=True,
+        help="Also capture a torch.profiler trace per rank into OUT/profiler/.",
+    )
+    @click.option(
+        "--seed",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Seed for the model and the synthetic data.",
+    )
+    @click.option(
+        "--overlap-p2p",
+        is_flag=True,
+        help="Post recvs early, wait them where consumed; drain sends at iteration end.",
+    )
+    @click.option(
+        "--check-parity",
+        is_flag=True,
+        help="After step 1, compare loss and gradients with a single-process run.",
+    )
+    @click.option(
+        "--timeout",
+        type=float,
+        default=None,
+        help="Seconds a rank waits on a peer before failing.  [default: 60; 20 with a fault that hangs]",
+    )
+    @click.option(
+        "--data-parallel",
+        "-d",
+        type=int,
+        default=1,
+        show_default=True,
+        help="Data-parallel replicas D (P * D processes).",
+    )
     @click.option("--fsdp", is_flag=True, help="Shard each stage with FSDP2 across the D replicas.")
-    @click.option("--inject", multiple=True, metavar="KIND[:KEY=VALUE,...]", help=f"Inject a fault (repeatable): {', '.join(_faults.FAULT_KINDS)}; keys and defaults below.")
+    @click.option(
+        "--inject",
+        multiple=True,
+        metavar="KIND[:KEY=VALUE,...]",
+        help=f"Inject a fault (repeatable): {', '.join(_faults.FAULT_KINDS)}; keys and defaults below.",
+    )
     @functools.wraps(func)
-    def wrapper(schedule: str, ranks: int | None, microbatches: int, stages_per_rank: int | None,
-                steps: int, backend: str, out: str | None, seed: int, overlap_p2p: bool,
-                check_parity: bool, timeout: float | None, data_parallel: int, fsdp: bool,
-                record: str, stall_timeout: float | None, abort_timeout: float | None, torch_profiler: bool,
-                inject: tuple[str, ...], **kwargs: Any) -> Any:  # fmt: skip
+    def wrapper(
+        schedule: str,
+        ranks: int | None,
+        microbatches: int,
+        stages_per_rank: int | None,
+        steps: int,
+        backend: str,
+        out: str | None,
+        seed: int,
+        overlap_p2p: bool,
+        check_parity: bool,
+        timeout: float | None,
+        data_parallel: int,
+        fsdp: bool,
+        record: str,
+        stall_timeout: float | None,
+        abort_timeout: float | None,
+        torch_profiler: bool,
+        inject: tuple[str, ...],
+        **kwargs: Any,
+    ) -> Any:
         faults = tuple(_faults.parse_fault(spec) for spec in inject)
         hangs = any(fault.HANGS for fault in faults)
 

@@ -37,11 +37,15 @@ def demo_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.mse_loss(output, target)
 
 
-def demo_batch(step: int, batch_size: int, demo: DemoConfig, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def demo_batch(
+    step: int, batch_size: int, demo: DemoConfig, *, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets of iteration ``step``: the same on every rank and in every run
     with the same seed."""
     teacher = torch.Generator().manual_seed(seed + 1_000_003)
-    projection = torch.randn(demo.width, demo.width, generator=teacher, dtype=DTYPE) * demo.width**-0.5
+    projection = (
+        torch.randn(demo.width, demo.width, generator=teacher, dtype=DTYPE) * demo.width**-0.5
+    )
     data = torch.Generator().manual_seed(seed * 1_000_033 + step)
     inputs = torch.randn(batch_size, demo.width, generator=data, dtype=DTYPE)
     return inputs, torch.tanh(inputs @ projection)

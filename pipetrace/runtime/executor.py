@@ -14,9 +14,10 @@ holds no message for it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.runtime import fsdp
@@ -191,7 +192,9 @@ class Executor:
 
     def _compile(self) -> None:
         handlers = self._handlers
-        self._program = [(position, step, handlers[step.kind]) for position, step in enumerate(self._steps)]
+        self._program = [
+            (position, step, handlers[step.kind]) for position, step in enumerate(self._steps)
+        ]
 
     def _run_default(self, step: Step) -> None:
         self._builtin[step.kind](self.context.position, step)
@@ -228,7 +231,10 @@ class Executor:
             self.p2p.begin_iteration()
         begin, end = recorder.begin_step, recorder.end_step
         program = self._program
-        if self._step_order is not None and (order := self._step_order(self._iteration)) is not None:
+        if (
+            self._step_order is not None
+            and (order := self._step_order(self._iteration)) is not None
+        ):
             program = [program[position] for position in order]
         try:
             for position, step, handler in program:

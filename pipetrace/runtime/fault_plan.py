@@ -16,7 +16,12 @@ RECV_KINDS = {"F": StepKind.RECV_F, "B": StepKind.RECV_B}
 def peer_of(plan: Plan, step: Step) -> int:
     """The rank at the other end of a SEND/RECV step's message."""
     s = step.stage or 0
-    other = {StepKind.SEND_F: s + 1, StepKind.RECV_F: s - 1, StepKind.SEND_B: s - 1, StepKind.RECV_B: s + 1}[step.kind]
+    other = {
+        StepKind.SEND_F: s + 1,
+        StepKind.RECV_F: s - 1,
+        StepKind.SEND_B: s - 1,
+        StepKind.RECV_B: s + 1,
+    }[step.kind]
     return plan.placement[other]
 
 
@@ -26,7 +31,11 @@ def message_step(plan: Plan, rank: int, channel: str, mb: int, receives: bool) -
 
 
 def sends_to(plan: Plan, rank: int, peer: int) -> list[Step]:
-    return [s for s in plan.steps(rank) if s.kind in (StepKind.SEND_F, StepKind.SEND_B) and peer_of(plan, s) == peer]
+    return [
+        s
+        for s in plan.steps(rank)
+        if s.kind in (StepKind.SEND_F, StepKind.SEND_B) and peer_of(plan, s) == peer
+    ]
 
 
 def consecutive_sends(plan: Plan, rank: int, channel: str) -> list[tuple[Step, Step]]:
@@ -54,8 +63,15 @@ def is_stream_first(plan: Plan, step: Step, receives: bool) -> bool:
     return first.microbatch == step.microbatch
 
 
-def finishes(plan: Plan, rank: int, moved: Step, *, overlap: bool,
-             before: Step | None = None, after: Step | None = None) -> bool:
+def finishes(
+    plan: Plan,
+    rank: int,
+    moved: Step,
+    *,
+    overlap: bool,
+    before: Step | None = None,
+    after: Step | None = None,
+) -> bool:
     """Whether every rank still finishes an iteration when ``rank`` runs ``moved`` right
     before ``before`` (or right after ``after``) instead of where its plan has it.
 
@@ -69,7 +85,9 @@ def finishes(plan: Plan, rank: int, moved: Step, *, overlap: bool,
     anchor = before if before is not None else after
     index = row.index(anchor) + (0 if before is not None else 1)  # type: ignore[arg-type]
     rows[rank] = row[:index] + [moved] + row[index:]
-    program = compile_plan(Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params)))
+    program = compile_plan(
+        Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+    )
     return not execute(program, "eager" if overlap else "rendezvous").blocked()
 
 
@@ -78,9 +96,19 @@ def consumer(steps: list[Step], recv: Step) -> Step | None:
     the forward of the receiving stage for RECV_F, its backward (B or I) for RECV_B."""
     wants = (StepKind.F,) if recv.kind is StepKind.RECV_F else (StepKind.B, StepKind.I)
     start = steps.index(recv)
-    return next((s for s in steps[start + 1:] if any(
-        leaf.kind in wants and leaf.stage == recv.stage and leaf.microbatch == recv.microbatch
-        for leaf in s.leaves())), None)  # fmt: skip
+    return next(
+        (
+            s
+            for s in steps[start + 1 :]
+            if any(
+                leaf.kind in wants
+                and leaf.stage == recv.stage
+                and leaf.microbatch == recv.microbatch
+                for leaf in s.leaves()
+            )
+        ),
+        None,
+    )
 
 
 def waited_at(steps: list[Step], recv: Step, overlap: bool) -> Step:

@@ -20,8 +20,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime.fault_plan import (
-    consecutive_sends, finishes, is_stream_first, message_step, peer_of, sends_to,
-)  # fmt: skip
+    consecutive_sends,
+    finishes,
+    is_stream_first,
+    message_step,
+    peer_of,
+    sends_to,
+)
 from pipetrace.schedule.ir import Plan, Step, StepKind, format_step
 
 if TYPE_CHECKING:
@@ -86,8 +91,11 @@ class Fault:
     @property
     def spec(self) -> str:
         """The fault as a --inject spec (with every default filled in once resolved)."""
-        values = [f"{name}={_format_value(getattr(self, name))}" for name in self.keys()
-                  if getattr(self, name) is not None]  # fmt: skip
+        values = [
+            f"{name}={_format_value(getattr(self, name))}"
+            for name in self.keys()
+            if getattr(self, name) is not None
+        ]
         return self.KIND + (":" + ",".join(values) if values else "")
 
     def resolve(self, where: _Where) -> Fault:
@@ -97,7 +105,9 @@ class Fault:
         rank = num_ranks // 2 if self.rank is None else self.rank
         _check_range(self, "rank", rank, num_ranks, f"--ranks {num_ranks}")
         step = min(self.DEFAULT_STEP, where.steps - 1) if self.step is None else self.step
-        _check_range(self, "step", step, where.steps, f"--steps {where.steps}; step counts iterations from 0")
+        _check_range(
+            self, "step", step, where.steps, f"--steps {where.steps}; step counts iterations from 0"
+        )
         return dataclasses.replace(self, rank=rank, step=step)
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
@@ -149,9 +159,11 @@ class _AtComputeStep(Fault):
             for leaf in step.leaves():
                 if leaf.kind in kinds and leaf.microbatch == self.microbatch:
                     return leaf
-        raise self.error(f"rank {self.rank}'s plan has no {self.phase} step of micro-batch "
-                         f"{self.microbatch} ({plan.name} has no {'/'.join(k.value for k in kinds)} steps there); "
-                         f"use phase={'|'.join(p for p in self.PHASES if p != self.phase)}")  # fmt: skip
+        raise self.error(
+            f"rank {self.rank}'s plan has no {self.phase} step of micro-batch "
+            f"{self.microbatch} ({plan.name} has no {'/'.join(k.value for k in kinds)} steps there); "
+            f"use phase={'|'.join(p for p in self.PHASES if p != self.phase)}"
+        )
 
 
 @dataclass(frozen=True)
@@ -173,8 +185,11 @@ class Hang(_AtComputeStep):
         return f"hang: rank {self.rank} blocks forever in {format_step(self.target(plan))} at step {self.step}"
 
 
-_STRAGGLER_PHASES = {"F": (StepKind.F,), "B": (StepKind.B, StepKind.I, StepKind.W),
-                     "all": (StepKind.F, StepKind.B, StepKind.I, StepKind.W)}  # fmt: skip
+_STRAGGLER_PHASES = {
+    "F": (StepKind.F,),
+    "B": (StepKind.B, StepKind.I, StepKind.W),
+    "all": (StepKind.F, StepKind.B, StepKind.I, StepKind.W),
+}
 
 
 @dataclass(frozen=True)
@@ -191,8 +206,11 @@ class Straggler(Fault):
 
     def resolve(self, where: _Where) -> Fault:
         fault = super().resolve(where)
-        return dataclasses.replace(fault, factor=3.0 if self.factor is None else self.factor,
-                                   phase="F" if self.phase is None else self.phase)  # fmt: skip
+        return dataclasses.replace(
+            fault,
+            factor=3.0 if self.factor is None else self.factor,
+            phase="F" if self.phase is None else self.phase,
+        )
 
     @property
     def kinds(self) -> tuple[StepKind, ...]:
@@ -200,8 +218,10 @@ class Straggler(Fault):
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         which = {"F": "forward", "B": "backward", "all": "compute"}[self.phase or "F"]
-        return (f"straggler: every {which} step of rank {self.rank} takes {self.factor:g}x as long, "
-                f"from step {self.step} on")  # fmt: skip
+        return (
+            f"straggler: every {which} step of rank {self.rank} takes {self.factor:g}x as long, "
+            f"from step {self.step} on"
+        )
 
 
 # -- faults on the wire ------------------------------------------------------------------
@@ -217,7 +237,9 @@ class SlowLink(Fault):
 
     def resolve(self, where: _Where) -> Fault:
         fault = super().resolve(where)
-        if not any(s.kind in (StepKind.SEND_F, StepKind.SEND_B) for s in where.plan.steps(fault.rank or 0)):
+        if not any(
+            s.kind in (StepKind.SEND_F, StepKind.SEND_B) for s in where.plan.steps(fault.rank or 0)
+        ):
             raise fault.error(f"rank {fault.rank} sends no messages in this plan")
         return dataclasses.replace(fault, delay=0.02 if self.delay is None else self.delay)
 
@@ -245,22 +267,34 @@ class _OneMessage(Fault):
         mb = _microbatch(fault, where.plan)
         channel = self.channel
         if channel is None:
-            channel = "F" if message_step(where.plan, fault.rank or 0, "F", mb, self.RECEIVES) else "B"
+            channel = (
+                "F" if message_step(where.plan, fault.rank or 0, "F", mb, self.RECEIVES) else "B"
+            )
         fault = dataclasses.replace(fault, microbatch=mb, channel=channel)
         step = fault.target(where.plan)
-        if self.CHANGES_MESSAGE and fault.step == 0 and is_stream_first(where.plan, step, self.RECEIVES):
-            raise fault.error(f"{format_step(step)} is the first message of its stream at step 0 (it carries the "
-                              "stream's shape to the receiver); use step>=1 or another microbatch=")  # fmt: skip
+        if (
+            self.CHANGES_MESSAGE
+            and fault.step == 0
+            and is_stream_first(where.plan, step, self.RECEIVES)
+        ):
+            raise fault.error(
+                f"{format_step(step)} is the first message of its stream at step 0 (it carries the "
+                "stream's shape to the receiver); use step>=1 or another microbatch="
+            )
         return fault
 
     def target(self, plan: Plan) -> Step:
         """The SEND (or RECV) step of the message: the rank's first of that channel and
         micro-batch."""
-        step = message_step(plan, self.rank or 0, self.channel or "F", self.microbatch or 0, self.RECEIVES)
+        step = message_step(
+            plan, self.rank or 0, self.channel or "F", self.microbatch or 0, self.RECEIVES
+        )
         if step is None:
             what = "receives" if self.RECEIVES else "sends"
-            raise self.error(f"rank {self.rank} {what} no {self.channel} message of micro-batch "
-                             f"{self.microbatch} in this plan; use another channel= or rank=")  # fmt: skip
+            raise self.error(
+                f"rank {self.rank} {what} no {self.channel} message of micro-batch "
+                f"{self.microbatch} in this plan; use another channel= or rank="
+            )
         return step
 
 
@@ -273,8 +307,10 @@ class DropRecv(_OneMessage):
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         step = self.target(plan)
-        return (f"drop-recv: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing, "
-                f"computes on zeros); rank {peer_of(plan, step)}'s send is never received")  # fmt: skip
+        return (
+            f"drop-recv: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing, "
+            f"computes on zeros); rank {peer_of(plan, step)}'s send is never received"
+        )
 
 
 @dataclass(frozen=True)
@@ -285,8 +321,10 @@ class DropSend(_OneMessage):
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         step = self.target(plan)
-        return (f"drop-send: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing); "
-                f"rank {peer_of(plan, step)} waits for it")  # fmt: skip
+        return (
+            f"drop-send: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing); "
+            f"rank {peer_of(plan, step)} waits for it"
+        )
 
 
 @dataclass(frozen=True)
@@ -296,8 +334,10 @@ class ExtraSend(_OneMessage):
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         step = self.target(plan)
-        return (f"extra-send: rank {self.rank} sends {format_step(step)} a second time at step {self.step}, "
-                f"under a tag rank {peer_of(plan, step)} never receives (never waited, like a leaked request)")  # fmt: skip
+        return (
+            f"extra-send: rank {self.rank} sends {format_step(step)} a second time at step {self.step}, "
+            f"under a tag rank {peer_of(plan, step)} never receives (never waited, like a leaked request)"
+        )
 
 
 @dataclass(frozen=True)
@@ -315,7 +355,9 @@ class ShapeMismatch(_OneMessage):
         shape = self.shape if self.shape is not None else _smaller(right)
         fault = dataclasses.replace(fault, shape=shape)
         if shape == right:
-            raise fault.error(f"shape={_format_value(shape)} is the message's right shape; give another")
+            raise fault.error(
+                f"shape={_format_value(shape)} is the message's right shape; give another"
+            )
         if math.prod(shape) > math.prod(right):
             raise fault.error(
                 f"shape={_format_value(shape)} has more elements than the right {_format_value(right)}: gloo "
@@ -326,8 +368,10 @@ class ShapeMismatch(_OneMessage):
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         step = self.target(plan)
-        return (f"shape-mismatch: rank {self.rank} sends {format_step(step)} at step {self.step} as a "
-                f"{_format_value(self.shape or ())} tensor; rank {peer_of(plan, step)} receives it into its usual buffer")  # fmt: skip
+        return (
+            f"shape-mismatch: rank {self.rank} sends {format_step(step)} at step {self.step} as a "
+            f"{_format_value(self.shape or ())} tensor; rank {peer_of(plan, step)} receives it into its usual buffer"
+        )
 
 
 @dataclass(frozen=True)
@@ -340,27 +384,45 @@ class SwapOrder(_OneMessage):
         rank, plan = fault.rank or 0, where.plan
         channel = self.channel
         if channel is None:  # the first channel with a pair that can be swapped, else F
-            channel = next((c for c in ("F", "B") if dataclasses.replace(fault, channel=c).pairs(
-                plan, overlap=where.overlap)), "F")  # fmt: skip
+            channel = next(
+                (
+                    c
+                    for c in ("F", "B")
+                    if dataclasses.replace(fault, channel=c).pairs(plan, overlap=where.overlap)
+                ),
+                "F",
+            )
         fault = dataclasses.replace(fault, channel=channel)
         if not consecutive_sends(plan, rank, channel):
-            raise fault.error(f"rank {rank} sends fewer than two {channel} messages to one peer; "
-                              "use another channel= or rank=")  # fmt: skip
+            raise fault.error(
+                f"rank {rank} sends fewer than two {channel} messages to one peer; "
+                "use another channel= or rank="
+            )
         usable = fault.pairs(plan, overlap=where.overlap)
         if self.microbatch is None:
             if not usable:
-                raise fault.error(f"no two {channel} messages of rank {rank} can be swapped without a deadlock "
-                                  f"in {plan.name} ({_mode(where.overlap)}); use another channel= or rank=")  # fmt: skip
+                raise fault.error(
+                    f"no two {channel} messages of rank {rank} can be swapped without a deadlock "
+                    f"in {plan.name} ({_mode(where.overlap)}); use another channel= or rank="
+                )
             return dataclasses.replace(fault, microbatch=usable[0][0].microbatch)
-        if not any(a.microbatch == self.microbatch for a, _ in consecutive_sends(plan, rank, channel)):
-            raise fault.error(f"rank {rank} sends no {channel} message after micro-batch {self.microbatch}'s on "
-                              "its channel to swap it with; give an earlier microbatch=")  # fmt: skip
+        if not any(
+            a.microbatch == self.microbatch for a, _ in consecutive_sends(plan, rank, channel)
+        ):
+            raise fault.error(
+                f"rank {rank} sends no {channel} message after micro-batch {self.microbatch}'s on "
+                "its channel to swap it with; give an earlier microbatch="
+            )
         if not any(a.microbatch == self.microbatch for a, _ in usable):
             can = sorted({a.microbatch for a, _ in usable})
             raise fault.error(
                 f"rank {rank} cannot send its {channel} message of micro-batch {self.microbatch} after the "
                 f"next one without a deadlock in {plan.name} ({_mode(where.overlap)}); "
-                + (f"microbatch= can be {', '.join(map(str, can))}" if can else "no micro-batch can")
+                + (
+                    f"microbatch= can be {', '.join(map(str, can))}"
+                    if can
+                    else "no micro-batch can"
+                )
             )
         return fault
 
@@ -368,19 +430,29 @@ class SwapOrder(_OneMessage):
         """Every (first, second) pair of consecutive sends on the channel that can be swapped
         without a deadlock, in plan order."""
         rank = self.rank or 0
-        return [(a, b) for a, b in consecutive_sends(plan, rank, self.channel or "F")
-                if not (self.step == 0 and (is_stream_first(plan, a, False) or is_stream_first(plan, b, False)))
-                and finishes(plan, rank, a, before=b, overlap=overlap)]  # fmt: skip
+        return [
+            (a, b)
+            for a, b in consecutive_sends(plan, rank, self.channel or "F")
+            if not (
+                self.step == 0
+                and (is_stream_first(plan, a, False) or is_stream_first(plan, b, False))
+            )
+            and finishes(plan, rank, a, before=b, overlap=overlap)
+        ]
 
     def pair(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
         """(first, second): the first runs right after the second."""
-        return next(p for p in self.pairs(plan, overlap=overlap) if p[0].microbatch == self.microbatch)
+        return next(
+            p for p in self.pairs(plan, overlap=overlap) if p[0].microbatch == self.microbatch
+        )
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         a, b = self.pair(plan, overlap=overlap)
-        return (f"swap-order: rank {self.rank} runs {format_step(b)} before {format_step(a)} at step {self.step}, "
-                f"each message under the other's tag: rank {peer_of(plan, a)} receives {format_step(b)}'s "
-                f"tensor as {format_step(a)}'s and the other way round")  # fmt: skip
+        return (
+            f"swap-order: rank {self.rank} runs {format_step(b)} before {format_step(a)} at step {self.step}, "
+            f"each message under the other's tag: rank {peer_of(plan, a)} receives {format_step(b)}'s "
+            f"tensor as {format_step(a)}'s and the other way round"
+        )
 
 
 @dataclass(frozen=True)
@@ -407,7 +479,11 @@ class Deadlock(Fault):
         # when that pair cannot deadlock this plan, the other direction, then the rank before.
         if self.rank is not None:
             rank = self.rank
-            tries = [(rank, self.peer)] if self.peer is not None else [(rank, rank + 1), (rank, rank - 1)]
+            tries = (
+                [(rank, self.peer)]
+                if self.peer is not None
+                else [(rank, rank + 1), (rank, rank - 1)]
+            )
         elif self.peer is not None:
             tries = [(self.peer - 1, self.peer), (self.peer + 1, self.peer)]
         else:
@@ -416,7 +492,9 @@ class Deadlock(Fault):
         tries = [(r, p) for r, p in tries if 0 <= r < num_ranks and 0 <= p < num_ranks] or tries[:1]
         fault: Deadlock = self
         for rank, peer in tries:
-            fault = dataclasses.replace(Fault.resolve(dataclasses.replace(self, rank=rank), where), peer=peer)
+            fault = dataclasses.replace(
+                Fault.resolve(dataclasses.replace(self, rank=rank), where), peer=peer
+            )
             _check_range(fault, "peer", peer, num_ranks, f"--ranks {num_ranks}")
             if peer == rank:
                 raise fault.error("peer must be another rank than rank")
@@ -426,16 +504,22 @@ class Deadlock(Fault):
         rank, peer = fault.rank, fault.peer
         if not holds:
             if not sends_to(plan, rank or 0, peer or 0):
-                raise fault.error(f"rank {rank} sends nothing to rank {peer} in {plan.name}; peer= must be a "
-                                  "neighbour it sends to")  # fmt: skip
-            raise fault.error(f"no send of rank {rank} to rank {peer} deadlocks {plan.name} ({_mode(where.overlap)}) "
-                              "when held back; try another peer= or rank=")  # fmt: skip
+                raise fault.error(
+                    f"rank {rank} sends nothing to rank {peer} in {plan.name}; peer= must be a "
+                    "neighbour it sends to"
+                )
+            raise fault.error(
+                f"no send of rank {rank} to rank {peer} deadlocks {plan.name} ({_mode(where.overlap)}) "
+                "when held back; try another peer= or rank="
+            )
         if self.microbatch is not None:
             chosen = [h for h in holds if h[0].microbatch == self.microbatch]
             if not chosen:
                 can = sorted({h[0].microbatch for h in holds})
-                raise fault.error(f"holding rank {rank}'s send of micro-batch {self.microbatch} to rank {peer} does "
-                                  f"not deadlock {plan.name}; microbatch= can be {', '.join(map(str, can))}")  # fmt: skip
+                raise fault.error(
+                    f"holding rank {rank}'s send of micro-batch {self.microbatch} to rank {peer} does "
+                    f"not deadlock {plan.name}; microbatch= can be {', '.join(map(str, can))}"
+                )
             return fault
         return dataclasses.replace(fault, microbatch=holds[0][0].microbatch)
 
@@ -448,23 +532,46 @@ class Deadlock(Fault):
         for i, send in enumerate(steps):
             if send not in sends:
                 continue
-            recv = next((s for s in steps[i + 1:] if s.kind in (StepKind.RECV_F, StepKind.RECV_B)
-                         and peer_of(plan, s) == peer), None)  # fmt: skip
+            recv = next(
+                (
+                    s
+                    for s in steps[i + 1 :]
+                    if s.kind in (StepKind.RECV_F, StepKind.RECV_B) and peer_of(plan, s) == peer
+                ),
+                None,
+            )
             if recv is not None and not finishes(plan, rank, send, after=recv, overlap=overlap):
                 out.append((send, recv))
         return out
 
     def hold(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
-        return next(h for h in self.holds(plan, overlap=overlap) if h[0].microbatch == self.microbatch)
+        return next(
+            h for h in self.holds(plan, overlap=overlap) if h[0].microbatch == self.microbatch
+        )
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         send, recv = self.hold(plan, overlap=overlap)
-        return (f"deadlock: rank {self.rank} runs {format_step(send)} only once {format_step(recv)} (from rank "
-                f"{self.peer}) has completed, at step {self.step}; rank {self.peer} sends that only after it")  # fmt: skip
+        return (
+            f"deadlock: rank {self.rank} runs {format_step(send)} only once {format_step(recv)} (from rank "
+            f"{self.peer}) has completed, at step {self.step}; rank {self.peer} sends that only after it"
+        )
 
 
-FAULT_KINDS: dict[str, type[Fault]] = {cls.KIND: cls for cls in (
-    Crash, Hang, Deadlock, DropRecv, DropSend, ExtraSend, ShapeMismatch, SwapOrder, Straggler, SlowLink)}  # fmt: skip
+FAULT_KINDS: dict[str, type[Fault]] = {
+    cls.KIND: cls
+    for cls in (
+        Crash,
+        Hang,
+        Deadlock,
+        DropRecv,
+        DropSend,
+        ExtraSend,
+        ShapeMismatch,
+        SwapOrder,
+        Straggler,
+        SlowLink,
+    )
+}
 
 
 # -- parsing -----------------------------------------------------------------------------
@@ -475,8 +582,10 @@ def parse_fault(text: str) -> Fault:
     kind, _, rest = text.strip().partition(":")
     cls = FAULT_KINDS.get(kind.strip().lower())
     if cls is None:
-        raise PipetraceError(f"--inject {text!r}: unknown fault kind {kind.strip()!r}; choose from "
-                             f"{', '.join(FAULT_KINDS)}")  # fmt: skip
+        raise PipetraceError(
+            f"--inject {text!r}: unknown fault kind {kind.strip()!r}; choose from "
+            f"{', '.join(FAULT_KINDS)}"
+        )
     keys = cls.keys()
     values: dict[str, object] = {}
     for item in rest.split(",") if rest.strip() else []:
@@ -485,7 +594,9 @@ def parse_fault(text: str) -> Fault:
         if not eq or not key or not raw.strip():
             raise PipetraceError(f"--inject {text!r}: expected KEY=VALUE, got {item.strip()!r}")
         if key not in keys:
-            raise PipetraceError(f"--inject {text!r}: {cls.KIND} takes {', '.join(keys)}; got {key!r}")
+            raise PipetraceError(
+                f"--inject {text!r}: {cls.KIND} takes {', '.join(keys)}; got {key!r}"
+            )
         if key in values:
             raise PipetraceError(f"--inject {text!r}: {key} given twice")
         values[key] = _convert(text, cls, key, raw.strip())
@@ -518,7 +629,7 @@ def _convert(text: str, cls: type[Fault], key: str, raw: str) -> object:
             raise bad("a time > 0 and at most 60 s (e.g. 20ms)")
         return value
     if key == "phase":
-        phases: tuple[str, ...] = getattr(cls, "PHASES")
+        phases: tuple[str, ...] = cls.PHASES
         value_ = "all" if raw.lower() == "all" else raw.upper()
         if value_ not in phases:
             raise bad(" or ".join(phases))
@@ -555,8 +666,12 @@ def resolve_faults(faults: tuple[Fault | str, ...], config: RunConfig) -> tuple[
         raise PipetraceError("--inject works on one pipeline: use --data-parallel 1")
     if config.backend != "torch":
         raise PipetraceError(f"--inject works with --backend torch only, not {config.backend}")
-    where = _Where(config.plan(), config.steps, config.overlap_p2p,
-                   (config.demo.microbatch_size, config.demo.width))  # fmt: skip
+    where = _Where(
+        config.plan(),
+        config.steps,
+        config.overlap_p2p,
+        (config.demo.microbatch_size, config.demo.width),
+    )
     return tuple(f.resolve(where) for f in parsed)
 
 
@@ -566,9 +681,11 @@ def _check_range(fault: Fault, key: str, value: int, limit: int, why: str) -> No
 
 
 def _microbatch(fault: Fault, plan: Plan) -> int:
-    given = getattr(fault, "microbatch")
+    given = fault.microbatch
     mb = min(1, plan.num_microbatches - 1) if given is None else given
-    _check_range(fault, "microbatch", mb, plan.num_microbatches, f"--microbatches {plan.num_microbatches}")
+    _check_range(
+        fault, "microbatch", mb, plan.num_microbatches, f"--microbatches {plan.num_microbatches}"
+    )
     return mb
 
 

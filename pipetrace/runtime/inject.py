@@ -18,15 +18,26 @@ everything (see `faults.Fault.resolve`), and its targets are recomputed here fro
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pipetrace.runtime.fault_plan import waited_at
 from pipetrace.runtime.faults import (
-    NOBODY_MICROBATCH, Crash, Deadlock, DropRecv, DropSend, ExtraSend, Fault, Hang, ShapeMismatch, SlowLink, Straggler,
+    NOBODY_MICROBATCH,
+    Crash,
+    Deadlock,
+    DropRecv,
+    DropSend,
+    ExtraSend,
+    Fault,
+    Hang,
+    ShapeMismatch,
+    SlowLink,
+    Straggler,
     SwapOrder,
-)  # fmt: skip
+)
 from pipetrace.runtime.p2p import P2P, PendingRecv, WireFault
 from pipetrace.schedule.ir import Plan, Step, StepKind
 
@@ -69,7 +80,11 @@ def install_faults(runner: PipelineRunner, faults: tuple[Fault, ...], *, overlap
             reorder.move(fault.step or 0, first, after=second)
     if reorder.moves:
         executor.set_step_order(reorder)
-    wire = [f for f in mine if isinstance(f, (SlowLink, DropRecv, DropSend, ExtraSend, ShapeMismatch, SwapOrder))]
+    wire = [
+        f
+        for f in mine
+        if isinstance(f, (SlowLink, DropRecv, DropSend, ExtraSend, ShapeMismatch, SwapOrder))
+    ]
     if wire and executor.p2p is not None:
         executor.p2p = FaultyP2P(executor.p2p, executor.context, plan, wire, overlap=overlap)  # type: ignore[assignment]
 
@@ -108,7 +123,9 @@ class _Strike:
         if step != self.target or ctx.iteration != self.fault.step:
             return False
         if isinstance(self.fault, Crash):
-            raise RuntimeError(f"injected crash (--inject {self.fault.spec}) in {step} at step {ctx.iteration}")
+            raise RuntimeError(
+                f"injected crash (--inject {self.fault.spec}) in {step} at step {ctx.iteration}"
+            )
         injected_hang(step)
         return True  # never reached
 
@@ -141,7 +158,9 @@ class _Reorder:
         self.moves: dict[int, list[tuple[int, int]]] = {}  # iteration -> (moved, anchor) positions
 
     def move(self, iteration: int, step: Step, *, after: Step) -> None:
-        self.moves.setdefault(iteration, []).append((self.steps.index(step), self.steps.index(after)))
+        self.moves.setdefault(iteration, []).append(
+            (self.steps.index(step), self.steps.index(after))
+        )
 
     def __call__(self, iteration: int) -> list[int] | None:
         moves = self.moves.get(iteration)
@@ -160,7 +179,9 @@ class _Reorder:
 class FaultyP2P:
     """A rank's `P2P` with message faults; everything else goes straight through."""
 
-    def __init__(self, inner: P2P, context: StepContext, plan: Plan, faults: list[Fault], *, overlap: bool) -> None:
+    def __init__(
+        self, inner: P2P, context: StepContext, plan: Plan, faults: list[Fault], *, overlap: bool
+    ) -> None:
         self.inner = inner
         self.context = context
         self.slow = [f for f in faults if isinstance(f, SlowLink)]
@@ -205,10 +226,19 @@ class FaultyP2P:
         wire = WireFault(as_message, unchecked, delay) if as_message or unchecked or delay else None  # type: ignore[arg-type]
         self.inner.send(step, tensor, peer=peer, channel=channel, wire=wire)
         if self._active(self.extras.get(step)):
-            self.inner.send(step, tensor, peer=peer, channel=channel, wire=WireFault(
-                as_message=(step.stage, NOBODY_MICROBATCH), delay=delay, detached=True))  # type: ignore[arg-type]
+            self.inner.send(
+                step,
+                tensor,
+                peer=peer,
+                channel=channel,
+                wire=WireFault(
+                    as_message=(step.stage, NOBODY_MICROBATCH), delay=delay, detached=True
+                ),
+            )  # type: ignore[arg-type]
 
-    def recv(self, step: Step, *, peer: int, channel: str, src_stage: int) -> torch.Tensor | PendingRecv:
+    def recv(
+        self, step: Step, *, peer: int, channel: str, src_stage: int
+    ) -> torch.Tensor | PendingRecv:
         if self._active(self.drops.get(step)):
             meta = self.inner.stream_meta(channel, src_stage)
             if meta is None:

@@ -24,10 +24,17 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
-from typing import Sequence, cast
+from typing import cast
 
-from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig, WorkerSpec
+from pipetrace.runtime.config import (
+    CustomFunction,
+    LossCallback,
+    RecorderFactory,
+    RunConfig,
+    WorkerSpec,
+)
 from pipetrace.runtime.results import LaunchResult, RankFailure, describe_error
 from pipetrace.schedule.ir import StepKind
 
@@ -110,7 +117,10 @@ class _Rank:
         )
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP], stdin=subprocess.PIPE, env=env, pass_fds=(write_fd,)
+                [sys.executable, "-c", _BOOTSTRAP],
+                stdin=subprocess.PIPE,
+                env=env,
+                pass_fds=(write_fd,),
             )
         finally:
             os.close(write_fd)
@@ -122,7 +132,9 @@ class _Rank:
         self.process.stdin.close()
 
 
-def _supervise(ranks: list[_Rank], result: LaunchResult, on_loss: LossCallback | None, kill_grace: float) -> None:
+def _supervise(
+    ranks: list[_Rank], result: LaunchResult, on_loss: LossCallback | None, kill_grace: float
+) -> None:
     failed: dict[int, RankFailure] = {}
     first_failure_at: float | None = None
     open_pipes = {rank.reports: rank for rank in ranks}
@@ -159,7 +171,9 @@ def _supervise(ranks: list[_Rank], result: LaunchResult, on_loss: LossCallback |
             for rank in ranks:
                 if rank.process.poll() is None and rank.rank not in failed:
                     failed[rank.rank] = RankFailure(
-                        rank.rank, f"killed: still running {kill_grace:g} s after rank {first.rank} failed", at=now
+                        rank.rank,
+                        f"killed: still running {kill_grace:g} s after rank {first.rank} failed",
+                        at=now,
                     )
             _stop(ranks)
             for pipe in open_pipes:
@@ -191,14 +205,19 @@ def _stop(ranks: list[_Rank], grace: float = 2.0) -> None:
             rank.process.wait()
 
 
-def worker_payload(cases: Sequence[RunConfig], make_recorder: RecorderFactory | None,
-                   custom_functions: Sequence[tuple[StepKind | str, CustomFunction]],
-                   group: str) -> tuple[int, bytes]:  # fmt: skip
+def worker_payload(
+    cases: Sequence[RunConfig],
+    make_recorder: RecorderFactory | None,
+    custom_functions: Sequence[tuple[StepKind | str, CustomFunction]],
+    group: str,
+) -> tuple[int, bytes]:
     """The world size of ``cases`` (one for all: they share one ``group``) and the pickled
     `WorkerSpec` every rank reads from its stdin."""
     world_size = cases[0].world_size
     if any(case.world_size != world_size for case in cases):
-        raise ValueError(f"cases in one launch share one {group}: {[c.world_size for c in cases]} processes")
+        raise ValueError(
+            f"cases in one launch share one {group}: {[c.world_size for c in cases]} processes"
+        )
     spec = WorkerSpec(
         tuple(cases),
         make_recorder,
@@ -223,7 +242,9 @@ def _die_with_parent() -> None:
 def rank_main() -> None:
     """Entry point of a rank process started by `launch`."""
     _die_with_parent()
-    if not run_reported(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "pipetrace.runtime.worker"):
+    if not run_reported(
+        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "pipetrace.runtime.worker"
+    ):
         sys.exit(1)
 
 
@@ -237,7 +258,9 @@ def run_reported(rank: int, world_size: int, worker_module: str) -> bool:
         run_rank = importlib.import_module(worker_module).run_rank
         results = run_rank(rank, world_size, spec, lambda *loss: reports.send(("loss", loss)))
     except BaseException as exc:
-        reports.send(("error", RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time())))
+        reports.send(
+            ("error", RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time()))
+        )
         return False
     else:
         reports.send(("done", results))

@@ -114,7 +114,13 @@ class P2P(P2PBookkeeping):
         return (((mb * self.num_stages + src_stage) << 1 | (channel == "B")) << 1) | meta
 
     def send(
-        self, step: Step, tensor: torch.Tensor, *, peer: int, channel: str, wire: WireFault | None = None
+        self,
+        step: Step,
+        tensor: torch.Tensor,
+        *,
+        peer: int,
+        channel: str,
+        wire: WireFault | None = None,
     ) -> None:
         """Send ``tensor`` for ``step`` (SEND_F or SEND_B of stage ``step.stage``); ``wire``
         only for fault injection."""
@@ -126,7 +132,9 @@ class P2P(P2PBookkeeping):
         meta = self._meta.get(key)
         if meta is None:
             meta = self._meta[key] = sent
-            self._post_send(_encode_meta(meta, self.device), peer, self._tag(channel, src_stage, mb, True), None)
+            self._post_send(
+                _encode_meta(meta, self.device), peer, self._tag(channel, src_stage, mb, True), None
+            )
         elif wire is not None and wire.unchecked:
             meta = sent
         else:
@@ -139,7 +147,9 @@ class P2P(P2PBookkeeping):
         if wire.delay > 0:
             time.sleep(wire.delay)
         if wire.detached:
-            self._detached.append((dist.isend(tensor, group=self.group, group_dst=peer, tag=tag), tensor, token))
+            self._detached.append(
+                (dist.isend(tensor, group=self.group, group_dst=peer, tag=tag), tensor, token)
+            )
         else:
             self._post_send(tensor, peer, tag, token)
 
@@ -164,7 +174,9 @@ class P2P(P2PBookkeeping):
             meta = self._meta[key] = _decode_meta(header)
         buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
         token = self._posted("recv", step, peer, channel, meta)
-        work = dist.irecv(buffer, group=self.group, group_src=peer, tag=self._tag(channel, src_stage, mb))
+        work = dist.irecv(
+            buffer, group=self.group, group_src=peer, tag=self._tag(channel, src_stage, mb)
+        )
         return self._received(work, buffer, token)
 
 
@@ -172,7 +184,9 @@ def _encode_meta(meta: TensorMeta, device: torch.device) -> torch.Tensor:
     if len(meta.shape) > _MAX_DIMS:
         raise RuntimeError(f"cannot send a {len(meta.shape)}-dim tensor; at most {_MAX_DIMS} dims")
     if meta.dtype not in _DTYPES:
-        raise RuntimeError(f"cannot send dtype {meta.dtype}; supported: {', '.join(map(str, _DTYPES))}")
+        raise RuntimeError(
+            f"cannot send dtype {meta.dtype}; supported: {', '.join(map(str, _DTYPES))}"
+        )
     values = [_DTYPES.index(meta.dtype), len(meta.shape), *meta.shape]
     values += [0] * (_META_LEN - len(values))
     return torch.tensor(values, dtype=torch.int64, device=device)

@@ -47,7 +47,7 @@ class PendingRecv:
     """A posted recv (overlap mode); `wait` returns the received tensor (once) and reports
     completion."""
 
-    __slots__ = ("_work", "_buffer", "_token", "_recorder")
+    __slots__ = ("_buffer", "_recorder", "_token", "_work")
 
     def __init__(self, work: Work, buffer: Any, token: Any, recorder: RecorderHooks) -> None:
         self._work = work
@@ -64,8 +64,14 @@ class PendingRecv:
 class P2PBookkeeping:
     """Stream metadata, sequence numbers, recorder reports and the sends in flight."""
 
-    def __init__(self, *, num_stages: int, recorder: RecorderHooks, overlap: bool,
-                 known: dict[tuple[str, int], StreamMeta] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        num_stages: int,
+        recorder: RecorderHooks,
+        overlap: bool,
+        known: dict[tuple[str, int], StreamMeta] | None,
+    ) -> None:
         self.num_stages = num_stages
         self.recorder = recorder
         self.overlap = overlap
@@ -94,8 +100,16 @@ class P2PBookkeeping:
         key = (op, peer, channel)
         seq = self._seq.get(key, 0)
         self._seq[key] = seq + 1
-        return self.recorder.p2p_posted(op=op, step=step, peer=peer, channel=channel, seq=seq,
-                                        nbytes=meta.nbytes, shape=meta.shape, dtype=meta.dtype_name)  # fmt: skip
+        return self.recorder.p2p_posted(
+            op=op,
+            step=step,
+            peer=peer,
+            channel=channel,
+            seq=seq,
+            nbytes=meta.nbytes,
+            shape=meta.shape,
+            dtype=meta.dtype_name,
+        )
 
     def _sent(self, work: Work, tensor: Any, token: Any) -> None:
         """A send was posted: wait now (plain mode), or at `drain` (overlap). ``token`` is

@@ -10,7 +10,7 @@ runs in float64, where a correct pipeline lands near 1e-15.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

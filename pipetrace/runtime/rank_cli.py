@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -17,7 +18,9 @@ from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec
 from pipetrace.runtime.results import CaseResult, describe_error
 
 
-def run_this_rank(run: Callable[[WorkerSpec, LossCallback], list[CaseResult]], config: RunConfig, who: str) -> None:
+def run_this_rank(
+    run: Callable[[WorkerSpec, LossCallback], list[CaseResult]], config: RunConfig, who: str
+) -> None:
     """``run(spec, on_loss)`` runs the rank; ``who`` names it in the failure message."""
 
     def print_loss(_case: int, step: int, loss: float) -> None:
@@ -36,8 +39,10 @@ def run_this_rank(run: Callable[[WorkerSpec, LossCallback], list[CaseResult]], c
         click.echo(f"pipetrace: error: {problem}", err=True)
     if not report.ok:
         sys.exit(1)
-    click.echo(f"rank {report.rank}: parity ok ({report.compared} checked, max relative error "
-               f"{report.max_relative_error:.3g})")  # fmt: skip
+    click.echo(
+        f"rank {report.rank}: parity ok ({report.compared} checked, max relative error "
+        f"{report.max_relative_error:.3g})"
+    )
 
 
 def entry(command: click.Command, prog_name: str, argv: list[str] | None = None) -> Any:

@@ -8,7 +8,8 @@ micro-batches given the backend's tensor type and split function.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.runtime.executor import CustomFunction, Executor
@@ -79,7 +80,9 @@ def resolve_plan(
     """A plan with its messages: a given plan (lowered if it has none) or a built-in one."""
     if isinstance(schedule, Plan):
         if schedule.num_ranks != num_ranks:
-            raise ValueError(f"the plan is for {schedule.num_ranks} ranks but the group has {num_ranks}")
+            raise ValueError(
+                f"the plan is for {schedule.num_ranks} ranks but the group has {num_ranks}"
+            )
         return schedule if schedule.has_comms() or num_ranks == 1 else lower(schedule)
     if num_microbatches is None:
         raise ValueError("give num_microbatches with a schedule name")
@@ -93,7 +96,12 @@ def resolve_plan(
 
 
 def split_batch(
-    batch: Batch, num: int, what: str, *, tensor_type: type, split: Callable[[Any, int], Sequence[Any]]
+    batch: Batch,
+    num: int,
+    what: str,
+    *,
+    tensor_type: type,
+    split: Callable[[Any, int], Sequence[Any]],
 ) -> Sequence[Any] | None:
     """``num`` equal micro-batches of ``batch`` (a ``tensor_type``), or ``batch`` itself when it
     is None or already a sequence of ``num`` micro-batches."""

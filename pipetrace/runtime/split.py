@@ -35,8 +35,12 @@ def split_sequential(model: torch.nn.Sequential, num_stages: int) -> list[torch.
     return chunks
 
 
-def stages_of_rank(chunks: list[torch.nn.Module], plan: Plan, rank: int) -> dict[int, torch.nn.Module]:
+def stages_of_rank(
+    chunks: list[torch.nn.Module], plan: Plan, rank: int
+) -> dict[int, torch.nn.Module]:
     """The chunks ``rank`` holds under ``plan.placement``, by stage index."""
     if len(chunks) != plan.num_stages:
-        raise ValueError(f"the plan has {plan.num_stages} stages but {len(chunks)} chunks were given")
+        raise ValueError(
+            f"the plan has {plan.num_stages} stages but {len(chunks)} chunks were given"
+        )
     return {stage: chunks[stage] for stage in plan.stages_of(rank)}

@@ -12,8 +12,8 @@ gradients equal a full backward's exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
@@ -117,7 +117,9 @@ class PipelineStage:
         # parameters between sharded and unsharded tensors, and the graph holds the latter.
         params = [p for p in self.module.parameters() if p.requires_grad]
         groups = _weight_frontier(saved.output, output_grad, stage_input, params)
-        hooks = [node.register_prehook(_capture(group, node)) for group in groups for node in group.nodes]
+        hooks = [
+            node.register_prehook(_capture(group, node)) for group in groups for node in group.nodes
+        ]
         try:
             (dx,) = torch.autograd.grad(
                 (saved.output,),
@@ -255,6 +257,4 @@ def _weight_frontier(
             else:
                 keep.append((nodes, other))
         groups = keep + [(merged_nodes, merged_reach)]
-    return [
-        _Group(nodes, [param_of[n] for n in reach if n in param_of]) for nodes, reach in groups
-    ]
+    return [_Group(nodes, [param_of[n] for n in reach if n in param_of]) for nodes, reach in groups]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import click
 import torch
@@ -40,7 +40,9 @@ def device_for(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def run_rank(rank: int, world_size: int, spec: WorkerSpec, on_loss: LossCallback | None = None) -> list[CaseResult]:
+def run_rank(
+    rank: int, world_size: int, spec: WorkerSpec, on_loss: LossCallback | None = None
+) -> list[CaseResult]:
     """Join the process group (env://), run every case, leave. Raises on any failure."""
     if spec.threads_per_rank:
         torch.set_num_threads(spec.threads_per_rank)
@@ -115,7 +117,9 @@ def _run_case(
                 dist.all_reduce(total, group=dp_group)
                 loss = total.item() / replicas
             if step == 0 and reference is not None:
-                ref_loss, ref_grads = parity.reference_gradients(reference, inputs, targets, demo_loss)
+                ref_loss, ref_grads = parity.reference_gradients(
+                    reference, inputs, targets, demo_loss
+                )
                 report = parity.compare(
                     rank=rank,
                     stage_modules=runner.stage_modules,
@@ -135,7 +139,9 @@ def _run_case(
     return CaseResult(losses if losses else None, report)
 
 
-def _recorder_for(case: RunConfig, spec: WorkerSpec, rank: int, world_size: int, replica: int) -> RecorderHooks:
+def _recorder_for(
+    case: RunConfig, spec: WorkerSpec, rank: int, world_size: int, replica: int
+) -> RecorderHooks:
     """The rank's recorder: the spec's factory (tests), else the run's --out/--record.
 
     With data parallelism only replica 0's pipeline is recorded: a trace holds one pipeline,
@@ -183,7 +189,9 @@ def main(make_config: Callable[[int], RunConfig]) -> None:
     config.check_backend()
     config.plan()  # fail on an impossible schedule before joining the group
 
-    run_this_rank(lambda spec, on_loss: run_rank(rank, world_size, spec, on_loss), config, f"rank {rank}")
+    run_this_rank(
+        lambda spec, on_loss: run_rank(rank, world_size, spec, on_loss), config, f"rank {rank}"
+    )
 
 
 if __name__ == "__main__":

@@ -39,9 +39,14 @@ NOT_COMM = -2  # the peer entry of a step that is not a SEND or RECV
 # are its kind, so checks can find a step's neighbours by arithmetic on plain ints.
 CODE_F, CODE_B, CODE_I, CODE_W, CODE_RECV_F, CODE_RECV_B, CODE_SEND_F, CODE_SEND_B = range(8)
 CODES = {
-    StepKind.F: CODE_F, StepKind.B: CODE_B, StepKind.I: CODE_I, StepKind.W: CODE_W,
-    StepKind.RECV_F: CODE_RECV_F, StepKind.RECV_B: CODE_RECV_B,
-    StepKind.SEND_F: CODE_SEND_F, StepKind.SEND_B: CODE_SEND_B,
+    StepKind.F: CODE_F,
+    StepKind.B: CODE_B,
+    StepKind.I: CODE_I,
+    StepKind.W: CODE_W,
+    StepKind.RECV_F: CODE_RECV_F,
+    StepKind.RECV_B: CODE_RECV_B,
+    StepKind.SEND_F: CODE_SEND_F,
+    StepKind.SEND_B: CODE_SEND_B,
 }
 _CODE_OF = {kind: CODES.get(kind, -1) for kind in StepKind}  # -1: FSDP and composite steps
 # by code: stage offset from a comm step to the stage at the other end of its message
@@ -98,7 +103,8 @@ class Program:
             composites = [i for i, step in enumerate(steps) if step.sub_steps] if -1 in ids else []
             leaves = [
                 (i, ((leaf.stage * stride + leaf.microbatch) << 3) + CODES[leaf.kind])
-                for i in composites for leaf in steps[i].leaves()
+                for i in composites
+                for leaf in steps[i].leaves()
                 if 0 <= leaf.stage < S and 0 <= leaf.microbatch < M
             ]
             result.append((ids, leaves))
@@ -148,14 +154,27 @@ def compile_plan(plan: Plan) -> Program:
     rows = [[s for s in row if s is not None] for row in plan.ranks]
     program = Program(plan, stride, rows, [], [], [], [])
     for row, steps in zip(plan.ranks, rows):
-        program.positions.append(list(range(len(row))) if len(steps) == len(row)
-                                 else [i for i, s in enumerate(row) if s is not None])
-        ids = [((s.stage * stride + m) * 8 + c if (m := s.microbatch) < stride else -2)
-               if (c := _CODE_OF[s.kind]) >= 0 else -1 for s in steps]
+        program.positions.append(
+            list(range(len(row)))
+            if len(steps) == len(row)
+            else [i for i, s in enumerate(row) if s is not None]
+        )
+        ids = [
+            ((s.stage * stride + m) * 8 + c if (m := s.microbatch) < stride else -2)
+            if (c := _CODE_OF[s.kind]) >= 0
+            else -1
+            for s in steps
+        ]
         program.ids.append(ids)
         program.keys.append([2 * k + key_shift[k & 7] if k >= 0 and k & 4 else -1 for k in ids])
-        program.peers.append([rank_of.get(k // stage_step + _OTHER_STAGE[k & 7], NO_PEER)
-                              if k >= 0 and k & 4 else NOT_COMM for k in ids])
+        program.peers.append(
+            [
+                rank_of.get(k // stage_step + _OTHER_STAGE[k & 7], NO_PEER)
+                if k >= 0 and k & 4
+                else NOT_COMM
+                for k in ids
+            ]
+        )
     return program
 
 
@@ -168,9 +187,13 @@ def with_messages(plan: Plan) -> Plan:
     from .lowering import lower  # lazy: only compute-only plans need it
 
     if any(s is not None and s.kind in FSDP_KINDS for row in plan.ranks for s in row):
-        plan = Plan(plan.num_microbatches, plan.placement,
-                    [[s for s in row if s is None or s.kind not in FSDP_KINDS]
-                     for row in plan.ranks], plan.name, dict(plan.params))
+        plan = Plan(
+            plan.num_microbatches,
+            plan.placement,
+            [[s for s in row if s is None or s.kind not in FSDP_KINDS] for row in plan.ranks],
+            plan.name,
+            dict(plan.params),
+        )
     return lower(plan)
 
 
@@ -282,8 +305,7 @@ def execute(
                     if other_key < 0 or (other_key ^ key) & 1 == 0 or peers[peer][j] != rank:
                         break
                     if other_key != key ^ 1:
-                        mismatches.append(
-                            (peer, j, rank, i) if key & 1 else (rank, i, peer, j))
+                        mismatches.append((peer, j, rank, i) if key & 1 else (rank, i, peer, j))
                 elif other_key != key ^ 1:
                     break
                 other = clock[peer]
@@ -315,8 +337,10 @@ def counterpart(step: Step) -> str:
     """The text of the step on the peer rank that a comm step pairs with."""
     s, m = step.stage, step.microbatch
     return {
-        StepKind.SEND_F: f"{s + 1}RECV_F{m}", StepKind.RECV_F: f"{s - 1}SEND_F{m}",
-        StepKind.SEND_B: f"{s - 1}RECV_B{m}", StepKind.RECV_B: f"{s + 1}SEND_B{m}",
+        StepKind.SEND_F: f"{s + 1}RECV_F{m}",
+        StepKind.RECV_F: f"{s - 1}SEND_F{m}",
+        StepKind.SEND_B: f"{s - 1}RECV_B{m}",
+        StepKind.RECV_B: f"{s + 1}SEND_B{m}",
     }[step.kind]
 
 
@@ -354,7 +378,7 @@ def stalls(outcome: Outcome) -> list[Stall]:
         if x in root:
             found = root[x]
         elif x in path:
-            cyc = path[path.index(x):]
+            cyc = path[path.index(x) :]
             low = cyc.index(min(cyc))
             cycles[min(cyc)] = cyc[low:] + cyc[:low]
             found = ("cycle", min(cyc))
@@ -378,8 +402,8 @@ def stalls(outcome: Outcome) -> list[Stall]:
         others = [r for r in members if r not in chain]
         if others:
             text += "; also stuck behind it: " + ", ".join(
-                f"rank {r} in {outcome.step_text(r)} waiting for rank {target[r]}"
-                for r in others)
+                f"rank {r} in {outcome.step_text(r)} waiting for rank {target[r]}" for r in others
+            )
         kind = "deadlock" if what == "cycle" else "stuck"
         result.append(Stall(kind, chain, members, lead + text))
     return result

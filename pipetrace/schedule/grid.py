@@ -50,13 +50,20 @@ def render_grid(
     rows = _shown_rows(max((len(r) for r in plan.ranks), default=0), marks, context)
     cells = {
         (rank, pos): _cell_text(plan.ranks[rank], pos, (rank, pos) in marks)
-        for rank in ranks for pos in rows if pos is not None
+        for rank in ranks
+        for pos in rows
+        if pos is not None
     }
     label_width = max(len("step"), len(str(max((r for r in rows if r is not None), default=0))))
-    widths = {rank: max([len(f"rank {rank}")] + [len(cells[(rank, p)]) for p in rows
-                                                  if p is not None]) for rank in ranks}
-    lines = ["  ".join(["step".rjust(label_width)] + [f"rank {r}".ljust(widths[r]) for r in ranks])
-             .rstrip()]
+    widths = {
+        rank: max([len(f"rank {rank}")] + [len(cells[(rank, p)]) for p in rows if p is not None])
+        for rank in ranks
+    }
+    lines = [
+        "  ".join(
+            ["step".rjust(label_width)] + [f"rank {r}".ljust(widths[r]) for r in ranks]
+        ).rstrip()
+    ]
     for pos in rows:
         if pos is None:
             lines.append("...".rjust(label_width))
@@ -64,8 +71,9 @@ def render_grid(
         parts = [str(pos).rjust(label_width)]
         for rank in ranks:
             text = cells[(rank, pos)].ljust(widths[rank])
-            parts.append(_paint(text, plan.ranks[rank], pos, (rank, pos) in marks) if color
-                         else text)
+            parts.append(
+                _paint(text, plan.ranks[rank], pos, (rank, pos) in marks) if color else text
+            )
         line = "  ".join(parts)
         notes = [f"rank {rank}: {marks[(rank, pos)]}" for rank in ranks if (rank, pos) in marks]
         if notes:  # arrows start past the last column, so they line up
@@ -78,11 +86,12 @@ def render_grid(
     return "\n".join(lines) + "\n"
 
 
-def _shown_ranks(num_ranks: int, marks: dict[tuple[int, int], str],
-                 max_columns: int | None) -> list[int]:
+def _shown_ranks(
+    num_ranks: int, marks: dict[tuple[int, int], str], max_columns: int | None
+) -> list[int]:
     if max_columns is None or max_columns >= num_ranks:
         return list(range(num_ranks))
-    chosen = sorted({rank for rank, _ in marks if 0 <= rank < num_ranks})[:max(max_columns, 1)]
+    chosen = sorted({rank for rank, _ in marks if 0 <= rank < num_ranks})[: max(max_columns, 1)]
     for rank in range(num_ranks):
         if len(chosen) >= max(max_columns, 1):
             break
@@ -91,13 +100,20 @@ def _shown_ranks(num_ranks: int, marks: dict[tuple[int, int], str],
     return sorted(chosen)
 
 
-def _shown_rows(num_rows: int, marks: dict[tuple[int, int], str],
-                context: int | None) -> list[int | None]:
+def _shown_rows(
+    num_rows: int, marks: dict[tuple[int, int], str], context: int | None
+) -> list[int | None]:
     """Row positions to draw, with None where rows were skipped."""
     if context is None or not marks:
         return list(range(num_rows))
-    keep = sorted({p for _, marked in marks for p in range(marked - context, marked + context + 1)
-                   if 0 <= p < num_rows})
+    keep = sorted(
+        {
+            p
+            for _, marked in marks
+            for p in range(marked - context, marked + context + 1)
+            if 0 <= p < num_rows
+        }
+    )
     rows: list[int | None] = []
     for pos in keep:
         if (rows and rows[-1] is not None and pos != rows[-1] + 1) or (not rows and pos > 0):
@@ -126,4 +142,4 @@ def _paint(text: str, row: list[Step | None], pos: int, marked: bool) -> str:
     else:
         code = _COLORS.get(row[pos].kind, "")
     stripped = text.rstrip()
-    return f"{code}{stripped}{_RESET}{text[len(stripped):]}" if code else text
+    return f"{code}{stripped}{_RESET}{text[len(stripped) :]}" if code else text

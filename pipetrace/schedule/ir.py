@@ -18,9 +18,9 @@ A step's canonical text is torch.distributed.pipelining's action string: ``{stag
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable, Iterator, Sequence
 
 
 class StepKind(str, Enum):

@@ -21,7 +21,14 @@ from itertools import accumulate
 from numbers import Integral
 
 from .execution import (
-    CODES, SEMANTICS, Outcome, Program, compile_plan, execute, stalls, with_messages,
+    CODES,
+    SEMANTICS,
+    Outcome,
+    Program,
+    compile_plan,
+    execute,
+    stalls,
+    with_messages,
 )
 from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
 
@@ -52,7 +59,8 @@ class Costs:
             if kind not in _COMPUTE_NAMES or not isinstance(stage, Integral) or stage < 0:
                 raise ScheduleError(
                     f"bad per-stage cost key {(stage, kind)!r}: expected (stage, kind) with a "
-                    "stage index >= 0 and kind F, B, I or W")
+                    "stage index >= 0 and kind F, B, I or W"
+                )
 
     @classmethod
     def parse(cls, text: str) -> Costs:
@@ -74,7 +82,8 @@ class Costs:
             else:
                 raise ScheduleError(
                     f"bad cost {item!r}: unknown key {key!r}; expected one of "
-                    f"{', '.join(_SCALARS)} or STAGE:KIND such as '3:F'")
+                    f"{', '.join(_SCALARS)} or STAGE:KIND such as '3:F'"
+                )
         return costs
 
     @property
@@ -94,8 +103,9 @@ class Costs:
     def to_json(self) -> dict[str, object]:
         return {
             **{key: _finite(getattr(self, key)) for key in _SCALARS},
-            "per_stage": [{"stage": s, "kind": k, "cost": c}
-                          for (s, k), c in sorted(self.per_stage.items())],
+            "per_stage": [
+                {"stage": s, "kind": k, "cost": c} for (s, k), c in sorted(self.per_stage.items())
+            ],
         }
 
 
@@ -122,8 +132,14 @@ class SimStep:
     end: float
 
     def to_json(self) -> dict[str, object]:
-        return {"rank": self.rank, "position": self.position, "step": self.step_text,
-                "kind": self.kind, "start": self.start, "end": self.end}
+        return {
+            "rank": self.rank,
+            "position": self.position,
+            "step": self.step_text,
+            "kind": self.kind,
+            "start": self.start,
+            "end": self.end,
+        }
 
 
 @dataclass(slots=True)
@@ -138,10 +154,14 @@ class RankStats:
     peak_inflight_activations: int
 
     def to_json(self) -> dict[str, object]:
-        return {"rank": self.rank, "busy": self.busy, "idle": self.idle,
-                "idle_fraction": self.idle_fraction,
-                "bubble_ratio": _finite(self.bubble_ratio),
-                "peak_inflight_activations": self.peak_inflight_activations}
+        return {
+            "rank": self.rank,
+            "busy": self.busy,
+            "idle": self.idle,
+            "idle_fraction": self.idle_fraction,
+            "bubble_ratio": _finite(self.bubble_ratio),
+            "peak_inflight_activations": self.peak_inflight_activations,
+        }
 
 
 @dataclass
@@ -168,17 +188,22 @@ class SimResult:
             program = self._outcome.program
             self._timeline = [
                 SimStep(rank, position, format_step(step), step.kind.value, start, end)
-                for rank, (steps, positions, starts, ends) in enumerate(zip(
-                    program.steps, program.positions, self._outcome.start, self._outcome.end))
+                for rank, (steps, positions, starts, ends) in enumerate(
+                    zip(program.steps, program.positions, self._outcome.start, self._outcome.end)
+                )
                 for step, position, start, end in zip(steps, positions, starts, ends)
             ]
         return self._timeline
 
     def to_json(self, *, timeline: bool = False) -> dict[str, object]:
         data: dict[str, object] = {
-            "plan": {"name": self.plan.name, "params": self.plan.params,
-                     "num_ranks": self.plan.num_ranks, "num_stages": self.plan.num_stages,
-                     "num_microbatches": self.plan.num_microbatches},
+            "plan": {
+                "name": self.plan.name,
+                "params": self.plan.params,
+                "num_ranks": self.plan.num_ranks,
+                "num_stages": self.plan.num_stages,
+                "num_microbatches": self.plan.num_microbatches,
+            },
             "semantics": self.semantics,
             "costs": self.costs.to_json(),
             "makespan": self.makespan,
@@ -209,7 +234,8 @@ def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager"
             raise ScheduleError(
                 f"the plan cannot finish under {semantics}: ranks {blocked} are blocked ("
                 + "; ".join(s.message for s in stalls(outcome))
-                + "); run verify for every problem")
+                + "); run verify for every problem"
+            )
         return _result(executed, semantics, costs, outcome, durations)
 
 
@@ -217,13 +243,17 @@ def _durations(program: Program, costs: Costs) -> list[list[float]]:
     """Per rank, each step's CPU time, looked up by step id (a composite takes its max)."""
     table = [costs.F, costs.B, costs.I, costs.W, 0.0, 0.0, 0.0, 0.0]  # by id & 7 (-1 & 7 = 7)
     one_stage = 8 * program.mb_stride
-    per_stage = {stage * 8 + _COMPUTE_NAMES.index(kind): cost
-                 for (stage, kind), cost in costs.per_stage.items()}  # codes 0..3 are F, B, I, W
+    per_stage = {
+        stage * 8 + _COMPUTE_NAMES.index(kind): cost
+        for (stage, kind), cost in costs.per_stage.items()
+    }  # codes 0..3 are F, B, I, W
     result = []
     for steps, ids in zip(program.steps, program.ids):
         if per_stage:
-            row = [per_stage.get((k // one_stage) * 8 + (k & 7), table[k & 7]) if k >= 0
-                   else 0.0 for k in ids]
+            row = [
+                per_stage.get((k // one_stage) * 8 + (k & 7), table[k & 7]) if k >= 0 else 0.0
+                for k in ids
+            ]
         else:
             row = [table[k & 7] for k in ids]
         if -1 in ids:  # FSDP or composite steps
@@ -240,30 +270,49 @@ def _peak_inflight(program: Program, rank: int) -> int:
     """Running maximum of +1 per F end and -1 per B or W end, in the rank's order."""
     ids = program.ids[rank]
     if -1 in ids and any(s.sub_steps for s in program.steps[rank]):
-        changes = [_ACTIVATIONS[CODES[leaf.kind]] for s in program.steps[rank]
-                   for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
-                   if leaf.kind in CODES]  # an overlap's forward counts first
+        changes = [
+            _ACTIVATIONS[CODES[leaf.kind]]
+            for s in program.steps[rank]
+            for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
+            if leaf.kind in CODES
+        ]  # an overlap's forward counts first
     else:
         changes = [_ACTIVATIONS[k & 7] for k in ids]  # -1 & 7 is 7: FSDP steps count 0
     return max(accumulate(changes, initial=0))
 
 
-def _result(plan: Plan, semantics: str, costs: Costs, outcome: Outcome,
-            durations: list[list[float]]) -> SimResult:
+def _result(
+    plan: Plan, semantics: str, costs: Costs, outcome: Outcome, durations: list[list[float]]
+) -> SimResult:
     program = outcome.program
     makespan = max((ends[-1] for ends in outcome.end if ends), default=0.0)
     per_rank = []
     for rank, row in enumerate(durations):
         busy = math.fsum(row)
         idle = max(makespan - busy, 0.0)
-        per_rank.append(RankStats(
-            rank, busy, idle, idle / makespan if makespan else 0.0, _ratio(idle, busy),
-            _peak_inflight(program, rank)))
+        per_rank.append(
+            RankStats(
+                rank,
+                busy,
+                idle,
+                idle / makespan if makespan else 0.0,
+                _ratio(idle, busy),
+                _peak_inflight(program, rank),
+            )
+        )
     busy = math.fsum(r.busy for r in per_rank)
     idle = math.fsum(r.idle for r in per_rank)
     span = makespan * len(per_rank)
-    return SimResult(plan, semantics, costs, makespan, per_rank,
-                     idle / span if span else 0.0, _ratio(idle, busy), outcome)
+    return SimResult(
+        plan,
+        semantics,
+        costs,
+        makespan,
+        per_rank,
+        idle / span if span else 0.0,
+        _ratio(idle, busy),
+        outcome,
+    )
 
 
 def _ratio(idle: float, busy: float) -> float:

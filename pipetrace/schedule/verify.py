@@ -21,20 +21,56 @@ from dataclasses import asdict, dataclass
 from itertools import chain
 
 from .execution import (
-    CODE_B, CODE_F, CODE_I, CODE_RECV_B, CODE_RECV_F, CODE_SEND_B, CODE_SEND_F, CODE_W,
-    NO_PEER, SEMANTICS, Checked, Outcome, Program, compile_plan, counterpart,
-    execute, stalls, with_messages,
+    CODE_B,
+    CODE_F,
+    CODE_I,
+    CODE_RECV_B,
+    CODE_RECV_F,
+    CODE_SEND_B,
+    CODE_SEND_F,
+    CODE_W,
+    NO_PEER,
+    SEMANTICS,
+    Checked,
+    Outcome,
+    Program,
+    compile_plan,
+    counterpart,
+    execute,
+    stalls,
+    with_messages,
 )
 from .ir import Plan, ScheduleError, format_step
 
-__all__ = ["FINDING_KINDS", "SEMANTICS", "BlockedRank", "Finding", "StepRef", "VerifyReport",
-           "verify"]
+__all__ = [
+    "FINDING_KINDS",
+    "SEMANTICS",
+    "BlockedRank",
+    "Finding",
+    "StepRef",
+    "VerifyReport",
+    "verify",
+]
 
 FINDING_KINDS = (  # every Finding.kind, documented in docs/schedules.md
-    "index_out_of_range", "stage_on_two_ranks", "placement_mismatch", "missing_step",
-    "duplicate_step", "conflicting_backward", "backward_before_forward", "weight_before_input",
-    "forward_before_input", "backward_before_grad", "send_before_compute", "unknown_peer",
-    "missing_recv", "missing_send", "channel_order", "fifo_mismatch", "deadlock", "stuck",
+    "index_out_of_range",
+    "stage_on_two_ranks",
+    "placement_mismatch",
+    "missing_step",
+    "duplicate_step",
+    "conflicting_backward",
+    "backward_before_forward",
+    "weight_before_input",
+    "forward_before_input",
+    "backward_before_grad",
+    "send_before_compute",
+    "unknown_peer",
+    "missing_recv",
+    "missing_send",
+    "channel_order",
+    "fifo_mismatch",
+    "deadlock",
+    "stuck",
     "deadlock_unchecked",
 )
 
@@ -60,8 +96,13 @@ class Finding:
     steps: tuple[StepRef, ...] = ()
 
     def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind, "severity": self.severity, "message": self.message,
-                "ranks": list(self.ranks), "steps": [s.to_json() for s in self.steps]}
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "message": self.message,
+            "ranks": list(self.ranks),
+            "steps": [s.to_json() for s in self.steps],
+        }
 
 
 @dataclass(slots=True)
@@ -111,7 +152,8 @@ class VerifyReport:
     def marks(self) -> dict[tuple[int, int], str]:
         """Grid marks (for :attr:`executed`) on every blocked step."""
         return {
-            (b.rank, b.position): "BLOCKED" if b.waits_for is None
+            (b.rank, b.position): "BLOCKED"
+            if b.waits_for is None
             else f"BLOCKED waiting for rank {b.waits_for}"
             for b in (self.blocked or {}).values()
         }
@@ -119,17 +161,23 @@ class VerifyReport:
     def to_json(self) -> dict[str, object]:
         plan = self.plan
         return {
-            "plan": {"name": plan.name, "params": plan.params, "num_ranks": plan.num_ranks,
-                     "num_stages": plan.num_stages,
-                     "num_microbatches": plan.num_microbatches,
-                     "has_comms": plan.has_comms()},
+            "plan": {
+                "name": plan.name,
+                "params": plan.params,
+                "num_ranks": plan.num_ranks,
+                "num_stages": plan.num_stages,
+                "num_microbatches": plan.num_microbatches,
+                "has_comms": plan.has_comms(),
+            },
             "semantics": self.semantics,
             "ok": self.ok,
             "lowered": self.lowered is not None,
-            "counts": {sev: sum(f.severity == sev for f in self.findings)
-                       for sev in ("error", "warning")},
+            "counts": {
+                sev: sum(f.severity == sev for f in self.findings) for sev in ("error", "warning")
+            },
             "findings": [f.to_json() for f in self.findings],
-            "blocked": None if self.blocked is None
+            "blocked": None
+            if self.blocked is None
             else [self.blocked[r].to_json() for r in sorted(self.blocked)],
             "cycle": self.cycle,
         }
@@ -150,9 +198,12 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
         program = compile_plan(plan)
         checked = program.checked_ids()
         raw_stages = program.stages_named()
-        findings = [*_check_indices(program, raw_stages), *_check_placement(program, raw_stages),
-                    *_check_dependencies(program, checked, comms),
-                    *_check_coverage(program, checked)]
+        findings = [
+            *_check_indices(program, raw_stages),
+            *_check_placement(program, raw_stages),
+            *_check_dependencies(program, checked, comms),
+            *_check_coverage(program, checked),
+        ]
         report = VerifyReport(plan, semantics, findings, None, None)
         if comms:
             findings.extend(_check_comms(program, semantics))
@@ -160,10 +211,14 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
             try:
                 report.lowered = with_messages(plan)
             except ScheduleError as exc:
-                findings.append(Finding(
-                    "deadlock_unchecked", "warning",
-                    f"the compute-only plan could not be lowered to comms ({exc}); "
-                    "the deadlock check was skipped"))
+                findings.append(
+                    Finding(
+                        "deadlock_unchecked",
+                        "warning",
+                        f"the compute-only plan could not be lowered to comms ({exc}); "
+                        "the deadlock check was skipped",
+                    )
+                )
                 return report
             program = compile_plan(report.lowered)
         _check_execution(report, execute(program, semantics))
@@ -177,8 +232,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
 
 def _ref(program: Program, rank: int, index: int) -> StepRef:
     """A reference to step ``index`` of a compiled rank, by its position in the plan."""
-    return StepRef(rank, program.positions[rank][index],
-                   format_step(program.steps[rank][index]))
+    return StepRef(rank, program.positions[rank][index], format_step(program.steps[rank][index]))
 
 
 def _check_indices(program: Program, raw_stages: list[set[int | None]]) -> list[Finding]:
@@ -188,17 +242,29 @@ def _check_indices(program: Program, raw_stages: list[set[int | None]]) -> list[
     good_stages, good_mbs = {*range(S), None}, {*range(M), None}
     findings = []
     for rank, steps in enumerate(program.steps):
-        if raw_stages[rank] <= good_stages and -2 not in program.ids[rank] and (
-                program.mb_stride == M):
+        if (
+            raw_stages[rank] <= good_stages
+            and -2 not in program.ids[rank]
+            and (program.mb_stride == M)
+        ):
             continue  # indices are non-negative by construction; -2 marks a micro-batch >= M
         for index, step in enumerate(steps):
-            bad = [leaf for leaf in step.leaves()
-                   if leaf.stage not in good_stages or leaf.microbatch not in good_mbs]
+            bad = [
+                leaf
+                for leaf in step.leaves()
+                if leaf.stage not in good_stages or leaf.microbatch not in good_mbs
+            ]
             if bad:
-                findings.append(Finding(
-                    "index_out_of_range", "error",
-                    f"rank {rank}: {format_step(bad[0])} is out of range (stages 0..{S - 1}, "
-                    f"micro-batches 0..{M - 1})", (rank,), (_ref(program, rank, index),)))
+                findings.append(
+                    Finding(
+                        "index_out_of_range",
+                        "error",
+                        f"rank {rank}: {format_step(bad[0])} is out of range (stages 0..{S - 1}, "
+                        f"micro-batches 0..{M - 1})",
+                        (rank,),
+                        (_ref(program, rank, index),),
+                    )
+                )
     return findings
 
 
@@ -218,32 +284,52 @@ def _check_placement(program: Program, raw_stages: list[set[int | None]]) -> lis
     findings = []
     for stage, owner in enumerate(plan.placement):
         ranks = holders.get(stage, [])
-        refs = tuple(_first_of_stage(program, r, stage) for r in ranks) if (
-            len(ranks) > 1 or owner not in ranks) else ()
+        refs = (
+            tuple(_first_of_stage(program, r, stage) for r in ranks)
+            if (len(ranks) > 1 or owner not in ranks)
+            else ()
+        )
         if len(ranks) > 1:
-            findings.append(Finding(
-                "stage_on_two_ranks", "error",
-                f"stage {stage} has steps on ranks {ranks}; a stage must live on one rank",
-                tuple(ranks), refs))
+            findings.append(
+                Finding(
+                    "stage_on_two_ranks",
+                    "error",
+                    f"stage {stage} has steps on ranks {ranks}; a stage must live on one rank",
+                    tuple(ranks),
+                    refs,
+                )
+            )
         elif not 0 <= owner < plan.num_ranks:
-            findings.append(Finding(
-                "placement_mismatch", "error",
-                f"the placement puts stage {stage} on rank {owner}, which does not exist "
-                f"(the plan has {plan.num_ranks} ranks)", tuple(ranks), refs))
+            findings.append(
+                Finding(
+                    "placement_mismatch",
+                    "error",
+                    f"the placement puts stage {stage} on rank {owner}, which does not exist "
+                    f"(the plan has {plan.num_ranks} ranks)",
+                    tuple(ranks),
+                    refs,
+                )
+            )
         elif ranks and owner not in ranks:
-            findings.append(Finding(
-                "placement_mismatch", "error",
-                f"the placement puts stage {stage} on rank {owner} but its steps are on "
-                f"rank {ranks[0]}", (owner, *ranks), refs))
+            findings.append(
+                Finding(
+                    "placement_mismatch",
+                    "error",
+                    f"the placement puts stage {stage} on rank {owner} but its steps are on "
+                    f"rank {ranks[0]}",
+                    (owner, *ranks),
+                    refs,
+                )
+            )
     return findings
 
 
 _NEEDS = {  # dependency finding kind -> what the step ran before ({r} is the rank)
     "forward_before_input": "runs before its input exists (no {s}RECV_F{m} or {p}F{m} "
-                            "earlier on rank {r})",
+    "earlier on rank {r})",
     "backward_before_forward": "runs before its forward {s}F{m}",
     "backward_before_grad": "runs before its output gradient exists (no {s}RECV_B{m}, "
-                            "{n}B{m} or {n}I{m} earlier on rank {r})",
+    "{n}B{m} or {n}I{m} earlier on rank {r})",
     "weight_before_input": "runs before {s}I{m}, which the weight gradient needs",
     "send_before_activation": "sends before {s}F{m} produced the activation",
     "send_before_gradient": "sends before {s}B{m} or {s}I{m} produced the gradient",
@@ -279,24 +365,32 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
                 if not get(k - CODE_SEND_F, never) < i:
                     findings.append(_dependency(program, rank, i, k, "send_before_activation"))
             elif code == CODE_SEND_B:
-                if not (get(k - CODE_SEND_B + CODE_B, never) < i
-                        or get(k - CODE_SEND_B + CODE_I, never) < i):
+                if not (
+                    get(k - CODE_SEND_B + CODE_B, never) < i
+                    or get(k - CODE_SEND_B + CODE_I, never) < i
+                ):
                     findings.append(_dependency(program, rank, i, k, "send_before_gradient"))
             elif code == CODE_F:
-                if k >= one_stage and not (
-                        get(k + CODE_RECV_F, never) < i or get(k - one_stage, never) < i) and (
-                        comms or placement[k // one_stage - 1] == rank):
+                if (
+                    k >= one_stage
+                    and not (get(k + CODE_RECV_F, never) < i or get(k - one_stage, never) < i)
+                    and (comms or placement[k // one_stage - 1] == rank)
+                ):
                     findings.append(_dependency(program, rank, i, k, "forward_before_input"))
             elif code == CODE_W:
                 if i <= get(k - 1, -1):
                     findings.append(_dependency(program, rank, i, k, "weight_before_input"))
             elif i <= get(k - code, -1):  # B or I, and its F is not before it
                 findings.append(_dependency(program, rank, i, k, "backward_before_forward"))
-            elif k < last_stage and not (
+            elif (
+                k < last_stage
+                and not (
                     get(k - code + CODE_RECV_B, never) < i
                     or get(k - code + one_stage + CODE_B, never) < i
-                    or get(k - code + one_stage + CODE_I, never) < i) and (
-                    comms or placement[k // one_stage + 1] == rank):
+                    or get(k - code + one_stage + CODE_I, never) < i
+                )
+                and (comms or placement[k // one_stage + 1] == rank)
+            ):
                 findings.append(_dependency(program, rank, i, k, "backward_before_grad"))
     return findings
 
@@ -306,9 +400,13 @@ def _dependency(program: Program, rank: int, index: int, step_id: int, need: str
     one_stage = 8 * program.mb_stride
     s, m, code = step_id // one_stage, (step_id >> 3) % program.mb_stride, step_id & 7
     what = _NEEDS[need].format(s=s, m=m, p=s - 1, n=s + 1, r=rank)
-    return Finding("send_before_compute" if need.startswith("send") else need, "error",
-                   f"rank {rank}: {s}{_KIND_NAMES[code]}{m} {what}", (rank,),
-                   (_ref(program, rank, index),))
+    return Finding(
+        "send_before_compute" if need.startswith("send") else need,
+        "error",
+        f"rank {rank}: {s}{_KIND_NAMES[code]}{m} {what}",
+        (rank,),
+        (_ref(program, rank, index),),
+    )
 
 
 def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
@@ -323,31 +421,52 @@ def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
     dups = sorted(k for k, n in counts.items() if n > 1)
     cases = [
         ("missing_step", every - f, "has no forward ({s}F{m})", ()),
-        ("missing_step", every - b - i - w, "has no backward ({s}B{m}, or {s}I{m} plus {s}W{m})",
-         (CODE_F,)),
-        ("conflicting_backward", b & (i | w), "has both a full backward ({s}B{m}) and a split "
-         "one ({s}I{m}/{s}W{m})", (CODE_B, CODE_I, CODE_W)),
+        (
+            "missing_step",
+            every - b - i - w,
+            "has no backward ({s}B{m}, or {s}I{m} plus {s}W{m})",
+            (CODE_F,),
+        ),
+        (
+            "conflicting_backward",
+            b & (i | w),
+            "has both a full backward ({s}B{m}) and a split one ({s}I{m}/{s}W{m})",
+            (CODE_B, CODE_I, CODE_W),
+        ),
         ("missing_step", i - w - b, "has {s}I{m} but no {s}W{m}", (CODE_I,)),
         ("missing_step", w - i - b, "has {s}W{m} but no {s}I{m}", (CODE_W,)),
     ]
-    wanted = set(dups) | {(base << 3) + c for _, bases, _, codes in cases
-                          for base in bases for c in codes}
+    wanted = set(dups) | {
+        (base << 3) + c for _, bases, _, codes in cases for base in bases for c in codes
+    }
     where = program.locate(checked, wanted) if wanted else {}
     findings = []
     for k in dups:
         s, m, letter = k // (8 * stride), (k >> 3) % stride, _KIND_NAMES[k & 7]
         refs = [_ref(program, r, x) for r, x in where[k]]
-        findings.append(Finding(
-            "duplicate_step", "error", f"{s}{letter}{m} appears {counts[k]} times: "
-            + ", ".join(f"rank {ref.rank} position {ref.position}" for ref in refs),
-            tuple(sorted({ref.rank for ref in refs})), tuple(refs)))
+        findings.append(
+            Finding(
+                "duplicate_step",
+                "error",
+                f"{s}{letter}{m} appears {counts[k]} times: "
+                + ", ".join(f"rank {ref.rank} position {ref.position}" for ref in refs),
+                tuple(sorted({ref.rank for ref in refs})),
+                tuple(refs),
+            )
+        )
     for kind, bases, text, codes in cases:
         for base in sorted(bases):
             s, m = divmod(base, stride)
             refs = [_ref(program, r, x) for c in codes for r, x in where.get((base << 3) + c, ())]
-            findings.append(Finding(
-                kind, "error", f"stage {s} micro-batch {m} " + text.format(s=s, m=m),
-                tuple(sorted({ref.rank for ref in refs})), tuple(refs)))
+            findings.append(
+                Finding(
+                    kind,
+                    "error",
+                    f"stage {s} micro-batch {m} " + text.format(s=s, m=m),
+                    tuple(sorted({ref.rank for ref in refs})),
+                    tuple(refs),
+                )
+            )
     return findings
 
 
@@ -397,10 +516,16 @@ def _unknown_peers(program: Program, rank: int) -> list[Finding]:
     for index, (key, peer) in enumerate(zip(program.keys[rank], program.peers[rank])):
         if key >= 0 and peer == NO_PEER:
             step = program.steps[rank][index]
-            findings.append(Finding(
-                "unknown_peer", "error",
-                f"rank {rank}: {format_step(step)} pairs with {counterpart(step)}, but that "
-                "stage does not exist or has no rank", (rank,), (_ref(program, rank, index),)))
+            findings.append(
+                Finding(
+                    "unknown_peer",
+                    "error",
+                    f"rank {rank}: {format_step(step)} pairs with {counterpart(step)}, but that "
+                    "stage does not exist or has no rank",
+                    (rank,),
+                    (_ref(program, rank, index),),
+                )
+            )
     return findings
 
 
@@ -409,27 +534,40 @@ def _pairing_findings(program: Program, sent: Counter, received: Counter) -> lis
     where = program.comm_refs(bad)
     findings = []
     for message in sorted(bad):
-        for side, count, other, kind in ((0, sent[message], received[message], "missing_recv"),
-                                         (1, received[message], sent[message], "missing_send")):
+        for side, count, other, kind in (
+            (0, sent[message], received[message], "missing_recv"),
+            (1, received[message], sent[message], "missing_send"),
+        ):
             refs = where.get((side, message), [])
             if count > 1:
-                findings.append(Finding(
-                    "duplicate_step", "error",
-                    f"{_ref(program, *refs[0]).text} appears {count} times",
-                    tuple(sorted({r for r, _ in refs})),
-                    tuple(_ref(program, *ref) for ref in refs)))
+                findings.append(
+                    Finding(
+                        "duplicate_step",
+                        "error",
+                        f"{_ref(program, *refs[0]).text} appears {count} times",
+                        tuple(sorted({r for r, _ in refs})),
+                        tuple(_ref(program, *ref) for ref in refs),
+                    )
+                )
             for rank, index in refs[other:]:
                 step = program.steps[rank][index]
                 peer = program.peers[rank][index]
-                findings.append(Finding(
-                    kind, "error", f"rank {rank}: {format_step(step)} has no matching "
-                    f"{counterpart(step)} on rank {peer}", (rank, peer),
-                    (_ref(program, rank, index),)))
+                findings.append(
+                    Finding(
+                        kind,
+                        "error",
+                        f"rank {rank}: {format_step(step)} has no matching "
+                        f"{counterpart(step)} on rank {peer}",
+                        (rank, peer),
+                        (_ref(program, rank, index),),
+                    )
+                )
     return findings
 
 
-def _channel_order(program: Program, lane: tuple[int, int, int], order: list[int],
-                   other: list[int]) -> Finding | None:
+def _channel_order(
+    program: Program, lane: tuple[int, int, int], order: list[int], other: list[int]
+) -> Finding | None:
     """One finding per channel whose recv order differs from its send order."""
     common = set(order) & set(other)
     sent = [k for k in order if k in common]
@@ -440,16 +578,22 @@ def _channel_order(program: Program, lane: tuple[int, int, int], order: list[int
     src, dst, direction = lane
     first, overtaker = sent[j], received[j]
     where = program.comm_refs({first, overtaker})
-    refs = tuple(_ref(program, *where[(side, message)][0])
-                 for side, message in ((0, first), (0, overtaker), (1, overtaker), (1, first)))
+    refs = tuple(
+        _ref(program, *where[(side, message)][0])
+        for side, message in ((0, first), (0, overtaker), (1, overtaker), (1, first))
+    )
     crossed = sum(a != b for a, b in zip(sent, received))
     what = "gradients" if direction else "activations"
     return Finding(
-        "channel_order", "error",
+        "channel_order",
+        "error",
         f"channel rank {src} -> rank {dst} ({what}): rank {src} sends {refs[0].text} before "
         f"{refs[1].text}, but rank {dst} receives {refs[2].text} before {refs[3].text} "
         f"({crossed} of {len(sent)} messages out of place); blocking or untagged P2P would "
-        "hang or pair them wrongly", (src, dst), refs)
+        "hang or pair them wrongly",
+        (src, dst),
+        refs,
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -462,12 +606,17 @@ def _check_execution(report: VerifyReport, outcome: Outcome) -> None:
     for send_rank, send_index, recv_rank, recv_index in outcome.mismatches:
         send = _ref(program, send_rank, send_index)
         recv = _ref(program, recv_rank, recv_index)
-        report.findings.append(Finding(
-            "fifo_mismatch", "error",
-            f"untagged matching pairs rank {send_rank}'s {send.text} with rank {recv_rank}'s "
-            f"{recv.text}: messages between two ranks are received in the order they were "
-            f"sent, so {recv.text} would receive what {send.text} carries",
-            (send_rank, recv_rank), (send, recv)))
+        report.findings.append(
+            Finding(
+                "fifo_mismatch",
+                "error",
+                f"untagged matching pairs rank {send_rank}'s {send.text} with rank {recv_rank}'s "
+                f"{recv.text}: messages between two ranks are received in the order they were "
+                f"sent, so {recv.text} would receive what {send.text} carries",
+                (send_rank, recv_rank),
+                (send, recv),
+            )
+        )
     stuck = outcome.blocked()
     report.blocked = {}
     for rank in sorted(stuck):
@@ -478,6 +627,12 @@ def _check_execution(report: VerifyReport, outcome: Outcome) -> None:
     for stall in stalls(outcome):
         if stall.kind == "deadlock" and report.cycle is None:
             report.cycle = stall.chain
-        report.findings.append(Finding(
-            stall.kind, "error", stall.message, tuple(stall.ranks),
-            tuple(_ref(program, r, stuck[r]) for r in stall.ranks)))
+        report.findings.append(
+            Finding(
+                stall.kind,
+                "error",
+                stall.message,
+                tuple(stall.ranks),
+                tuple(_ref(program, r, stuck[r]) for r in stall.ranks),
+            )
+        )

@@ -32,14 +32,15 @@ from pipetrace.tui.details import DetailsPanel
 from pipetrace.tui.findings import FindingsPanel
 from pipetrace.tui.help import HelpScreen
 from pipetrace.tui.loading import LoadingView
+from pipetrace.tui.navigator import Navigator
 from pipetrace.tui.prompt import PromptBar
 from pipetrace.tui.ruler import TimeRuler
 from pipetrace.tui.session import Session, open_session
 from pipetrace.tui.stats import StatsPanel
 from pipetrace.tui.stats_data import stats_tables
 from pipetrace.tui.timeline import TimelineView
-from pipetrace.tui.navigator import Navigator
 from pipetrace.tui.viewport import ViewState
+
 
 @dataclass
 class Loaded(Message):
@@ -105,7 +106,9 @@ class PipetraceApp(App[int]):
         Binding("escape", "clear", "clear", show=False),
     ]
 
-    def __init__(self, path: str | Path, *, session: Session | None = None, workers: int | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, session: Session | None = None, workers: int | None = None
+    ) -> None:
         super().__init__()
         self.path = Path(path)
         self.nav: Navigator | None = None  # exists once the run is loaded
@@ -155,7 +158,9 @@ class PipetraceApp(App[int]):
         """Give the timeline the lines its lanes need, the bottom panel the rest (within bounds)."""
         available = self.size.height - 4  # title, ruler, panel tabs, footer
         lanes = len(self.state.lane_ids) if self.state is not None else available // 2
-        self.query_one("#panel").styles.height = max(7, min(available - lanes, max(7, available // 2)))
+        self.query_one("#panel").styles.height = max(
+            7, min(available - lanes, max(7, available // 2))
+        )
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -163,10 +168,12 @@ class PipetraceApp(App[int]):
     def _load(self) -> None:
         try:
             with _stderr_with_fileno():
-                session = open_session(self.path, progress=self._progress_from_thread, workers=self._parse_workers)
+                session = open_session(
+                    self.path, progress=self._progress_from_thread, workers=self._parse_workers
+                )
         except PipetraceError as exc:
             self.post_message(LoadFailed(str(exc)))
-        except Exception as exc:  # noqa: BLE001 - shown in the UI, never a traceback over the screen
+        except Exception as exc:
             self.post_message(LoadFailed(f"{type(exc).__name__}: {exc}"))
         else:
             self.post_message(Loaded(session))
@@ -186,7 +193,9 @@ class PipetraceApp(App[int]):
     def on_load_failed(self, message: LoadFailed) -> None:
         self.load_error = message.message
         self.query_one(LoadingView).failed(message.message)
-        self.query_one("#title", Static).update(Text(f"pipetrace · {self.path} · could not load", style="bold red"))
+        self.query_one("#title", Static).update(
+            Text(f"pipetrace · {self.path} · could not load", style="bold red")
+        )
 
     def on_loaded(self, message: Loaded) -> None:
         session = message.session
@@ -197,7 +206,9 @@ class PipetraceApp(App[int]):
         timeline = self.query_one(TimelineView)
         timeline.bind(session, self.nav.state)
         self.query_one(TimeRuler).bind(self.nav.state, timeline.gutter_width)
-        self.query_one(FindingsPanel).show(session.findings, [p.message for p in session.run.problems])
+        self.query_one(FindingsPanel).show(
+            session.findings, [p.message for p in session.run.problems]
+        )
         self.query_one(StatsPanel).show(stats_tables(session))
         timeline.focus()
         self.call_after_refresh(self._first_view)
@@ -228,7 +239,9 @@ class PipetraceApp(App[int]):
         if state.cursor != cursor or state.lane_ids != lanes:
             if state.cursor is not None and state.cursor[0] in state.lane_ids:
                 timeline.scroll_to_lane(state.lane_ids.index(state.cursor[0]))
-            self.query_one(DetailsPanel).show(describe(nav.session, *state.cursor) if state.cursor else None)
+            self.query_one(DetailsPanel).show(
+                describe(nav.session, *state.cursor) if state.cursor else None
+            )
         if nav.finding_index != finding and nav.finding_index is not None:
             self.query_one(FindingsPanel).select(nav.finding_index)
         timeline.refresh()
@@ -258,12 +271,19 @@ class PipetraceApp(App[int]):
             grid.add_column(justify="right", no_wrap=True)
             grid.add_row(Text(left, style="bold"), Text(right_text))
             self.query_one("#title", Static).update(grid)
-        counts = {sev: sum(v.finding.severity == sev for v in session.findings) for sev in ("error", "warning", "info")}
+        counts = {
+            sev: sum(v.finding.severity == sev for v in session.findings)
+            for sev in ("error", "warning", "info")
+        }
         found = ", ".join(f"{n} {sev}" for sev, n in counts.items() if n) or "none"
         if self._shown_tabs != (found, self.panel):
             self._shown_tabs = (found, self.panel)
             tabs = Text()
-            for name, label in (("details", "d Details"), ("findings", f"f Findings ({found})"), ("stats", "s Stats")):
+            for name, label in (
+                ("details", "d Details"),
+                ("findings", f"f Findings ({found})"),
+                ("stats", "s Stats"),
+            ):
                 tabs.append(f" {label} ", style="reverse bold" if name == self.panel else "")
                 tabs.append("  ")
             self.query_one("#panel-tabs", Static).update(tabs)
@@ -293,7 +313,9 @@ class PipetraceApp(App[int]):
 
     def action_page(self, direction: int) -> None:
         timeline = self.query_one(TimelineView)
-        timeline.scroll_relative(y=direction * max(timeline.scrollable_content_region.height - 1, 1), animate=False)
+        timeline.scroll_relative(
+            y=direction * max(timeline.scrollable_content_region.height - 1, 1), animate=False
+        )
 
     def action_iteration(self, direction: int) -> None:
         self._move("iteration", direction)
@@ -338,7 +360,9 @@ class PipetraceApp(App[int]):
 
     def action_prompt(self, mode: str) -> None:
         if self.nav is not None:
-            self.query_one(PromptBar).open(mode, self.nav.filter.describe() if mode == "filter" else "")
+            self.query_one(PromptBar).open(
+                mode, self.nav.filter.describe() if mode == "filter" else ""
+            )
 
     def on_prompt_bar_submitted(self, message: PromptBar.Submitted) -> None:
         if message.mode == "filter":

@@ -48,22 +48,38 @@ class PipetraceCommands(Provider):
         words = query.strip().split()
         app = self._app
         session = app.session
-        if session is not None and words and words[-1].isdigit() and "iteration".startswith(words[0].lower()[:4]):
+        if (
+            session is not None
+            and words
+            and words[-1].isdigit()
+            and "iteration".startswith(words[0].lower()[:4])
+        ):
             it = int(words[-1])
-            yield Hit(1.0, f"Go to iteration {it}", partial(app.goto_iteration, it), help="show it whole")
+            yield Hit(
+                1.0, f"Go to iteration {it}", partial(app.goto_iteration, it), help="show it whole"
+            )
         if session is not None and words and words[0].lower() in ("filter", "f") and len(words) > 1:
             text = query.strip().split(None, 1)[1]
-            yield Hit(1.0, f"Filter: {text}", partial(app.apply_filter, text), help="apply this filter")
+            yield Hit(
+                1.0, f"Filter: {text}", partial(app.apply_filter, text), help="apply this filter"
+            )
         for name, action, help_text in ACTIONS:
             score = matcher.match(name)
             if score > 0:
-                yield Hit(score, matcher.highlight(name), partial(self._run, action), help=help_text or None)
+                yield Hit(
+                    score,
+                    matcher.highlight(name),
+                    partial(self._run, action),
+                    help=help_text or None,
+                )
         if session is not None:
             for k, view in enumerate(session.findings):
                 label = f"Finding: {view.finding.kind}: {view.finding.message}"
                 score = matcher.match(label)
                 if score > 0:
-                    yield Hit(score * 0.9, matcher.highlight(label[:120]), partial(app.goto_finding, k))
+                    yield Hit(
+                        score * 0.9, matcher.highlight(label[:120]), partial(app.goto_finding, k)
+                    )
 
     async def _run(self, action: str) -> None:
         await self._app.run_action(action)

@@ -8,13 +8,23 @@ import numpy as np
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS
 from pipetrace.tui import units
-from pipetrace.tui.session import Session
 from pipetrace.tui.lanes import P2P, PLAN
+from pipetrace.tui.session import Session
 
-_KIND_WORDS = {"F": "forward", "B": "backward", "I": "backward, inputs (dx)", "W": "backward, weights (dw)",
-               "SEND_F": "send activations", "SEND_B": "send gradients", "RECV_F": "receive activations",
-               "RECV_B": "receive gradients", "OVERLAP_F_B": "forward and backward overlapped",
-               "UNSHARD": "FSDP unshard", "RESHARD": "FSDP reshard", "REDUCE_GRAD": "FSDP gradient reduce"}  # fmt: skip
+_KIND_WORDS = {
+    "F": "forward",
+    "B": "backward",
+    "I": "backward, inputs (dx)",
+    "W": "backward, weights (dw)",
+    "SEND_F": "send activations",
+    "SEND_B": "send gradients",
+    "RECV_F": "receive activations",
+    "RECV_B": "receive gradients",
+    "OVERLAP_F_B": "forward and backward overlapped",
+    "UNSHARD": "FSDP unshard",
+    "RESHARD": "FSDP reshard",
+    "REDUCE_GRAD": "FSDP gradient reduce",
+}
 
 
 @dataclass
@@ -40,7 +50,12 @@ def _t(session: Session, ns: int) -> str:
 def _step_parts(session: Session, code: int) -> list[tuple[str, str]]:
     catalog = session.run.catalog
     kind = catalog.kind_of(code)
-    rows = [("kind", f"{kind.value} ({_KIND_WORDS.get(kind.value, '')})" if kind else "unparsable step text")]
+    rows = [
+        (
+            "kind",
+            f"{kind.value} ({_KIND_WORDS.get(kind.value, '')})" if kind else "unparsable step text",
+        )
+    ]
     stage, mb = int(catalog.stage[code]), int(catalog.microbatch[code])
     step = catalog.step(code)
     if step is not None and step.sub_steps:
@@ -61,7 +76,9 @@ def _describe_step(session: Session, lane_id: int, item: int) -> Description:
     text = run.catalog.texts[code]
     it, pos = int(steps.it[row]), int(steps.pos[row])
     begin, end = int(steps.begin[row]), int(steps.end[row])
-    d = Description(f"rank {lane.rank} · {text}" + (f" · thread {lane.name}" if lane.role != "main" else ""))
+    d = Description(
+        f"rank {lane.rank} · {text}" + (f" · thread {lane.name}" if lane.role != "main" else "")
+    )
     d.rows += _step_parts(session, code)
     d.rows.append(("iteration", str(it)))
     d.rows.append(("plan position", f"{pos} of {len(rank.plan)}" if rank.plan else str(pos)))
@@ -77,8 +94,13 @@ def _describe_step(session: Session, lane_id: int, item: int) -> Description:
     planned = session.planned.offsets.get(lane.rank, {}).get(pos) if session.planned else None
     if planned is not None and span is not None:
         late = (begin - span[0]) - planned[0]
-        d.rows.append(("planned", f"+{units.duration(planned[0])} for {units.duration(planned[1] - planned[0])}"
-                       f" ({'late' if late >= 0 else 'early'} {units.duration(abs(late))})"))  # fmt: skip
+        d.rows.append(
+            (
+                "planned",
+                f"+{units.duration(planned[0])} for {units.duration(planned[1] - planned[0])}"
+                f" ({'late' if late >= 0 else 'early'} {units.duration(abs(late))})",
+            )
+        )
     for op_rank, op_row in index.p2p_rows(lane_id, item):
         d.rows += _op_rows(session, op_rank, op_row)
     _sub_step_rows(session, lane.rank, row, d)
@@ -99,7 +121,12 @@ def _sub_step_rows(session: Session, rank_id: int, row: int, d: Description) -> 
             continue
         e = int(steps.end[r])
         dur = units.duration(e - int(steps.begin[r])) if e != OPEN else "open"
-        d.rows.append((f"  {run.catalog.texts[int(steps.code[r])]}", f"{run.threads[int(steps.thread[r])]}, {dur}"))
+        d.rows.append(
+            (
+                f"  {run.catalog.texts[int(steps.code[r])]}",
+                f"{run.threads[int(steps.thread[r])]}, {dur}",
+            )
+        )
 
 
 def _op_rows(session: Session, rank_id: int, row: int) -> list[tuple[str, str]]:
@@ -111,11 +138,18 @@ def _op_rows(session: Session, rank_id: int, row: int) -> list[tuple[str, str]]:
     dtype = run.dtypes[int(p.dtype[row])] if 0 <= p.dtype[row] < len(run.dtypes) else "?"
     post, done = int(p.post[row]), int(p.done[row])
     rows = [
-        (op, f"{'to' if op == 'send' else 'from'} rank {int(p.peer[row])}, channel {ch}, seq {int(p.seq[row])}"),
+        (
+            op,
+            f"{'to' if op == 'send' else 'from'} rank {int(p.peer[row])}, channel {ch}, seq {int(p.seq[row])}",
+        ),
         ("message", f"{units.size(int(p.nbytes[row]))} {dtype}{list(shape)}"),
-        ("posted → done", f"{units.duration(post)} → " + (units.duration(done) if done != OPEN else "never")
-         + (f" ({units.duration(done - post)})" if done != OPEN else "")),
-    ]  # fmt: skip
+        (
+            "posted → done",
+            f"{units.duration(post)} → "
+            + (units.duration(done) if done != OPEN else "never")
+            + (f" ({units.duration(done - post)})" if done != OPEN else ""),
+        ),
+    ]
     other = int(p.match_rank[row])
     if other < 0:
         rows.append(("matched", "no matching op on the peer"))
@@ -123,8 +157,13 @@ def _op_rows(session: Session, rank_id: int, row: int) -> list[tuple[str, str]]:
         o = run.ranks[other].p2p
         j = int(p.match_index[row])
         odone = int(o.done[j])
-        rows.append(("matched", f"rank {other} {run.catalog.texts[int(o.code[j])]}, posted {units.duration(int(o.post[j]))}"
-                     + (f", done {units.duration(odone)}" if odone != OPEN else ", never done")))  # fmt: skip
+        rows.append(
+            (
+                "matched",
+                f"rank {other} {run.catalog.texts[int(o.code[j])]}, posted {units.duration(int(o.post[j]))}"
+                + (f", done {units.duration(odone)}" if odone != OPEN else ", never done"),
+            )
+        )
     return rows
 
 
@@ -132,7 +171,9 @@ def _describe_op(session: Session, rank_id: int, row: int) -> Description:
     run = session.run
     p = run.ranks[rank_id].p2p
     code = int(p.code[row])
-    d = Description(f"rank {rank_id} · {OPS[int(p.op[row])]} of {run.catalog.texts[code]} · iteration {int(p.it[row])}")
+    d = Description(
+        f"rank {rank_id} · {OPS[int(p.op[row])]} of {run.catalog.texts[code]} · iteration {int(p.it[row])}"
+    )
     d.rows += _op_rows(session, rank_id, row)
     d.rows += _step_parts(session, code)
     lane = session.index.lane_of(rank_id, "comm")
@@ -153,17 +194,31 @@ def _describe_planned(session: Session, lane_id: int, item: int) -> Description:
     d.rows.append(("plan position", str(pos)))
     span = index.iteration_span(it)
     start = int(lane.begin[item]) - (span[0] if span else 0)
-    d.rows.append(("planned", f"+{units.duration(start)} for {units.duration(int(lane.end[item] - lane.begin[item]))}"))
+    d.rows.append(
+        (
+            "planned",
+            f"+{units.duration(start)} for {units.duration(int(lane.end[item] - lane.begin[item]))}",
+        )
+    )
     actual = index.step_item(lane.rank, code, it) if code >= 0 else None
     if actual is None:
         d.notes.append("not run in this iteration")
     else:
         alane = index.lanes[actual[0]]
         b = int(alane.begin[actual[1]]) - (span[0] if span else 0)
-        d.rows.append(("actual", f"+{units.duration(b)} ({'late' if b >= start else 'early'} "
-                       f"{units.duration(abs(b - start))})"))  # fmt: skip
-    d.notes.append(f"simulated with this run's mean step costs; one iteration takes "
-                   f"{units.duration(session.planned.makespan_ns)} as planned" if session.planned else "")  # fmt: skip
+        d.rows.append(
+            (
+                "actual",
+                f"+{units.duration(b)} ({'late' if b >= start else 'early'} "
+                f"{units.duration(abs(b - start))})",
+            )
+        )
+    d.notes.append(
+        f"simulated with this run's mean step costs; one iteration takes "
+        f"{units.duration(session.planned.makespan_ns)} as planned"
+        if session.planned
+        else ""
+    )
     return d
 
 

@@ -66,7 +66,10 @@ def layout_pairs(rows: list[tuple[str, str]], width: int) -> Text:
     value_width = max(column - label_width - 1, 10)
     out = Text(no_wrap=True, overflow="crop")
     for k in range(0, len(rows), pairs):
-        cells = [(label, textwrap.wrap(value, value_width) or [""]) for label, value in rows[k : k + pairs]]
+        cells = [
+            (label, textwrap.wrap(value, value_width) or [""])
+            for label, value in rows[k : k + pairs]
+        ]
         height = max(len(lines) for _, lines in cells)
         for line in range(height):
             if k or line:

@@ -18,12 +18,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipetrace.analyze.model import StepCatalog
-from pipetrace.schedule.ir import COMM_KINDS, COMPUTE_KINDS, FSDP_KINDS, RECV_KINDS, SEND_KINDS, StepKind
+from pipetrace.schedule.ir import (
+    COMM_KINDS,
+    COMPUTE_KINDS,
+    FSDP_KINDS,
+    RECV_KINDS,
+    SEND_KINDS,
+    StepKind,
+)
 
-_KEYS = {"rank": "rank", "r": "rank", "stage": "stage", "s": "stage", "mb": "mb", "m": "mb",
-         "microbatch": "mb", "kind": "kind", "k": "kind"}  # fmt: skip
-_GROUPS = {"send": SEND_KINDS, "recv": RECV_KINDS, "comm": COMM_KINDS, "compute": COMPUTE_KINDS,
-           "fsdp": FSDP_KINDS, "overlap": frozenset({StepKind.OVERLAP_F_B})}  # fmt: skip
+_KEYS = {
+    "rank": "rank",
+    "r": "rank",
+    "stage": "stage",
+    "s": "stage",
+    "mb": "mb",
+    "m": "mb",
+    "microbatch": "mb",
+    "kind": "kind",
+    "k": "kind",
+}
+_GROUPS = {
+    "send": SEND_KINDS,
+    "recv": RECV_KINDS,
+    "comm": COMM_KINDS,
+    "compute": COMPUTE_KINDS,
+    "fsdp": FSDP_KINDS,
+    "overlap": frozenset({StepKind.OVERLAP_F_B}),
+}
 
 
 class FilterError(ValueError):
@@ -48,7 +70,11 @@ class StepFilter:
 
     def describe(self) -> str:
         parts = []
-        for name, values in (("rank", self.ranks), ("stage", self.stages), ("mb", self.microbatches)):
+        for name, values in (
+            ("rank", self.ranks),
+            ("stage", self.stages),
+            ("mb", self.microbatches),
+        ):
             if values is not None:
                 parts.append(f"{name}={','.join(map(str, sorted(values)))}")
         if self.kinds is not None:
@@ -66,7 +92,9 @@ class StepFilter:
             if step is None:
                 continue
             leaves = [step, *step.leaves()] if step.sub_steps else [step]
-            out[code] = any(self._leaf_matches(leaf.kind, leaf.stage, leaf.microbatch) for leaf in leaves)
+            out[code] = any(
+                self._leaf_matches(leaf.kind, leaf.stage, leaf.microbatch) for leaf in leaves
+            )
         return out
 
     def _leaf_matches(self, kind: StepKind, stage: int | None, mb: int | None) -> bool:
@@ -86,7 +114,9 @@ def parse_filter(text: str) -> StepFilter:
         key, sep, rest = term.partition("=")
         name = _KEYS.get(key.strip().lower())
         if not sep or name is None:
-            raise FilterError(f"bad filter term {term!r}: expected rank=, stage=, mb= or kind=, e.g. 'rank=0,2 kind=F'")
+            raise FilterError(
+                f"bad filter term {term!r}: expected rank=, stage=, mb= or kind=, e.g. 'rank=0,2 kind=F'"
+            )
         if not rest:
             raise FilterError(f"bad filter term {term!r}: no value after '='")
         if name == "kind":
@@ -109,7 +139,9 @@ def _ints(term: str, text: str) -> frozenset[int]:
             else:
                 out.add(int(part))
         except ValueError:
-            raise FilterError(f"bad filter term {term!r}: {part!r} is not a number or a range like 0-3") from None
+            raise FilterError(
+                f"bad filter term {term!r}: {part!r} is not a number or a range like 0-3"
+            ) from None
     return frozenset(out)
 
 

@@ -54,14 +54,21 @@ class FindingsPanel(Vertical):
         options.clear_options()
         for k, view in enumerate(views):
             f = view.finding
-            text = Text.assemble((f"{f.severity.upper():7} ", SEVERITY_STYLE.get(f.severity, "")), (f"{f.kind} ", "bold"),
-                                 f.message)  # fmt: skip
+            text = Text.assemble(
+                (f"{f.severity.upper():7} ", SEVERITY_STYLE.get(f.severity, "")),
+                (f"{f.kind} ", "bold"),
+                f.message,
+            )
             options.add_option(Option(text, id=f"finding-{k}"))
         for problem in problems:
             options.add_option(Option(Text(f"input   {problem}", style="dim"), disabled=True))
         if not views and not problems:
-            options.add_option(Option(Text("No findings: nothing hung, failed or mismatched.", style="green"),
-                                      disabled=True))  # fmt: skip
+            options.add_option(
+                Option(
+                    Text("No findings: nothing hung, failed or mismatched.", style="green"),
+                    disabled=True,
+                )
+            )
         self._cause(None)
 
     def focus_list(self) -> None:

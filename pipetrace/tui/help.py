@@ -41,8 +41,10 @@ MOUSE: list[tuple[str, str]] = [
     ("drag", "pan"),
     ("shift+wheel", "scroll the lanes up / down"),
 ]
-FILTER_HELP = ("rank=0,2  stage=1-3  mb=0  kind=F,B,I,W,send,recv,comm,compute  "
-               "(a rank filter hides ranks; the others dim the steps they do not match)")  # fmt: skip
+FILTER_HELP = (
+    "rank=0,2  stage=1-3  mb=0  kind=F,B,I,W,send,recv,comm,compute  "
+    "(a rank filter hides ranks; the others dim the steps they do not match)"
+)
 
 
 class HelpScreen(ModalScreen[None]):
@@ -87,8 +89,12 @@ class HelpScreen(ModalScreen[None]):
             yield Static(keys)
             yield Static(Text("\nColours", style="bold"))
             yield Static(legend)
-            yield Static(Text("\nLanes: main (the rank's plan steps), a thread's lane (e.g. the overlap thread), "
-                              "plan (simulated, with p), p2p (ops in flight: →peer for a send, ←peer for a recv). "
-                              "Zoomed out, a cell shows the kind covering most of its time.\n"))  # fmt: skip
+            yield Static(
+                Text(
+                    "\nLanes: main (the rank's plan steps), a thread's lane (e.g. the overlap thread), "
+                    "plan (simulated, with p), p2p (ops in flight: →peer for a send, ←peer for a recv). "
+                    "Zoomed out, a cell shows the kind covering most of its time.\n"
+                )
+            )
             yield Static(Text.assemble(("Filter: ", "bold"), FILTER_HELP))
             yield Static(Text("\nescape, q or ? closes this screen", style="dim"))

@@ -23,20 +23,31 @@ from pipetrace.schedule.ir import StepKind
 
 # Categories: what a block is coloured by. Small ints so a column is one int8.
 CATEGORIES = ("F", "B", "I", "W", "send", "recv", "overlapped", "fsdp", "other", "dimmed")
-CAT_F, CAT_B, CAT_I, CAT_W, CAT_SEND, CAT_RECV, CAT_OVERLAP, CAT_FSDP, CAT_OTHER, CAT_DIM = range(10)
+CAT_F, CAT_B, CAT_I, CAT_W, CAT_SEND, CAT_RECV, CAT_OVERLAP, CAT_FSDP, CAT_OTHER, CAT_DIM = range(
+    10
+)
 BUBBLE = -2  # idle inside an iteration (main and plan lanes)
 BLANK = -1  # nothing: outside any iteration, or an idle sub-row
 NONE = -3  # no runner-up: the column is clear-cut
 
 _CAT_OF_KIND = {
-    StepKind.F: CAT_F, StepKind.B: CAT_B, StepKind.I: CAT_I, StepKind.W: CAT_W,
-    StepKind.SEND_F: CAT_SEND, StepKind.SEND_B: CAT_SEND,
-    StepKind.RECV_F: CAT_RECV, StepKind.RECV_B: CAT_RECV,
-    StepKind.OVERLAP_F_B: CAT_OVERLAP, StepKind.UNSHARD: CAT_FSDP,
-    StepKind.RESHARD: CAT_FSDP, StepKind.REDUCE_GRAD: CAT_FSDP,
-}  # fmt: skip
+    StepKind.F: CAT_F,
+    StepKind.B: CAT_B,
+    StepKind.I: CAT_I,
+    StepKind.W: CAT_W,
+    StepKind.SEND_F: CAT_SEND,
+    StepKind.SEND_B: CAT_SEND,
+    StepKind.RECV_F: CAT_RECV,
+    StepKind.RECV_B: CAT_RECV,
+    StepKind.OVERLAP_F_B: CAT_OVERLAP,
+    StepKind.UNSHARD: CAT_FSDP,
+    StepKind.RESHARD: CAT_FSDP,
+    StepKind.REDUCE_GRAD: CAT_FSDP,
+}
 # catalog kind code (index into KINDS, -1 unparsable) + 1 -> category
-CATEGORY_OF_KIND_CODE = np.array([CAT_OTHER] + [_CAT_OF_KIND.get(k, CAT_OTHER) for k in KINDS], np.int8)
+CATEGORY_OF_KIND_CODE = np.array(
+    [CAT_OTHER] + [_CAT_OF_KIND.get(k, CAT_OTHER) for k in KINDS], np.int8
+)
 
 MAIN, THREAD, COMM, PLAN = "main", "thread", "comm", "plan"
 SHORT_THREAD_NAMES = {"overlap": "ovlp"}  # lane names are 4 characters in the gutter
@@ -78,7 +89,9 @@ class Cells:
 
     cat: np.ndarray  # int8 per column: a category, BUBBLE or BLANK
     item: np.ndarray  # int64 per column: the item drawn there, -1 when zoomed out or none
-    second: np.ndarray  # int8 per column: the runner-up (category, BUBBLE or BLANK), NONE if clear-cut
+    second: (
+        np.ndarray
+    )  # int8 per column: the runner-up (category, BUBBLE or BLANK), NONE if clear-cut
 
 
 @dataclass
@@ -110,7 +123,9 @@ class Lane:
 
     def set_categories(self, cat: np.ndarray) -> None:
         self.cat = cat
-        self._coverage = {int(c): _Coverage.of(self.begin[cat == c], self.end[cat == c]) for c in np.unique(cat)}
+        self._coverage = {
+            int(c): _Coverage.of(self.begin[cat == c], self.end[cat == c]) for c in np.unique(cat)
+        }
 
     def item_of_row(self, row: int) -> int | None:
         if self._item_of_row is None:
@@ -137,8 +152,9 @@ class Lane:
             inside = (k >= 0) & (centers < ie[np.maximum(k, 0)])
             idle_code = np.where(inside, BUBBLE, BLANK).astype(np.int8)
         if cats:
-            cov = np.stack([np.diff(self._coverage[c].covered_until(bounds)) for c in cats]
-                           + [np.zeros(width)])  # fmt: skip
+            cov = np.stack(
+                [np.diff(self._coverage[c].covered_until(bounds)) for c in cats] + [np.zeros(width)]
+            )
             cov[-1] = np.maximum(dt - cov[:-1].sum(axis=0), 0)  # idle
             codes = np.array(cats + [0], np.int8)
             best = np.argmax(cov, axis=0)
@@ -166,7 +182,12 @@ class Lane:
                 if a >= width:
                     continue
                 # a thin span never paints over a column another span dominates
-                if b - a == 1 and item[a] >= 0 and self.cat[item[a]] == cat[a] and self.cat[i] != cat[a]:
+                if (
+                    b - a == 1
+                    and item[a] >= 0
+                    and self.cat[item[a]] == cat[a]
+                    and self.cat[i] != cat[a]
+                ):
                     continue
                 item[a:b] = i
         return Cells(cat, item, second)

@@ -5,7 +5,11 @@ from __future__ import annotations
 from textual.containers import Center, Middle
 from textual.widgets import Label, ProgressBar
 
-PHASES = {"reading": "Reading rank logs", "analyzing": "Running the analyzers", "indexing": "Building the timeline"}
+PHASES = {
+    "reading": "Reading rank logs",
+    "analyzing": "Running the analyzers",
+    "indexing": "Building the timeline",
+}
 
 
 class LoadingView(Middle):
@@ -42,7 +46,9 @@ class LoadingView(Middle):
         self.query_one("#loading-phase", Label).update(label)
         bar = self.query_one(ProgressBar)
         # reading logs is most of the work: 0-80 %, then analysis and indexing
-        share = {"reading": (0, 80), "analyzing": (80, 92), "indexing": (92, 100)}.get(phase, (0, 100))
+        share = {"reading": (0, 80), "analyzing": (80, 92), "indexing": (92, 100)}.get(
+            phase, (0, 100)
+        )
         fraction = done / total if total else 0.0
         bar.update(total=100, progress=share[0] + (share[1] - share[0]) * fraction)
 

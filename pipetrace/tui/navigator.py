@@ -17,8 +17,13 @@ class Navigator:
     def __init__(self, session: Session, columns: int = 80) -> None:
         self.session = session
         self.index = index = session.index
-        viewport = Viewport(float(index.t_min), float(max(index.t_max - index.t_min, 1)), columns,
-                            float(index.t_min), float(index.t_max))  # fmt: skip
+        viewport = Viewport(
+            float(index.t_min),
+            float(max(index.t_max - index.t_min, 1)),
+            columns,
+            float(index.t_min),
+            float(index.t_max),
+        )
         self.state = ViewState(viewport, index.lane_ids(comm=True, plan=False))
         self.history = History()
         self.filter = StepFilter()
@@ -38,7 +43,11 @@ class Navigator:
         run looks like in steady state; `z` still shows everything."""
         self.viewport.resize(columns)
         self.viewport.fit_all()
-        serious = [k for k, v in enumerate(self.session.findings) if v.finding.severity in ("error", "warning")]
+        serious = [
+            k
+            for k, v in enumerate(self.session.findings)
+            if v.finding.severity in ("error", "warning")
+        ]
         if serious:
             self.goto_finding(serious[0], remember=False)
             return True
@@ -49,7 +58,11 @@ class Navigator:
             self.viewport.fit(start, float(self.index.t_max), margin=0.01)
         if self.state.lane_ids:
             lane = self.state.lane_ids[0]
-            first = -1 if start is None else int(np.searchsorted(self.index.lanes[lane].begin, start)) - 1
+            first = (
+                -1
+                if start is None
+                else int(np.searchsorted(self.index.lanes[lane].begin, start)) - 1
+            )
             item = self.index.neighbour(lane, first, 1)
             if item is not None:
                 self.select(lane, item, reveal=False)
@@ -90,7 +103,9 @@ class Navigator:
             return None
         t = self.cursor_time()
         cursor = self.state.cursor
-        position = lanes.index(cursor[0]) + direction if cursor is not None and cursor[0] in lanes else 0
+        position = (
+            lanes.index(cursor[0]) + direction if cursor is not None and cursor[0] in lanes else 0
+        )
         while 0 <= position < len(lanes):
             item = self.index.nearest(lanes[position], t)
             if item is not None:

@@ -19,8 +19,16 @@ CATEGORY_COLORS = {
     "other": ("#6b6b6b", "#555555"),
     "dimmed": ("#2b2b2b", "#262626"),
 }
-LEGEND = (("F", "forward"), ("B", "backward"), ("I", "dx"), ("W", "dw"), ("send", "send wait"),
-          ("recv", "recv wait"), ("overlapped", "F+B overlap"), ("fsdp", "FSDP"))  # fmt: skip
+LEGEND = (
+    ("F", "forward"),
+    ("B", "backward"),
+    ("I", "dx"),
+    ("W", "dw"),
+    ("send", "send wait"),
+    ("recv", "recv wait"),
+    ("overlapped", "F+B overlap"),
+    ("fsdp", "FSDP"),
+)
 
 LABEL_FG = "#f0f0f0"
 DIM_FG = "#6a6a6a"
@@ -30,11 +38,21 @@ HIGHLIGHT_BG = "#ffd43b"
 OPEN_FG = "#ffffff"
 
 
-def category_style(cat: int, shade: int = 0, *, highlight: bool = False, cursor: bool = False,
-                   open_span: bool = False) -> Style:  # fmt: skip
+def category_style(
+    cat: int,
+    shade: int = 0,
+    *,
+    highlight: bool = False,
+    cursor: bool = False,
+    open_span: bool = False,
+) -> Style:
     name = CATEGORIES[cat]
     bg = HIGHLIGHT_BG if highlight else CATEGORY_COLORS[name][shade]
-    fg = "#000000" if highlight else (DIM_FG if name == "dimmed" else (OPEN_FG if open_span else LABEL_FG))
+    fg = (
+        "#000000"
+        if highlight
+        else (DIM_FG if name == "dimmed" else (OPEN_FG if open_span else LABEL_FG))
+    )
     style = Style(color=fg, bgcolor=bg, bold=cursor or open_span)
     if cursor:
         style += Style(reverse=True)

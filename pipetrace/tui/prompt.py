@@ -7,7 +7,10 @@ from textual.message import Message
 from textual.widgets import Input
 
 PROMPTS = {
-    "filter": ("filter: ", "rank=0,2 stage=1 mb=0-3 kind=F,B,send   (Enter applies, empty clears, Esc cancels)"),
+    "filter": (
+        "filter: ",
+        "rank=0,2 stage=1 mb=0-3 kind=F,B,send   (Enter applies, empty clears, Esc cancels)",
+    ),
     "iteration": ("iteration: ", "an iteration number   (Enter jumps, Esc cancels)"),
 }
 

@@ -9,9 +9,10 @@ planned lanes, each finding's steps resolved to timeline items, and the stats as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -19,8 +20,8 @@ from pipetrace.analyze.analysis import Analysis, analyze, metrics_json
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import Run
-from pipetrace.tui.plan_lane import PlannedRun, planned_run
 from pipetrace.tui.lanes import STEPS
+from pipetrace.tui.plan_lane import PlannedRun, planned_run
 from pipetrace.tui.timeline_index import TimelineIndex
 
 Progress = Callable[[str, int, int], None]
@@ -52,15 +53,21 @@ class Session:
     def title(self) -> str:
         run = self.run
         mb = run.num_microbatches
-        return (f"{self.path.name} · {run.schedule_name} · {run.world_size} ranks"
-                + (f" · {mb} mb" if mb is not None else "")
-                + f" · {len(run.iterations())} it · {run.num_events:,} events")  # fmt: skip
+        return (
+            f"{self.path.name} · {run.schedule_name} · {run.world_size} ranks"
+            + (f" · {mb} mb" if mb is not None else "")
+            + f" · {len(run.iterations())} it · {run.num_events:,} events"
+        )
 
 
-def open_session(path: str | Path, *, progress: Progress | None = None, workers: int | None = None) -> Session:
+def open_session(
+    path: str | Path, *, progress: Progress | None = None, workers: int | None = None
+) -> Session:
     """Load, analyze and index a run directory (raises TraceFormatError when unusable)."""
     report = progress or (lambda phase, done, total: None)
-    run = load_run(path, progress=lambda done, total: report("reading", done, total), workers=workers)
+    run = load_run(
+        path, progress=lambda done, total: report("reading", done, total), workers=workers
+    )
     report("analyzing", 0, 1)
     analysis = analyze(run)
     report("indexing", 0, 1)
@@ -102,14 +109,28 @@ def resolve_finding(index: TimelineIndex, finding: Finding) -> FindingView:
                 items.extend((lane_id, int(i)) for i in np.flatnonzero(lane.open))
     items = list(dict.fromkeys(items))
     # an open span runs to the end of the log (a hang: maybe minutes); its begin is what matters
-    times = [(int(index.lanes[lane].begin[i]),
-              int(index.lanes[lane].begin[i] if index.lanes[lane].open[i] else index.lanes[lane].end[i]))
-             for lane, i in items]  # fmt: skip
+    times = [
+        (
+            int(index.lanes[lane].begin[i]),
+            int(
+                index.lanes[lane].begin[i]
+                if index.lanes[lane].open[i]
+                else index.lanes[lane].end[i]
+            ),
+        )
+        for lane, i in items
+    ]
     if not times:
-        times = [(int(ref.time_ns), int(ref.time_ns)) for ref in finding.steps if ref.time_ns is not None]
+        times = [
+            (int(ref.time_ns), int(ref.time_ns)) for ref in finding.steps if ref.time_ns is not None
+        ]
     if not times and finding.time_ns is not None:
         times = [(int(finding.time_ns[0]), int(finding.time_ns[1]))]
-    window = _window(index, times, any(bool(index.lanes[lane].open[i]) for lane, i in items)) if times else None
+    window = (
+        _window(index, times, any(bool(index.lanes[lane].open[i]) for lane, i in items))
+        if times
+        else None
+    )
     focus = items[0] if items else None
     return FindingView(finding, items, focus, window)
 

@@ -26,8 +26,14 @@ class StatsPanel(VerticalScroll):
     def show(self, tables: list[Table]) -> None:
         parts = []
         for table in tables:
-            t = RichTable(title=table.title, title_justify="left", title_style="bold", box=None, padding=(0, 1),
-                          header_style="#9a9a9a")  # fmt: skip
+            t = RichTable(
+                title=table.title,
+                title_justify="left",
+                title_style="bold",
+                box=None,
+                padding=(0, 1),
+                header_style="#9a9a9a",
+            )
             for k, header in enumerate(table.headers):
                 t.add_column(header, justify="left" if k == 0 else "right", no_wrap=True)
             for row in table.rows:

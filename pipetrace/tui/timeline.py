@@ -10,17 +10,26 @@ import numpy as np
 from rich.segment import Segment
 from rich.style import Style
 from textual.binding import Binding
-from textual.events import Click, MouseDown, MouseMove, MouseScrollDown, MouseScrollLeft, MouseScrollRight
-from textual.events import MouseScrollUp, MouseUp, Resize
+from textual.events import (
+    Click,
+    MouseDown,
+    MouseMove,
+    MouseScrollDown,
+    MouseScrollLeft,
+    MouseScrollRight,
+    MouseScrollUp,
+    MouseUp,
+    Resize,
+)
 from textual.geometry import Size
 from textual.message import Message
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from pipetrace.analyze.model import RankState
+from pipetrace.tui.lanes import BUBBLE, CATEGORIES, MAIN, NONE, P2P, Lane
 from pipetrace.tui.palette import BLANK_STYLE, BUBBLE_STYLE, CATEGORY_COLORS, category_style
 from pipetrace.tui.session import Session
-from pipetrace.tui.lanes import BUBBLE, CATEGORIES, MAIN, NONE, P2P, Lane
 from pipetrace.tui.viewport import ViewState
 
 _STATE_STYLE = {
@@ -173,7 +182,11 @@ class TimelineView(ScrollView, can_focus=True):
         mb_parity = self._parity(lane)
         mode = np.full(columns, _BLANK, np.int64)
         a = np.where(cat >= 0, cat, 0)
-        b = np.where((owner >= 0) & (lane.cat[np.maximum(owner, 0)] == cat), mb_parity[np.maximum(owner, 0)], 0)
+        b = np.where(
+            (owner >= 0) & (lane.cat[np.maximum(owner, 0)] == cat),
+            mb_parity[np.maximum(owner, 0)],
+            0,
+        )
         mode[cat >= 0] = _CAT
         mode[cat == BUBBLE] = _BUBBLE
         mixed = (second != NONE) & ((cat >= 0) | (second >= 0))
@@ -199,7 +212,12 @@ class TimelineView(ScrollView, can_focus=True):
             if not len(own):
                 own = np.array([c0])
             retake = own[(owner[own] != i) | (mode[own] == _HALF)]
-            mode[retake], a[retake], b[retake], chars[retake] = _CAT, int(lane.cat[i]), int(mb_parity[i]), " "
+            mode[retake], a[retake], b[retake], chars[retake] = (
+                _CAT,
+                int(lane.cat[i]),
+                int(mb_parity[i]),
+                " ",
+            )
             owner[own] = i
             flags[own] |= flag
         # labels: at the start of each run of columns showing one item, where that item is
@@ -210,21 +228,30 @@ class TimelineView(ScrollView, can_focus=True):
         starts, ends = np.r_[0, cuts], np.r_[cuts, columns]
         shown_at = np.flatnonzero(shows_owner)
         k = np.searchsorted(shown_at, starts)
-        firsts = np.where(k < len(shown_at), shown_at[np.minimum(k, max(len(shown_at) - 1, 0))], columns) \
-            if len(shown_at) else np.full(len(starts), columns)  # fmt: skip
+        firsts = (
+            np.where(k < len(shown_at), shown_at[np.minimum(k, max(len(shown_at) - 1, 0))], columns)
+            if len(shown_at)
+            else np.full(len(starts), columns)
+        )
         room = ends - firsts
-        for i, first, r in zip(owner[starts][room >= 2].tolist(), firsts[room >= 2].tolist(), room[room >= 2].tolist()):
+        for i, first, r in zip(
+            owner[starts][room >= 2].tolist(), firsts[room >= 2].tolist(), room[room >= 2].tolist()
+        ):
             self._put_label(lane_id, lane, i, first, r, text)
         chars = np.array(text, dtype="<U1")
         chars[((flags & _OPEN) > 0) & (chars == " ")] = "╌"
         relabelled = (mode == _HALF) & (chars != "▌") & (chars != "▐")  # a label took the column
         mode[relabelled] = _CAT
-        b[relabelled] = np.where(owner[relabelled] >= 0, mb_parity[np.maximum(owner[relabelled], 0)], 0)
+        b[relabelled] = np.where(
+            owner[relabelled] >= 0, mb_parity[np.maximum(owner[relabelled], 0)], 0
+        )
         code = ((mode * 100 + a) * 100 + b) * 8 + flags
         segments = list(gutter)
         cuts = np.flatnonzero(code[1:] != code[:-1]) + 1
         for start, end in zip(np.r_[0, cuts].tolist(), np.r_[cuts, columns].tolist()):
-            segments.append(Segment("".join(chars[start:end].tolist()), _style_of(int(code[start]))))
+            segments.append(
+                Segment("".join(chars[start:end].tolist()), _style_of(int(code[start])))
+            )
         return Strip(segments, width)
 
     def _parity(self, lane: Lane) -> np.ndarray:
@@ -253,7 +280,9 @@ class TimelineView(ScrollView, can_focus=True):
             return [Segment(rank_text + rest, _GUTTER_CURSOR)]
         return [Segment(rank_text, rank_style), Segment(rest, _GUTTER)]
 
-    def _put_label(self, lane_id: int, lane: Lane, i: int, c0: int, room: int, chars: list[str]) -> None:
+    def _put_label(
+        self, lane_id: int, lane: Lane, i: int, c0: int, room: int, chars: list[str]
+    ) -> None:
         if room <= 0 or c0 >= len(chars):
             return
         full, short = self._label(lane_id, lane, i)
@@ -322,7 +351,9 @@ class TimelineView(ScrollView, can_focus=True):
         if event.shift or event.ctrl:
             self.scroll_relative(y=-3 if up else 3, animate=False)
             return
-        self.post_message(self.Zoom(_WHEEL_ZOOM if up else 1 / _WHEEL_ZOOM, max(event.x - self.gutter_width, 0)))
+        self.post_message(
+            self.Zoom(_WHEEL_ZOOM if up else 1 / _WHEEL_ZOOM, max(event.x - self.gutter_width, 0))
+        )
 
     def _on_mouse_scroll_left(self, event: MouseScrollLeft) -> None:
         event.stop()
@@ -357,8 +388,13 @@ def _style_of(code: int) -> Style:
         elif mode == _BLANK:
             style = Style(reverse=True) if cursor else BLANK_STYLE
         else:
-            style = category_style(a, b, highlight=bool(flags & _HIGHLIGHT), cursor=cursor,
-                                   open_span=bool(flags & _OPEN))  # fmt: skip
+            style = category_style(
+                a,
+                b,
+                highlight=bool(flags & _HIGHLIGHT),
+                cursor=cursor,
+                open_span=bool(flags & _OPEN),
+            )
         _STYLES[code] = style
     return style
 
@@ -372,7 +408,11 @@ def item_label(session: Session, lane: Lane, i: int) -> tuple[str, str]:
     step = catalog.step(code) if code >= 0 else None
     if step is None:
         return ("?", "")
-    stage = f"{step.stage}" if step.stage is not None and len(session.run.ranks[lane.rank].stages) > 1 else ""
+    stage = (
+        f"{step.stage}"
+        if step.stage is not None and len(session.run.ranks[lane.rank].stages) > 1
+        else ""
+    )
     if step.sub_steps:
         parts = [f"{s.kind.value}{s.microbatch}" for s in step.sub_steps]
         if len(session.run.ranks[lane.rank].stages) > 1:

@@ -10,8 +10,19 @@ import numpy as np
 from pipetrace.analyze.derive import top_level
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, Run
 from pipetrace.tui.lanes import (
-    CATEGORY_OF_KIND_CODE, SHORT_THREAD_NAMES, CAT_DIM, CAT_RECV, CAT_SEND, COMM, MAIN, P2P, PLAN, STEPS, THREAD, Lane,
-)  # fmt: skip
+    CAT_DIM,
+    CAT_RECV,
+    CAT_SEND,
+    CATEGORY_OF_KIND_CODE,
+    COMM,
+    MAIN,
+    P2P,
+    PLAN,
+    SHORT_THREAD_NAMES,
+    STEPS,
+    THREAD,
+    Lane,
+)
 
 
 class TimelineIndex:
@@ -27,7 +38,9 @@ class TimelineIndex:
             lanes = _rank_lanes(run, rank.rank, self.log_end[rank.rank])
             if plan_lanes and rank.rank in plan_lanes:
                 lanes.insert(1, plan_lanes[rank.rank])
-            self.lanes_of_rank[rank.rank] = list(range(len(self.lanes), len(self.lanes) + len(lanes)))
+            self.lanes_of_rank[rank.rank] = list(
+                range(len(self.lanes), len(self.lanes) + len(lanes))
+            )
             self.lanes.extend(lanes)
         begins = [int(ln.begin[0]) for ln in self.lanes if len(ln)]
         ends = [int(ln.end.max()) for ln in self.lanes if len(ln)]
@@ -38,22 +51,34 @@ class TimelineIndex:
 
     # -- lanes -----------------------------------------------------------------------------
 
-    def lane_ids(self, *, ranks: set[int] | None = None, comm: bool = True, plan: bool = False,
-                 threads: bool = True) -> list[int]:  # fmt: skip
+    def lane_ids(
+        self,
+        *,
+        ranks: set[int] | None = None,
+        comm: bool = True,
+        plan: bool = False,
+        threads: bool = True,
+    ) -> list[int]:
         """The lanes to draw, top to bottom, for the given rank filter and sub-row toggles."""
         shown = {MAIN: True, THREAD: threads, COMM: comm, PLAN: plan}
         out = []
         for rank, ids in self.lanes_of_rank.items():
             if ranks is not None and rank not in ranks:
                 continue
-            out.extend(i for i in ids if shown[self.lanes[i].role] and (len(self.lanes[i]) or self.lanes[i].role == MAIN))
+            out.extend(
+                i
+                for i in ids
+                if shown[self.lanes[i].role] and (len(self.lanes[i]) or self.lanes[i].role == MAIN)
+            )
         return out
 
     def main_lane(self, rank: int) -> int:
         return self.lanes_of_rank[rank][0]
 
     def lane_of(self, rank: int, role: str) -> int | None:
-        return next((i for i in self.lanes_of_rank.get(rank, []) if self.lanes[i].role == role), None)
+        return next(
+            (i for i in self.lanes_of_rank.get(rank, []) if self.lanes[i].role == role), None
+        )
 
     # -- filter ----------------------------------------------------------------------------
 
@@ -147,7 +172,9 @@ class TimelineIndex:
                 return hit
         return None
 
-    def resolve(self, rank: int, step_text: str, iteration: int | None, time_ns: int | None) -> tuple[int, int] | None:
+    def resolve(
+        self, rank: int, step_text: str, iteration: int | None, time_ns: int | None
+    ) -> tuple[int, int] | None:
         """The lane item a finding's step reference points at (None when the step never ran)."""
         code = self.run.catalog.code(step_text)
         if code < 0 or rank not in self.lanes_of_rank:
@@ -173,8 +200,14 @@ class TimelineIndex:
 def _log_end(rank) -> int:
     """The last time anything was recorded on the rank (where open spans are drawn to)."""
     values = [0]
-    for arr in (rank.steps.begin, rank.steps.end, rank.p2p.post, rank.p2p.done, rank.iterations.begin,
-                rank.iterations.end):  # fmt: skip
+    for arr in (
+        rank.steps.begin,
+        rank.steps.end,
+        rank.p2p.post,
+        rank.p2p.done,
+        rank.iterations.begin,
+        rank.iterations.end,
+    ):
         if len(arr):
             values.append(int(arr.max()))
     values.extend(ev.t for ev in rank.lifecycle)
@@ -203,22 +236,45 @@ def _rank_lanes(run: Run, rank_id: int, log_end: int) -> list[Lane]:
             continue
         rows = np.flatnonzero(steps.thread == thread)
         name = run.threads[int(thread)]
-        lanes.append(_step_lane(run, rank_id, THREAD, SHORT_THREAD_NAMES.get(name, name[:4]), rows, log_end, spans))
+        lanes.append(
+            _step_lane(
+                run, rank_id, THREAD, SHORT_THREAD_NAMES.get(name, name[:4]), rows, log_end, spans
+            )
+        )
     p = rank.p2p
     order = np.argsort(p.post, kind="stable")
     done = p.done[order]
     is_open = done == OPEN
     code = p.code[order]
     cat = np.where(p.op[order] == 0, CAT_SEND, CAT_RECV).astype(np.int8)
-    lanes.append(Lane(rank_id, COMM, "p2p", P2P, order.astype(np.int64), p.post[order].astype(np.int64),
-                      np.where(is_open, max(log_end, 0), done).astype(np.int64), is_open, code.astype(np.int32),
-                      p.it[order].astype(np.int32), cat))  # fmt: skip
+    lanes.append(
+        Lane(
+            rank_id,
+            COMM,
+            "p2p",
+            P2P,
+            order.astype(np.int64),
+            p.post[order].astype(np.int64),
+            np.where(is_open, max(log_end, 0), done).astype(np.int64),
+            is_open,
+            code.astype(np.int32),
+            p.it[order].astype(np.int32),
+            cat,
+        )
+    )
     del catalog
     return lanes
 
 
-def _step_lane(run: Run, rank_id: int, role: str, name: str, rows: np.ndarray, log_end: int,
-               spans: tuple[np.ndarray, np.ndarray]) -> Lane:  # fmt: skip
+def _step_lane(
+    run: Run,
+    rank_id: int,
+    role: str,
+    name: str,
+    rows: np.ndarray,
+    log_end: int,
+    spans: tuple[np.ndarray, np.ndarray],
+) -> Lane:
     steps = run.ranks[rank_id].steps
     begin = steps.begin[rows]
     order = np.argsort(begin, kind="stable")
@@ -229,8 +285,20 @@ def _step_lane(run: Run, rank_id: int, role: str, name: str, rows: np.ndarray, l
     end = np.where(is_open, np.maximum(log_end, begin), end).astype(np.int64)
     code = steps.code[rows].astype(np.int32)
     cat = CATEGORY_OF_KIND_CODE[run.catalog.kind[code].astype(np.int64) + 1]
-    return Lane(rank_id, role, name, STEPS, rows, begin, end, is_open, code, steps.it[rows].astype(np.int32),
-                cat, iter_spans=spans)  # fmt: skip
+    return Lane(
+        rank_id,
+        role,
+        name,
+        STEPS,
+        rows,
+        begin,
+        end,
+        is_open,
+        code,
+        steps.it[rows].astype(np.int32),
+        cat,
+        iter_spans=spans,
+    )
 
 
 def _global_iterations(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -20,7 +20,9 @@ def duration(ns: float, digits: int = 3) -> str:
     for scale, unit in _UNITS:
         if ns >= scale or unit == "ns":
             value = ns / scale
-            decimals = max(digits - 1 - int(math.floor(math.log10(value))) if value >= 1 else digits - 1, 0)
+            decimals = max(
+                digits - 1 - int(math.floor(math.log10(value))) if value >= 1 else digits - 1, 0
+            )
             return f"{sign}{value:.{decimals}f} {unit}"
     return f"{sign}{ns:.0f} ns"  # pragma: no cover
 

@@ -82,8 +82,12 @@ def _exchange(inboxes: dict[int, queue.Queue], me: int, error_ns: int):
     return send_ints, recv_ints
 
 
-_COMM = {StepKind.SEND_F: ("send", "F", 1), StepKind.SEND_B: ("send", "B", -1),
-         StepKind.RECV_F: ("recv", "F", -1), StepKind.RECV_B: ("recv", "B", 1)}  # fmt: skip
+_COMM = {
+    StepKind.SEND_F: ("send", "F", 1),
+    StepKind.SEND_B: ("send", "B", -1),
+    StepKind.RECV_F: ("recv", "F", -1),
+    StepKind.RECV_B: ("recv", "B", 1),
+}
 
 
 def _rank_plan(plan: Plan, rank: int, faults: list[Fault]) -> Plan:
@@ -115,15 +119,37 @@ def record_run(
     clock_error_ns: list[int] | None = None,
 ) -> Plan:
     faults = faults or []
-    plan = build_plan(schedule, num_ranks=ranks, num_microbatches=microbatches,
-                      stages_per_rank=stages_per_rank, comms=True)  # fmt: skip
+    plan = build_plan(
+        schedule,
+        num_ranks=ranks,
+        num_microbatches=microbatches,
+        stages_per_rank=stages_per_rank,
+        comms=True,
+    )
     transport = Transport(rendezvous, timeout)
     inboxes = {r: queue.Queue() for r in range(ranks)}
     config = {"schedule": schedule, "p2p": "plain", "test": True}
-    threads = [threading.Thread(target=_rank, daemon=True, args=(
-        Path(run_dir), r, plan, config, iterations, compute_s, faults, transport, inboxes,
-        stall_timeout, (clock_skew_ns or [0] * ranks)[r], (clock_error_ns or [0] * ranks)[r]))
-        for r in range(ranks)]  # fmt: skip
+    threads = [
+        threading.Thread(
+            target=_rank,
+            daemon=True,
+            args=(
+                Path(run_dir),
+                r,
+                plan,
+                config,
+                iterations,
+                compute_s,
+                faults,
+                transport,
+                inboxes,
+                stall_timeout,
+                (clock_skew_ns or [0] * ranks)[r],
+                (clock_error_ns or [0] * ranks)[r],
+            ),
+        )
+        for r in range(ranks)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -131,13 +157,27 @@ def record_run(
     return plan
 
 
-def _rank(run_dir, rank, plan, config, iterations, compute_s, faults, transport, inboxes, stall_timeout,
-          skew, error) -> None:  # fmt: skip
+def _rank(
+    run_dir,
+    rank,
+    plan,
+    config,
+    iterations,
+    compute_s,
+    faults,
+    transport,
+    inboxes,
+    stall_timeout,
+    skew,
+    error,
+) -> None:
     mine = [f for f in faults if f.rank == rank]
     recorder = Recorder(
         RecorderConfig(run_dir, stall_timeout=stall_timeout, abort_timeout=0, flush_interval=0.05),
-        framework="test", framework_version="0", clock_exchange=_exchange(inboxes, rank, error),
-    )  # fmt: skip
+        framework="test",
+        framework_version="0",
+        clock_exchange=_exchange(inboxes, rank, error),
+    )
     recorder._epoch_anchor += skew  # this rank's wall clock is off by `skew`
     my_plan = _rank_plan(plan, rank, mine)
     recorder.begin_run(rank=rank, world_size=plan.num_ranks, plan=my_plan, config=config)
@@ -150,7 +190,11 @@ def _rank(run_dir, rank, plan, config, iterations, compute_s, faults, transport,
             deferred: tuple[int, Step] | None = None
             for pos, step in enumerate(steps):
                 text = format_step(step)
-                hit = {f.kind for f in mine if f.step in (None, text) and f.kind not in ("slow", "plan")}
+                hit = {
+                    f.kind
+                    for f in mine
+                    if f.step in (None, text) and f.kind not in ("slow", "plan")
+                }
                 token = recorder.begin_step(pos, step)
                 if "raise" in hit:
                     raise RuntimeError(f"injected failure in {text}")
@@ -197,8 +241,16 @@ def _comm(recorder, transport, plan, rank, step, seqs, hit) -> None:
         seq = seqs.get(key, 0)
         seqs[key] = seq + 1
         shape = (8, 8) if (op == "send" and "wrong_shape" in hit) else (4, 4)
-        ticket = recorder.p2p_posted(op=op, step=step, peer=peer, channel=ch, seq=seq,
-                                     nbytes=4 * shape[0] * shape[1], shape=shape, dtype="float32")  # fmt: skip
+        ticket = recorder.p2p_posted(
+            op=op,
+            step=step,
+            peer=peer,
+            channel=ch,
+            seq=seq,
+            nbytes=4 * shape[0] * shape[1],
+            shape=shape,
+            dtype="float32",
+        )
         if op == "send":
             transport.send(rank, peer, tag)
         else:

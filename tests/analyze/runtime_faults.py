@@ -28,8 +28,14 @@ class Record:
 
         where = Path(self.run_dir) / f"case-{self.calls}" if self.several else Path(self.run_dir)
         self.calls += 1
-        return torch_recorder(RecordSettings(run_dir=str(where), stall_timeout=self.stall_timeout,
-                                             abort_timeout=self.abort_timeout, flush_interval=0.05))  # fmt: skip
+        return torch_recorder(
+            RecordSettings(
+                run_dir=str(where),
+                stall_timeout=self.stall_timeout,
+                abort_timeout=self.abort_timeout,
+                flush_interval=0.05,
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -84,17 +90,39 @@ class SkipAt:
         ctx.default(step)
 
 
-def run(run_dir: Path, *, schedule: str = "1f1b", ranks: int = 2, microbatches: int = 4, steps: int = 2,
-        stages_per_rank: int | None = None, overlap_p2p: bool = False, timeout: float = 20.0,
-        custom=(), stall_timeout: float = 30.0, abort_timeout: float = 30.0):  # fmt: skip
+def run(
+    run_dir: Path,
+    *,
+    schedule: str = "1f1b",
+    ranks: int = 2,
+    microbatches: int = 4,
+    steps: int = 2,
+    stages_per_rank: int | None = None,
+    overlap_p2p: bool = False,
+    timeout: float = 20.0,
+    custom=(),
+    stall_timeout: float = 30.0,
+    abort_timeout: float = 30.0,
+):
     from pipetrace.runtime.config import RunConfig
     from pipetrace.runtime.launch import launch
 
-    config = RunConfig(schedule, ranks=ranks, microbatches=microbatches, steps=steps,
-                       stages_per_rank=stages_per_rank, overlap_p2p=overlap_p2p, timeout=timeout,
-                       out=str(run_dir))  # fmt: skip
-    return launch([config], make_recorder=Record(str(run_dir), stall_timeout, abort_timeout),
-                  custom_functions=custom, kill_grace=2.0)  # fmt: skip
+    config = RunConfig(
+        schedule,
+        ranks=ranks,
+        microbatches=microbatches,
+        steps=steps,
+        stages_per_rank=stages_per_rank,
+        overlap_p2p=overlap_p2p,
+        timeout=timeout,
+        out=str(run_dir),
+    )
+    return launch(
+        [config],
+        make_recorder=Record(str(run_dir), stall_timeout, abort_timeout),
+        custom_functions=custom,
+        kill_grace=2.0,
+    )
 
 
 def run_many(run_dir: Path, configs: list[dict], *, ranks: int = 4):

@@ -21,9 +21,19 @@ def test_analyze_json_structure(clean_run, capsys):
     assert main(["analyze", str(clean_run), "--json", "--workers", "0"]) == 0
     data = orjson.loads(capsys.readouterr().out)
     assert data["format"] == "pipetrace-analysis" and data["version"] == 1
-    assert data["findings"] == [] or all({"kind", "severity", "ranks"} <= set(f) for f in data["findings"])
+    assert data["findings"] == [] or all(
+        {"kind", "severity", "ranks"} <= set(f) for f in data["findings"]
+    )
     m = data["metrics"]
-    assert {"iterations", "iteration_time", "ranks", "bubble", "stages", "critical_path", "clocks"} <= set(m)
+    assert {
+        "iterations",
+        "iteration_time",
+        "ranks",
+        "bubble",
+        "stages",
+        "critical_path",
+        "clocks",
+    } <= set(m)
     assert [r["rank"] for r in data["ranks"]] == [0, 1, 2, 3]
     assert all(r["state"] == "finished" for r in data["ranks"])
     assert m["critical_path"]["segments"]
@@ -37,7 +47,11 @@ def test_analyze_exit_1_on_errors_and_findings_first(tmp_path, capsys):
     assert main(["analyze", str(tmp_path), "--json"]) == 1
     data = orjson.loads(capsys.readouterr().out)
     first = data["findings"][0]
-    assert first["kind"] == "message_mismatch" and first["severity"] == "error" and first["ranks"] == [2, 3]
+    assert (
+        first["kind"] == "message_mismatch"
+        and first["severity"] == "error"
+        and first["ranks"] == [2, 3]
+    )
 
 
 def test_diff(tmp_path, clean_run, capsys):

@@ -58,13 +58,17 @@ def check(source, tmp_path_factory, rank, ops) -> None:
     report_lines(result)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(rank=st.integers(0, 3), ops=edits)
 def test_corrupted_clean_log_never_crashes(tmp_path_factory, clean_run, rank, ops):
     check(clean_run, tmp_path_factory, rank, ops)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(rank=st.integers(0, 3), ops=edits)
 def test_corrupted_hung_log_never_crashes(tmp_path_factory, hung_run, rank, ops):
     check(hung_run, tmp_path_factory, rank, ops)

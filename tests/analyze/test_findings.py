@@ -10,13 +10,21 @@ from pipetrace.analyze import findings as fk
 from .conftest import analyzed
 from .driver import Fault, record_run
 
-SCHEDULES = [("gpipe", None, 4), ("1f1b", None, 4), ("interleaved-1f1b", 2, 4), ("zb1p", None, 4),
-             ("zbv", 2, 4), ("dualpipev", 2, 8)]  # fmt: skip
+SCHEDULES = [
+    ("gpipe", None, 4),
+    ("1f1b", None, 4),
+    ("interleaved-1f1b", 2, 4),
+    ("zb1p", None, 4),
+    ("zbv", 2, 4),
+    ("dualpipev", 2, 8),
+]
 
 
 @pytest.mark.parametrize("schedule,v,m", SCHEDULES, ids=[s[0] for s in SCHEDULES])
 def test_clean_runs_have_no_finding_above_info(tmp_path, schedule, v, m):
-    record_run(tmp_path, schedule=schedule, ranks=4, microbatches=m, stages_per_rank=v, compute_s=0.0005)
+    record_run(
+        tmp_path, schedule=schedule, ranks=4, microbatches=m, stages_per_rank=v, compute_s=0.0005
+    )
     result = analyzed(tmp_path)
     assert [f.kind for f in result.findings if f.severity != fk.INFO] == []
     assert not result.run.problems
@@ -98,7 +106,10 @@ def test_raising_rank_fails_and_the_others_stall_behind_it(tmp_path):
     stalled = found[fk.RANK_STALLED]
     assert stalled.details["terminal_rank"] == 2 and stalled.details["terminal_state"] == "crashed"
     assert result.findings[0].kind == fk.RANK_FAILED  # the root cause first
-    assert {f.kind for f in result.findings if f.severity == fk.ERROR} == {fk.RANK_FAILED, fk.RANK_STALLED}
+    assert {f.kind for f in result.findings if f.severity == fk.ERROR} == {
+        fk.RANK_FAILED,
+        fk.RANK_STALLED,
+    }
 
 
 def test_blocked_rank_ends_the_wait_chain_as_computing(tmp_path):

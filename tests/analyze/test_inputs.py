@@ -112,15 +112,22 @@ def test_log_from_another_run_is_set_aside(run):
     rewrite_header(run, 1, t0=header["t0"] - 2 * SAME_RUN_WINDOW_NS)
     rewrite_header(run, 2, world_size=8)
     messages = problems(run)
-    assert any("rank-00001.ndjson is from another run" in m and "away from meta.json" in m for m in messages)
-    assert any("rank-00002.ndjson is from another run" in m and "world size 8" in m for m in messages)
+    assert any(
+        "rank-00001.ndjson is from another run" in m and "away from meta.json" in m
+        for m in messages
+    )
+    assert any(
+        "rank-00002.ndjson is from another run" in m and "world size 8" in m for m in messages
+    )
     (run / fmt.rank_log_name(7)).write_bytes(log(run, 0).read_bytes())
     assert any("rank-00007.ndjson is not a rank of this run" in m for m in problems(run))
 
 
 def test_not_a_header(run):
     data = log(run, 0).read_bytes()
-    log(run, 0).write_bytes(b'{"format":"something-else","schema_version":1}\n' + data.split(b"\n", 1)[1])
+    log(run, 0).write_bytes(
+        b'{"format":"something-else","schema_version":1}\n' + data.split(b"\n", 1)[1]
+    )
     assert any("does not look like a pipetrace event log" in m for m in problems(run))
 
 

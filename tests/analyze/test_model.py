@@ -28,8 +28,11 @@ def matched_slack(run):
 
 def test_clock_refinement_puts_every_recv_after_its_send(tmp_path):
     # ranks' clocks are skewed and the recorded offsets of ranks 1 and 2 are 3 ms wrong
-    record_run(tmp_path, clock_skew_ns=[0, 40_000_000, -25_000_000, 7_000_000],
-               clock_error_ns=[0, 3_000_000, -3_000_000, 0])  # fmt: skip
+    record_run(
+        tmp_path,
+        clock_skew_ns=[0, 40_000_000, -25_000_000, 7_000_000],
+        clock_error_ns=[0, 3_000_000, -3_000_000, 0],
+    )
     run = load_run(tmp_path, workers=0)
     q = run.clock_quality
     assert q["early_receives_before"] > 0 and q["refined"] and q["min_slack_ns"] >= 0
@@ -69,13 +72,17 @@ def test_parallel_and_serial_loading_agree(tmp_path):
 def test_synthetic_straggler_and_clean(tmp_path):
     write_synthetic_run(tmp_path / "clean", num_ranks=4, num_microbatches=8, iterations=3)
     assert [f.kind for f in analyze(load_run(tmp_path / "clean")).findings] == []
-    write_synthetic_run(tmp_path / "slow", num_ranks=4, num_microbatches=8, iterations=3, slow_stages={2: 3.0})
+    write_synthetic_run(
+        tmp_path / "slow", num_ranks=4, num_microbatches=8, iterations=3, slow_stages={2: 3.0}
+    )
     found = analyze(load_run(tmp_path / "slow")).findings
     assert [(f.kind, f.ranks) for f in found] == [("straggler", [2])]
 
 
 def test_overlapping_substeps_are_folded_into_their_composite(tmp_path):
-    record_run(tmp_path, schedule="dualpipev", ranks=2, microbatches=4, stages_per_rank=2, iterations=1)
+    record_run(
+        tmp_path, schedule="dualpipev", ranks=2, microbatches=4, stages_per_rank=2, iterations=1
+    )
     run = load_run(tmp_path, workers=0)
     assert "overlap" in run.threads
     assert [f.kind for f in analyze(run).findings if f.severity != "info"] == []
@@ -99,4 +106,6 @@ def test_pairing_by_channel_equals_the_global_sort_with_duplicates(tmp_path, cle
         r.p2p.match_index[:] = -1
     matching._match_general(run.ranks)
     for (rank_a, index_a), r in zip(fast, run.ranks):
-        assert np.array_equal(rank_a, r.p2p.match_rank) and np.array_equal(index_a, r.p2p.match_index)
+        assert np.array_equal(rank_a, r.p2p.match_rank) and np.array_equal(
+            index_a, r.p2p.match_index
+        )

@@ -13,12 +13,21 @@ from .conftest import analyzed
 
 pytestmark = pytest.mark.multiproc
 
-SCHEDULES = [("gpipe", None, False), ("1f1b", None, True), ("interleaved-1f1b", 2, False),
-             ("zb1p", None, True), ("zbv", 2, False), ("dualpipev", 2, True)]  # fmt: skip
+SCHEDULES = [
+    ("gpipe", None, False),
+    ("1f1b", None, True),
+    ("interleaved-1f1b", 2, False),
+    ("zb1p", None, True),
+    ("zbv", 2, False),
+    ("dualpipev", 2, True),
+]
 
 
 def test_clean_runs_of_every_schedule(tmp_path):
-    configs = [dict(schedule=s, microbatches=8, steps=2, stages_per_rank=v, overlap_p2p=o) for s, v, o in SCHEDULES]
+    configs = [
+        dict(schedule=s, microbatches=8, steps=2, stages_per_rank=v, overlap_p2p=o)
+        for s, v, o in SCHEDULES
+    ]
     result = rf.run_many(tmp_path, configs, ranks=4)
     assert not result.failures
     for i, (schedule, _, overlap) in enumerate(SCHEDULES):
@@ -54,7 +63,9 @@ def test_raising_rank_is_the_first_failure(tmp_path):
 
 def test_swapped_sends_deadlock_on_gloo(tmp_path):
     swap = rf.SwapSends(0, "0SEND_F1", "0SEND_F2")
-    rf.run(tmp_path, ranks=2, microbatches=4, steps=1, timeout=4.0, custom=[(StepKind.SEND_F, swap)])
+    rf.run(
+        tmp_path, ranks=2, microbatches=4, steps=1, timeout=4.0, custom=[(StepKind.SEND_F, swap)]
+    )
     analysis = analyzed(tmp_path)
     # 1F1B on 2 ranks: rank 0 holds 0SEND_F1 back until 0SEND_F2, which comes after 0RECV_B0;
     # rank 1 needs micro-batch 1 before it can send B0: a cycle. Both ranks' gloo waits then
@@ -73,8 +84,15 @@ def test_swapped_sends_deadlock_on_gloo(tmp_path):
 
 
 def test_rank_that_never_returns_ends_the_wait_chain(tmp_path):
-    rf.run(tmp_path, ranks=2, microbatches=4, steps=1, custom=[(StepKind.B, rf.BlockAt(1, "1B1"))],
-           stall_timeout=1.0, abort_timeout=1.0)  # fmt: skip
+    rf.run(
+        tmp_path,
+        ranks=2,
+        microbatches=4,
+        steps=1,
+        custom=[(StepKind.B, rf.BlockAt(1, "1B1"))],
+        stall_timeout=1.0,
+        abort_timeout=1.0,
+    )
     analysis = analyzed(tmp_path)
     stalled = next(f for f in analysis.findings if f.kind == fk.RANK_STALLED)
     assert stalled.details["chain"] == [0, 1] and stalled.details["terminal_state"] == "computing"

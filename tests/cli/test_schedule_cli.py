@@ -39,13 +39,27 @@ def test_list_names_every_schedule_with_aliases(capsys):
 
 
 def test_show_csv_round_trips_through_the_file_loader(capsys, tmp_path):
-    code, out, _ = run(capsys, "schedule", "show", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "2",
-                       "--format", "csv")
+    code, out, _ = run(
+        capsys,
+        "schedule",
+        "show",
+        "interleaved-1f1b",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "-v",
+        "2",
+        "--format",
+        "csv",
+    )
     assert code == 0
     path = tmp_path / "plan.csv"
     path.write_text(out)
     loaded = load_csv(path)
-    built = build_compute_plan("interleaved-1f1b", num_ranks=2, num_microbatches=4, stages_per_rank=2)
+    built = build_compute_plan(
+        "interleaved-1f1b", num_ranks=2, num_microbatches=4, stages_per_rank=2
+    )
     assert [loaded.steps(r) for r in range(2)] == [built.steps(r) for r in range(2)]
     assert loaded.placement == built.placement
 
@@ -56,20 +70,27 @@ def test_torch_class_names_are_accepted(capsys):
 
 
 def test_lowered_plan_written_as_csv_verifies_clean_under_every_semantics(capsys, tmp_path):
-    code, out, _ = run(capsys, "schedule", "show", "zbv", "-p", "2", "-m", "4", "--comms", "--format", "csv")
+    code, out, _ = run(
+        capsys, "schedule", "show", "zbv", "-p", "2", "-m", "4", "--comms", "--format", "csv"
+    )
     assert code == 0 and "SEND_F" in out
     path = tmp_path / "zbv.csv"
     path.write_text(out)
     for semantics in ("eager", "rendezvous", "fifo"):
-        code, out, _ = run(capsys, "schedule", "verify", "--csv", str(path), "--semantics", semantics)
+        code, out, _ = run(
+            capsys, "schedule", "verify", "--csv", str(path), "--semantics", semantics
+        )
         assert code == 0, out
         assert "OK" in out
 
 
 def test_deadlocked_file_exits_1_with_blocked_grid_and_json(capsys, tmp_path):
     path = tmp_path / "sendsend.csv"
-    path.write_text("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n".replace(
-        "1RECV_F0,1F0,1B0,1SEND_B0", "1SEND_B0,1RECV_F0,1F0,1B0"))
+    path.write_text(
+        "0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n".replace(
+            "1RECV_F0,1F0,1B0,1SEND_B0", "1SEND_B0,1RECV_F0,1F0,1B0"
+        )
+    )
     code, out, _ = run(capsys, "schedule", "verify", "--csv", str(path))
     assert code == 1
     assert "rank 0 blocked in 0SEND_F0 waiting for rank 1" in out

@@ -24,11 +24,17 @@ from pipetrace.runtime.faults import FAULT_KINDS
 # stages per rank, messages both ways between the ranks).
 SCHEDULES = {"1f1b": dict(schedule="1f1b", ranks=3), "zbv": dict(schedule="zbv", ranks=2)}
 CLEAN = {  # schedule -> (ranks, stages per rank, overlapped P2P)
-    "gpipe": (2, None, False), "1f1b": (3, None, False), "interleaved-1f1b": (2, 2, False),
-    "zb1p": (2, 2, True), "zbv": (2, None, False), "dualpipev": (2, None, True),
-}  # fmt: skip
+    "gpipe": (2, None, False),
+    "1f1b": (3, None, False),
+    "interleaved-1f1b": (2, 2, False),
+    "zb1p": (2, 2, True),
+    "zbv": (2, None, False),
+    "dualpipev": (2, None, True),
+}
 BASE = dict(microbatches=4, steps=2)
-HANGING = dict(timeout=20.0, stall_timeout=2.0, abort_timeout=1.5)  # the watchdog ends a hang in ~4 s
+HANGING = dict(
+    timeout=20.0, stall_timeout=2.0, abort_timeout=1.5
+)  # the watchdog ends a hang in ~4 s
 
 
 def fault_case(kind: str, schedule: str) -> str:
@@ -39,7 +45,9 @@ def all_cases() -> dict[str, RunConfig]:
     """Every run of the suite by name (without its directory)."""
     cases = {}
     for schedule, (ranks, v, overlap) in CLEAN.items():
-        cases[f"clean-{schedule}"] = RunConfig(schedule, ranks=ranks, stages_per_rank=v, overlap_p2p=overlap, **BASE)
+        cases[f"clean-{schedule}"] = RunConfig(
+            schedule, ranks=ranks, stages_per_rank=v, overlap_p2p=overlap, **BASE
+        )
     for kind in FAULT_KINDS:
         for schedule, run in SCHEDULES.items():
             hanging = HANGING if FAULT_KINDS[kind].HANGS else {}
@@ -52,15 +60,21 @@ class Runs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.cases = {name: dataclasses.replace(case, out=str(root / name)) for name, case in all_cases().items()}
+        self.cases = {
+            name: dataclasses.replace(case, out=str(root / name))
+            for name, case in all_cases().items()
+        }
         self.launched: dict[str, object] = {}
 
     def group_of(self, name: str) -> list[str]:
         case = self.cases[name]
         if any(f.ENDS_RUN for f in case.faults):
             return [name]
-        return [n for n, c in self.cases.items()
-                if c.world_size == case.world_size and not any(f.ENDS_RUN for f in c.faults)]  # fmt: skip
+        return [
+            n
+            for n, c in self.cases.items()
+            if c.world_size == case.world_size and not any(f.ENDS_RUN for f in c.faults)
+        ]
 
     def path(self, name: str) -> Path:
         if name not in self.launched:
@@ -87,7 +101,9 @@ def analyze_json(path: Path) -> dict:
     from pipetrace.cli.analyze import analyze
 
     # as `pipetrace` runs it: outside standalone mode, the command returns the exit code
-    result = CliRunner().invoke(analyze, [str(path), "--json", "--workers", "0"], standalone_mode=False)
+    result = CliRunner().invoke(
+        analyze, [str(path), "--json", "--workers", "0"], standalone_mode=False
+    )
     assert result.exception is None and result.return_value in (0, 1), result.output
     document = json.loads(result.output)
     assert (result.return_value == 1) == (document["counts"]["error"] > 0)

@@ -21,8 +21,16 @@ def errors(document: dict) -> list[dict]:
 
 def one(document: dict, kind: str, **where) -> dict:
     """The finding of ``kind`` whose fields equal ``where`` (there must be exactly one)."""
-    found = [f for f in document["findings"] if f["kind"] == kind and all(f[k] == v for k, v in where.items())]
-    assert len(found) == 1, (kind, where, [(f["kind"], f["ranks"], f["message"]) for f in document["findings"]])
+    found = [
+        f
+        for f in document["findings"]
+        if f["kind"] == kind and all(f[k] == v for k, v in where.items())
+    ]
+    assert len(found) == 1, (
+        kind,
+        where,
+        [(f["kind"], f["ranks"], f["message"]) for f in document["findings"]],
+    )
     return found[0]
 
 
@@ -30,7 +38,9 @@ def assert_readable(document: dict, world_size: int) -> None:
     """Every rank left a log the analyzer could use (a torn last line at most)."""
     assert [r["rank"] for r in document["ranks"]] == list(range(world_size))
     assert all(r["state"] != "missing" for r in document["ranks"]), document["ranks"]
-    assert not [p for p in document["input_problems"] if p["severity"] != "info"], document["input_problems"]
+    assert not [p for p in document["input_problems"] if p["severity"] != "info"], document[
+        "input_problems"
+    ]
 
 
 @pytest.mark.parametrize("schedule", list(CLEAN))
@@ -48,15 +58,25 @@ def test_clean_runs_have_no_error_finding(runs: Runs, schedule: str):
 
 def check_crash(document: dict, fault: ft.Crash, plan: Plan) -> None:
     first = document["findings"][0]
-    assert first["kind"] == "rank_failed" and first["severity"] == "error" and first["ranks"] == [fault.rank]
+    assert (
+        first["kind"] == "rank_failed"
+        and first["severity"] == "error"
+        and first["ranks"] == [fault.rank]
+    )
     assert "injected crash" in first["message"]
-    assert first["steps"][0]["step"] == format_step(fault.target(plan)) and first["iterations"] == [fault.step]
+    assert first["steps"][0]["step"] == format_step(fault.target(plan)) and first["iterations"] == [
+        fault.step
+    ]
 
 
 def check_hang(document: dict, fault: ft.Hang, plan: Plan) -> None:
     text = format_step(fault.target(plan))
-    stalls = [f for f in errors(document) if f["kind"] == "rank_stalled"
-              and f["details"].get("terminal_rank", f["ranks"][0]) == fault.rank]  # fmt: skip
+    stalls = [
+        f
+        for f in errors(document)
+        if f["kind"] == "rank_stalled"
+        and f["details"].get("terminal_rank", f["ranks"][0]) == fault.rank
+    ]
     assert stalls, [(f["kind"], f["message"]) for f in document["findings"]]
     stall = stalls[0]
     assert stall["details"]["terminal_state"] == "computing" and text in stall["message"]
@@ -79,14 +99,18 @@ def assert_moved(document: dict, rank: int, step, iteration: int, plan: Plan) ->
     moved = one(document, "plan_divergence", ranks=[rank])
     assert moved["severity"] == "warning" and moved["iterations"] == [iteration]
     details = moved["details"]
-    assert details["planned"] == format_step(step) and details["position"] == plan.steps(rank).index(step)
+    assert details["planned"] == format_step(step) and details["position"] == plan.steps(
+        rank
+    ).index(step)
 
 
 def check_drop_recv(document: dict, fault: ft.DropRecv, plan: Plan) -> None:
     recv = fault.target(plan)
     sender = peer_of(plan, recv)
     unmatched = one(document, "unmatched_send", ranks=[sender, fault.rank])
-    assert unmatched["microbatches"] == [fault.microbatch] and unmatched["iterations"] == [fault.step]
+    assert unmatched["microbatches"] == [fault.microbatch] and unmatched["iterations"] == [
+        fault.step
+    ]
     assert f"ran {format_step(recv)} without posting it" in unmatched["cause"]
     # ... then the sender stalls: a hang that involves both ranks
     hangs = [f for f in errors(document) if f["kind"] in ("deadlock", "rank_stalled")]
@@ -97,7 +121,9 @@ def check_drop_send(document: dict, fault: ft.DropSend, plan: Plan) -> None:
     send = fault.target(plan)
     receiver = peer_of(plan, send)
     unmatched = one(document, "unmatched_recv", ranks=[receiver, fault.rank])
-    assert unmatched["microbatches"] == [fault.microbatch] and unmatched["iterations"] == [fault.step]
+    assert unmatched["microbatches"] == [fault.microbatch] and unmatched["iterations"] == [
+        fault.step
+    ]
     assert f"ran {format_step(send)} without posting it" in unmatched["cause"]
     hangs = [f for f in errors(document) if f["kind"] in ("deadlock", "rank_stalled")]
     assert any({receiver, fault.rank} <= set(f["ranks"]) for f in hangs), hangs
@@ -106,7 +132,9 @@ def check_drop_send(document: dict, fault: ft.DropSend, plan: Plan) -> None:
 def check_extra_send(document: dict, fault: ft.ExtraSend, plan: Plan) -> None:
     peer = peer_of(plan, fault.target(plan))
     unmatched = one(document, "unmatched_send", ranks=[fault.rank, peer])
-    assert unmatched["microbatches"] == [fault.microbatch] and unmatched["iterations"] == [fault.step]
+    assert unmatched["microbatches"] == [fault.microbatch] and unmatched["iterations"] == [
+        fault.step
+    ]
     assert unmatched["cause"] == f"micro-batch {fault.microbatch} was sent more than once"
     assert [f["kind"] for f in errors(document)] == ["unmatched_send"]
 
@@ -132,7 +160,9 @@ def check_swap_order(document: dict, fault: ft.SwapOrder, plan: Plan) -> None:
 
 
 def check_straggler(document: dict, fault: ft.Straggler, plan: Plan) -> None:
-    mine = [f for f in document["findings"] if f["kind"] == "straggler" and f["ranks"] == [fault.rank]]
+    mine = [
+        f for f in document["findings"] if f["kind"] == "straggler" and f["ranks"] == [fault.rank]
+    ]
     assert mine, [(f["kind"], f["message"]) for f in document["findings"]]
     assert all(f["details"]["kinds"]["F"]["factor"] >= 2 for f in mine)
     assert {f["details"]["stage"] for f in mine} <= set(plan.stages_of(fault.rank))
@@ -147,10 +177,18 @@ def check_slow_link(document: dict, fault: ft.SlowLink, plan: Plan) -> None:
     assert errors(document) == []
 
 
-CHECKS = {"crash": check_crash, "hang": check_hang, "deadlock": check_deadlock, "drop-recv": check_drop_recv,
-          "drop-send": check_drop_send,
-          "extra-send": check_extra_send, "shape-mismatch": check_shape_mismatch,
-          "swap-order": check_swap_order, "straggler": check_straggler, "slow-link": check_slow_link}  # fmt: skip
+CHECKS = {
+    "crash": check_crash,
+    "hang": check_hang,
+    "deadlock": check_deadlock,
+    "drop-recv": check_drop_recv,
+    "drop-send": check_drop_send,
+    "extra-send": check_extra_send,
+    "shape-mismatch": check_shape_mismatch,
+    "swap-order": check_swap_order,
+    "straggler": check_straggler,
+    "slow-link": check_slow_link,
+}
 
 
 def test_every_fault_kind_has_a_check():

@@ -16,20 +16,32 @@ from .conftest import analyze_json
 from .test_diagnosis import CHECKS, assert_readable, errors
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
-NAMES = sorted(p.name for p in SAMPLES.iterdir() if (p / "meta.json").is_file()) if SAMPLES.is_dir() else []
+NAMES = (
+    sorted(p.name for p in SAMPLES.iterdir() if (p / "meta.json").is_file())
+    if SAMPLES.is_dir()
+    else []
+)
 
 
 def config_of(meta: dict) -> RunConfig:
     """The run configuration the sample was recorded with (meta.json's config)."""
-    data = {f.name: meta["config"][f.name] for f in dataclasses.fields(RunConfig) if f.name in meta["config"]}
-    return RunConfig(**{**data, "demo": DemoConfig(**data["demo"]), "faults": tuple(data["faults"])})
+    data = {
+        f.name: meta["config"][f.name]
+        for f in dataclasses.fields(RunConfig)
+        if f.name in meta["config"]
+    }
+    return RunConfig(
+        **{**data, "demo": DemoConfig(**data["demo"]), "faults": tuple(data["faults"])}
+    )
 
 
 def test_every_clean_schedule_and_fault_has_a_sample():
     from pipetrace.runtime.faults import FAULT_KINDS
     from pipetrace.schedule.builders import describe_schedules
 
-    assert {f"clean-{s.name}" for s in describe_schedules()} | {f"fault-{k}" for k in FAULT_KINDS} <= set(NAMES)
+    assert {f"clean-{s.name}" for s in describe_schedules()} | {
+        f"fault-{k}" for k in FAULT_KINDS
+    } <= set(NAMES)
     total = sum(f.stat().st_size for name in NAMES for f in (SAMPLES / name).iterdir())
     assert total < 800 * 1024, f"sample traces take {total / 1024:.0f} KB"
 

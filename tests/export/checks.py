@@ -34,12 +34,21 @@ def expected_ops(run: Run) -> Counter:
             if p.op[i] == OP_RECV and p.match_rank[i] >= 0:
                 end = max(end, int(run.ranks[p.match_rank[i]].p2p.post[p.match_index[i]]))
             arrow = "→" if p.op[i] == OP_SEND else "←"
-            out[(rank.rank, f"{run.catalog.texts[p.code[i]]} {arrow} {p.peer[i]}", int(p.post[i]), end)] += 1
+            out[
+                (
+                    rank.rank,
+                    f"{run.catalog.texts[p.code[i]]} {arrow} {p.peer[i]}",
+                    int(p.post[i]),
+                    end,
+                )
+            ] += 1
     return out
 
 
 def matched_messages(run: Run) -> int:
-    return sum(int(((r.p2p.op == OP_SEND) & (r.p2p.match_rank >= 0)).sum()) for r in run.present_ranks)
+    return sum(
+        int(((r.p2p.op == OP_SEND) & (r.p2p.match_rank >= 0)).sum()) for r in run.present_ranks
+    )
 
 
 def check_perfetto(run: Run, dec: Decoded) -> None:
@@ -50,10 +59,14 @@ def check_perfetto(run: Run, dec: Decoded) -> None:
     for uuid, t in dec.tracks.items():
         if t.HasField("process"):
             rank = dec.rank_of(uuid)
-            assert t.sibling_order_rank == rank and t.process.process_name.startswith(f"rank {rank}")
+            assert t.sibling_order_rank == rank and t.process.process_name.startswith(
+                f"rank {rank}"
+            )
     t_end = last_time(run)
     assert max(e.ts for e in dec.events) == t_end
-    steps = [s for s in dec.slices if dec.track_name(s.track).split(" (overlapping")[0] in STEP_TRACKS]
+    steps = [
+        s for s in dec.slices if dec.track_name(s.track).split(" (overlapping")[0] in STEP_TRACKS
+    ]
     got = Counter((dec.rank_of(s.track), s.name, s.begin, s.end) for s in steps)
     assert got == expected_steps(run)
     for s in steps:
@@ -66,16 +79,23 @@ def check_perfetto(run: Run, dec: Decoded) -> None:
     assert Counter((dec.rank_of(s.track), s.name, s.begin, s.end) for s in ops) == expected_ops(run)
     assert all(s.depth == 0 for s in ops)  # one op per track at a time
     for s in ops:
-        assert {"op", "peer", "channel", "seq", "bytes", "shape", "dtype", "iteration"} <= set(s.args)
+        assert {"op", "peer", "channel", "seq", "bytes", "shape", "dtype", "iteration"} <= set(
+            s.args
+        )
     # one flow per matched message, from the send's slice to its recv's completion
     assert len(dec.flows) == matched_messages(run)
     for begin, end in dec.flows.values():
         send = next(s for s in ops if s.flow_ids == begin.flow_ids)
         assert send.args["op"] == "send" and begin.ts == send.begin
         recv = end.args["_parent"]
-        assert end.name in (ARRIVED, NEVER_ARRIVED) and recv is not None and recv.args["op"] == "recv"
+        assert (
+            end.name in (ARRIVED, NEVER_ARRIVED) and recv is not None and recv.args["op"] == "recv"
+        )
         assert end.ts == recv.end >= begin.ts
-        assert dec.rank_of(recv.track) == send.args["peer"] and dec.rank_of(send.track) == recv.args["peer"]
+        assert (
+            dec.rank_of(recv.track) == send.args["peer"]
+            and dec.rank_of(send.track) == recv.args["peer"]
+        )
     # counters never go below zero
     by_track: dict[int, list[int]] = {}
     for c in dec.counters:
@@ -83,8 +103,13 @@ def check_perfetto(run: Run, dec: Decoded) -> None:
     assert by_track and all(min(v) >= 0 for v in by_track.values())
     # bubbles lie inside the rank's iterations and outside its compute steps
     for rank in run.present_ranks:
-        compute = [s for s in steps if dec.rank_of(s.track) == rank.rank and s.end > s.begin
-                   and not any(k in s.name for k in ("SEND", "RECV"))]  # fmt: skip
+        compute = [
+            s
+            for s in steps
+            if dec.rank_of(s.track) == rank.rank
+            and s.end > s.begin
+            and not any(k in s.name for k in ("SEND", "RECV"))
+        ]
         iterations = dec.on(rank.rank, "iterations")
         for bubble in dec.on(rank.rank, "bubbles"):
             assert any(i.begin <= bubble.begin and bubble.end <= i.end for i in iterations)
@@ -99,14 +124,29 @@ def _open_at(run: Run, rank: int, s) -> bool:
 
 def check_chrome_json(run: Run, trace: JsonTrace) -> None:
     t_end = last_time(run)
-    steps = [e for e in trace.events if e["ph"] == "X" and trace.threads.get((e["pid"], e["tid"]), "").split(
-        " (overlapping")[0] in STEP_TRACKS]  # fmt: skip
-    got = Counter((trace.rank_of(e["pid"]), e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in steps)
+    steps = [
+        e
+        for e in trace.events
+        if e["ph"] == "X"
+        and trace.threads.get((e["pid"], e["tid"]), "").split(" (overlapping")[0] in STEP_TRACKS
+    ]
+    got = Counter(
+        (trace.rank_of(e["pid"]), e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]))
+        for e in steps
+    )
     assert got == expected_steps(run)
     assert all("position" in e["args"] for e in steps)
-    ops = [e for e in trace.events if e["ph"] == "X" and trace.threads.get((e["pid"], e["tid"]), "").startswith("p2p ")
-           and "op" in e.get("args", {})]  # fmt: skip
-    got = Counter((trace.rank_of(e["pid"]), e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])) for e in ops)
+    ops = [
+        e
+        for e in trace.events
+        if e["ph"] == "X"
+        and trace.threads.get((e["pid"], e["tid"]), "").startswith("p2p ")
+        and "op" in e.get("args", {})
+    ]
+    got = Counter(
+        (trace.rank_of(e["pid"]), e["name"], _ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]))
+        for e in ops
+    )
     assert got == expected_ops(run)
     outs = {e["bind_id"]: e for e in trace.events if e.get("flow_out")}
     ins = {e["bind_id"]: e for e in trace.events if e.get("flow_in")}
@@ -117,7 +157,9 @@ def check_chrome_json(run: Run, trace: JsonTrace) -> None:
     per_thread: dict[tuple, list[tuple[int, int]]] = {}
     for e in trace.events:
         if e["ph"] == "X":
-            per_thread.setdefault((e["pid"], e["tid"]), []).append((_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"])))
+            per_thread.setdefault((e["pid"], e["tid"]), []).append(
+                (_ns(e["ts"]), _ns(e["ts"]) + _ns(e["dur"]))
+            )
     for spans in per_thread.values():
         stack: list[int] = []
         for b, e in sorted(spans, key=lambda x: (x[0], -x[1])):

@@ -36,13 +36,22 @@ def export(path: Path) -> Exported:
     proto, js = io.BytesIO(), io.BytesIO()
     write_perfetto(layout, proto)
     write_chrome_json(layout, js)
-    return Exported(path, run, findings, layout, decode_perfetto(proto.getvalue()), decode_chrome_json(js.getvalue()))
+    return Exported(
+        path,
+        run,
+        findings,
+        layout,
+        decode_perfetto(proto.getvalue()),
+        decode_chrome_json(js.getvalue()),
+    )
 
 
 # Runs recorded through the real Recorder, shared by the tests (read-only).
 RUNS = {
     "clean-1f1b": dict(schedule="1f1b", ranks=3, microbatches=4, iterations=2),
-    "overlap-dualpipev": dict(schedule="dualpipev", ranks=2, microbatches=4, iterations=2, overlap=True),
+    "overlap-dualpipev": dict(
+        schedule="dualpipev", ranks=2, microbatches=4, iterations=2, overlap=True
+    ),
     "overlap-zbv": dict(schedule="zbv", ranks=2, microbatches=4, iterations=1, overlap=True),
     "deadlock": dict(schedule="1f1b", scenario="deadlock", iterations=2),
     "stuck": dict(schedule="1f1b", scenario="stuck", iterations=2),
@@ -59,8 +68,14 @@ def recorded(tmp_path_factory):
             path = tmp_path_factory.mktemp(name) / "run"
             if name.startswith("synthetic-"):
                 schedule = name.split("-", 1)[1]
-                write_synthetic_run(path, schedule=schedule, num_ranks=4, num_microbatches=8, iterations=2,
-                                    stages_per_rank=2 if schedule == "interleaved-1f1b" else None)
+                write_synthetic_run(
+                    path,
+                    schedule=schedule,
+                    num_ranks=4,
+                    num_microbatches=8,
+                    iterations=2,
+                    stages_per_rank=2 if schedule == "interleaved-1f1b" else None,
+                )
             else:
                 record_run(path, wait_s=0.5, **RUNS[name])
             cache[name] = export(path)

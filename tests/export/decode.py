@@ -65,7 +65,11 @@ class Decoded:
         return int(t.process.process_name.split()[1])
 
     def on(self, rank: int, track_name: str) -> list[Slice]:
-        return [s for s in self.slices if self.rank_of(s.track) == rank and self.track_name(s.track) == track_name]
+        return [
+            s
+            for s in self.slices
+            if self.rank_of(s.track) == rank and self.track_name(s.track) == track_name
+        ]
 
 
 def _annotation(ann: pb.DebugAnnotation, strings: dict[int, str]) -> Any:
@@ -109,7 +113,9 @@ def decode_perfetto(data: bytes) -> Decoded:
             d = packet.track_descriptor
             assert d.uuid not in tracks, f"track {d.uuid} declared twice"
             if d.HasField("parent_uuid"):
-                assert d.parent_uuid in tracks, f"track {d.uuid}'s parent {d.parent_uuid} is not declared before it"
+                assert d.parent_uuid in tracks, (
+                    f"track {d.uuid}'s parent {d.parent_uuid} is not declared before it"
+                )
             tracks[d.uuid] = d
         if not packet.HasField("track_event"):
             continue
@@ -119,11 +125,23 @@ def decode_perfetto(data: bytes) -> Decoded:
         e = packet.track_event
         assert e.track_uuid in tracks, f"event on undeclared track {e.track_uuid}"
         if e.HasField("name_iid") or len(e.debug_annotations):
-            assert packet.sequence_flags & pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE and incremental_valid
+            assert (
+                packet.sequence_flags & pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+                and incremental_valid
+            )
         args = {ann_names[a.name_iid]: _annotation(a, strings) for a in e.debug_annotations}
-        events.append(Event(now, e.track_uuid, e.type, names[e.name_iid] if e.HasField("name_iid") else None, args,
-                            list(e.flow_ids), list(e.terminating_flow_ids),
-                            e.counter_value if e.HasField("counter_value") else None))  # fmt: skip
+        events.append(
+            Event(
+                now,
+                e.track_uuid,
+                e.type,
+                names[e.name_iid] if e.HasField("name_iid") else None,
+                args,
+                list(e.flow_ids),
+                list(e.terminating_flow_ids),
+                e.counter_value if e.HasField("counter_value") else None,
+            )
+        )
     return _check(tracks, events, t0)
 
 
@@ -178,8 +196,13 @@ class JsonTrace:
         return int(self.processes[pid].split()[1]) if pid in self.processes else -1
 
     def on(self, rank: int, thread: str, ph: str = "X") -> list[dict]:
-        return [e for e in self.events if e["ph"] == ph and self.rank_of(e["pid"]) == rank
-                and self.threads.get((e["pid"], e.get("tid"))) == thread]  # fmt: skip
+        return [
+            e
+            for e in self.events
+            if e["ph"] == ph
+            and self.rank_of(e["pid"]) == rank
+            and self.threads.get((e["pid"], e.get("tid"))) == thread
+        ]
 
 
 def decode_chrome_json(data: bytes) -> JsonTrace:

@@ -30,8 +30,12 @@ from pipetrace.recorder.recorder import Recorder, RecorderConfig
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import COMM_KINDS, RECV_KINDS, SEND_KINDS, Plan, Step, StepKind
 
-_DIRECTION = {StepKind.SEND_F: ("send", "F", 1), StepKind.SEND_B: ("send", "B", -1),
-              StepKind.RECV_F: ("recv", "F", -1), StepKind.RECV_B: ("recv", "B", 1)}  # fmt: skip
+_DIRECTION = {
+    StepKind.SEND_F: ("send", "F", 1),
+    StepKind.SEND_B: ("send", "B", -1),
+    StepKind.RECV_F: ("recv", "F", -1),
+    StepKind.RECV_B: ("recv", "B", 1),
+}
 
 
 class _Fabric:
@@ -53,19 +57,41 @@ class _Hang(Exception):
     """This rank stops here, leaving its open step and ops open (its log just ends)."""
 
 
-def record_run(run_dir: Path, *, schedule: str = "1f1b", ranks: int = 2, microbatches: int = 4,
-               iterations: int = 2, scenario: str = "clean", overlap: bool = False,
-               step_s: float = 0.0003, wait_s: float = 0.4) -> Plan:  # fmt: skip
+def record_run(
+    run_dir: Path,
+    *,
+    schedule: str = "1f1b",
+    ranks: int = 2,
+    microbatches: int = 4,
+    iterations: int = 2,
+    scenario: str = "clean",
+    overlap: bool = False,
+    step_s: float = 0.0003,
+    wait_s: float = 0.4,
+) -> Plan:
     plan = build_plan(schedule, num_ranks=ranks, num_microbatches=microbatches, comms=True)
     fabric = _Fabric()
     config = {"scenario": scenario, "p2p": "overlap" if overlap else "plain", "schedule": schedule}
-    recorders = [Recorder(RecorderConfig(run_dir, stall_timeout=0, flush_interval=0.05), framework="none",
-                          framework_version="0") for _ in range(ranks)]  # fmt: skip
-    recorders[0].begin_run(rank=0, world_size=ranks, plan=plan, config=config)  # writes meta.json first
+    recorders = [
+        Recorder(
+            RecorderConfig(run_dir, stall_timeout=0, flush_interval=0.05),
+            framework="none",
+            framework_version="0",
+        )
+        for _ in range(ranks)
+    ]
+    recorders[0].begin_run(
+        rank=0, world_size=ranks, plan=plan, config=config
+    )  # writes meta.json first
     for r in range(1, ranks):
         recorders[r].begin_run(rank=r, world_size=ranks, plan=plan, config=config)
-    threads = [threading.Thread(target=_rank, args=(recorders[r], plan, r, fabric, scenario, overlap, iterations,
-                                                    step_s, wait_s)) for r in range(ranks)]  # fmt: skip
+    threads = [
+        threading.Thread(
+            target=_rank,
+            args=(recorders[r], plan, r, fabric, scenario, overlap, iterations, step_s, wait_s),
+        )
+        for r in range(ranks)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -73,8 +99,17 @@ def record_run(run_dir: Path, *, schedule: str = "1f1b", ranks: int = 2, microba
     return plan
 
 
-def _rank(rec: Recorder, plan: Plan, rank: int, fabric: _Fabric, scenario: str, overlap: bool, iterations: int,
-          step_s: float, wait_s: float) -> None:  # fmt: skip
+def _rank(
+    rec: Recorder,
+    plan: Plan,
+    rank: int,
+    fabric: _Fabric,
+    scenario: str,
+    overlap: bool,
+    iterations: int,
+    step_s: float,
+    wait_s: float,
+) -> None:
     steps = plan.steps(rank)
     last_stage = len(plan.placement) - 1
     try:
@@ -92,8 +127,13 @@ def _rank(rec: Recorder, plan: Plan, rank: int, fabric: _Fabric, scenario: str, 
             for pos, step in enumerate(steps):
                 token = rec.begin_step(pos, step)
                 if step.kind in SEND_KINDS:
-                    if scenario == "deadlock" and faulty and rank == 0 and step.kind is StepKind.SEND_F \
-                            and step.microbatch == 1:
+                    if (
+                        scenario == "deadlock"
+                        and faulty
+                        and rank == 0
+                        and step.kind is StepKind.SEND_F
+                        and step.microbatch == 1
+                    ):
                         pass  # the bug: the send is never posted
                     else:
                         ticket = _post(rec, step, keys[pos])
@@ -110,13 +150,20 @@ def _rank(rec: Recorder, plan: Plan, rank: int, fabric: _Fabric, scenario: str, 
                         raise _Hang
                     rec.p2p_completed(ticket)
                 elif step.sub_steps:
-                    subs = [rec.begin_step(pos, sub, "main" if sub.kind is StepKind.F else "overlap")
-                            for sub in step.sub_steps]  # fmt: skip
+                    subs = [
+                        rec.begin_step(pos, sub, "main" if sub.kind is StepKind.F else "overlap")
+                        for sub in step.sub_steps
+                    ]
                     time.sleep(step_s)
                     for sub in subs:
                         rec.end_step(sub)
                 else:
-                    if faulty and rank == 1 and step.kind in (StepKind.B, StepKind.I) and first_backward:
+                    if (
+                        faulty
+                        and rank == 1
+                        and step.kind in (StepKind.B, StepKind.I)
+                        and first_backward
+                    ):
                         first_backward = False
                         if scenario == "stuck":
                             time.sleep(step_s)
@@ -157,8 +204,16 @@ def _message_keys(plan: Plan, rank: int, steps: list[Step], it: int) -> dict[int
 
 def _post(rec: Recorder, step: Step, key: tuple):
     op, peer, ch, _, seq = key
-    return rec.p2p_posted(op=op, step=step, peer=peer, channel=ch, seq=seq, nbytes=4 * 64, shape=(4, 16),
-                          dtype="float32")  # fmt: skip
+    return rec.p2p_posted(
+        op=op,
+        step=step,
+        peer=peer,
+        channel=ch,
+        seq=seq,
+        nbytes=4 * 64,
+        shape=(4, 16),
+        dtype="float32",
+    )
 
 
 @dataclass(frozen=True)
@@ -174,12 +229,26 @@ class TorchRecording:
         return torch_recorder(RecordSettings(run_dir=self.run_dir, flush_interval=0.05))
 
 
-def record_torch_run(run_dir: Path, *, schedule: str, ranks: int = 2, microbatches: int = 4, steps: int = 1,
-                     overlap_p2p: bool = False):  # fmt: skip
+def record_torch_run(
+    run_dir: Path,
+    *,
+    schedule: str,
+    ranks: int = 2,
+    microbatches: int = 4,
+    steps: int = 1,
+    overlap_p2p: bool = False,
+):
     """A run of the real torch runtime (gloo on local rank processes), recorded."""
     from pipetrace.runtime.config import RunConfig
     from pipetrace.runtime.launch import launch
 
-    config = RunConfig(schedule, ranks=ranks, microbatches=microbatches, steps=steps, overlap_p2p=overlap_p2p,
-                       timeout=30.0, out=str(run_dir))  # fmt: skip
+    config = RunConfig(
+        schedule,
+        ranks=ranks,
+        microbatches=microbatches,
+        steps=steps,
+        overlap_p2p=overlap_p2p,
+        timeout=30.0,
+        out=str(run_dir),
+    )
     return launch([config], make_recorder=TorchRecording(str(run_dir)), kill_grace=2.0)

@@ -31,13 +31,18 @@ def test_default_output_is_next_to_the_run(run_dir, tmp_path, capsys):
     assert decoded.slices
     stdout = capsys.readouterr().out
     assert f"wrote {out}" in stdout and "ui.perfetto.dev" in stdout
-    assert int(re.search(r"(\d+) findings", stdout).group(1)) >= 2  # the deadlock and the unmatched recv
+    assert (
+        int(re.search(r"(\d+) findings", stdout).group(1)) >= 2
+    )  # the deadlock and the unmatched recv
     assert not list(tmp_path.glob(".*.tmp"))  # written through a temporary file
 
 
 def test_chrome_json_and_output_option(run_dir, tmp_path):
     out = tmp_path / "t.json"
-    assert main(["export", str(run_dir), "--format", "chrome-json", "-o", str(out), "--no-findings"]) == 0
+    assert (
+        main(["export", str(run_dir), "--format", "chrome-json", "-o", str(out), "--no-findings"])
+        == 0
+    )
     doc = orjson.loads(out.read_bytes())
     assert any(e["ph"] == "X" for e in doc["traceEvents"])
     assert not any(e.get("name", "").startswith("error:") for e in doc["traceEvents"])
@@ -55,11 +60,22 @@ def _not_a_run(d):
 
 def _no_logs(d):
     d.mkdir()
-    (d / "meta.json").write_text('{"format": "pipetrace-run", "schema_version": 1, "world_size": 2}')
+    (d / "meta.json").write_text(
+        '{"format": "pipetrace-run", "schema_version": 1, "world_size": 2}'
+    )
 
 
-@pytest.mark.parametrize("make", [None, lambda d: d.mkdir(), _corrupt_meta, _not_a_run, _no_logs,
-                                  lambda d: d.write_text("a file")])  # fmt: skip
+@pytest.mark.parametrize(
+    "make",
+    [
+        None,
+        lambda d: d.mkdir(),
+        _corrupt_meta,
+        _not_a_run,
+        _no_logs,
+        lambda d: d.write_text("a file"),
+    ],
+)
 def test_unusable_input_is_one_line_and_exit_2(tmp_path, capsys, make):
     d = tmp_path / "run"
     if make is not None:
@@ -77,9 +93,25 @@ def test_unwritable_output_is_a_clean_error(run_dir, tmp_path, capsys):
 
 def test_open_serves_the_file_once(run_dir, tmp_path):
     out = tmp_path / "served.pftrace"
-    proc = subprocess.Popen([sys.executable, "-m", "pipetrace", "export", str(run_dir), "-o", str(out), "--open",
-                             "--port", "0", "--timeout", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipetrace",
+            "export",
+            str(run_dir),
+            "-o",
+            str(out),
+            "--open",
+            "--port",
+            "0",
+            "--timeout",
+            "30",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         link = ""
         while not link:
@@ -89,9 +121,15 @@ def test_open_serves_the_file_once(run_dir, tmp_path):
                 link = line.split()[1]
         url = link.split("url=", 1)[1]
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/served\.pftrace", url)
-        preflight = urllib.request.Request(url, method="OPTIONS", headers={
-            "Origin": "https://ui.perfetto.dev", "Access-Control-Request-Method": "GET",
-            "Access-Control-Request-Private-Network": "true"})  # fmt: skip
+        preflight = urllib.request.Request(
+            url,
+            method="OPTIONS",
+            headers={
+                "Origin": "https://ui.perfetto.dev",
+                "Access-Control-Request-Method": "GET",
+                "Access-Control-Request-Private-Network": "true",
+            },
+        )
         with urllib.request.urlopen(preflight, timeout=10) as r:
             assert r.headers["Access-Control-Allow-Origin"] == "https://ui.perfetto.dev"
             assert r.headers["Access-Control-Allow-Private-Network"] == "true"
@@ -124,4 +162,6 @@ def test_failing_analyzers_do_not_stop_the_export(run_dir, tmp_path, capsys, mon
     out = tmp_path / "t.pftrace"
     assert main(["export", str(run_dir), "-o", str(out)]) == 0
     assert "analyzers failed (ValueError: analyzer bug)" in capsys.readouterr().err
-    assert not [i for i in decode_perfetto(out.read_bytes()).instants if i.name.startswith("error:")]
+    assert not [
+        i for i in decode_perfetto(out.read_bytes()).instants if i.name.startswith("error:")
+    ]

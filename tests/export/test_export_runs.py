@@ -11,7 +11,13 @@ from pipetrace.export.layout import last_time
 from .checks import check_chrome_json, check_perfetto
 from .conftest import RUNS
 
-ALL = [*RUNS, "synthetic-1f1b", "synthetic-zbv", "synthetic-interleaved-1f1b", "synthetic-dualpipev"]
+ALL = [
+    *RUNS,
+    "synthetic-1f1b",
+    "synthetic-zbv",
+    "synthetic-interleaved-1f1b",
+    "synthetic-dualpipev",
+]
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -29,16 +35,35 @@ def test_chrome_json_export_holds_the_run(recorded, name):
 def test_tracks_of_a_rank(recorded):
     e = recorded("overlap-dualpipev")
     names = {e.trace.track_name(u) for u in e.trace.tracks if e.trace.rank_of(u) == 0}
-    assert {"rank 0 (stages 0, 3)", "compute", "overlap (backward)", "iterations", "bubbles", "p2p 0", "p2p 1",
-            "activations in flight", "messages in flight", "recorded events"} <= names
+    assert {
+        "rank 0 (stages 0, 3)",
+        "compute",
+        "overlap (backward)",
+        "iterations",
+        "bubbles",
+        "p2p 0",
+        "p2p 1",
+        "activations in flight",
+        "messages in flight",
+        "recorded events",
+    } <= names
     # several P2P ops in flight at once, each on its own track
     assert len([n for n in names if n.startswith("p2p ")]) >= 3
     # a composite holds its forward sub-step on the compute track; its backward is on the overlap track
     composites = [s for s in e.trace.on(0, "compute") if "OVERLAP_F_B" in s.name]
-    assert composites and all(any(c.begin <= s.begin and s.end <= c.end and s.parent is c
-                                   for s in e.trace.on(0, "compute")) for c in composites)  # fmt: skip
+    assert composites and all(
+        any(
+            c.begin <= s.begin and s.end <= c.end and s.parent is c
+            for s in e.trace.on(0, "compute")
+        )
+        for c in composites
+    )
     assert {s.name for s in e.trace.on(0, "overlap (backward)")} == {
-        sub for c in composites for sub in c.name[1:].split(")")[0].split(";") if "B" in sub or "I" in sub}
+        sub
+        for c in composites
+        for sub in c.name[1:].split(")")[0].split(";")
+        if "B" in sub or "I" in sub
+    }
 
 
 def test_counters_return_to_zero_on_a_clean_run(recorded):
@@ -55,9 +80,9 @@ def test_counters_return_to_zero_on_a_clean_run(recorded):
 
 def test_interning_and_delta_timestamps(recorded):
     e = recorded("clean-1f1b")
-    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
-
     import io
+
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
     from pipetrace.export.perfetto import write_perfetto
 
@@ -74,17 +99,26 @@ def test_deadlock_marks_every_blocked_step(recorded):
     e = recorded("deadlock")
     deadlock = next(f for f in e.findings if f.kind == fk.DEADLOCK)
     marks = [i for i in e.trace.instants if i.name == "error: deadlock"]
-    assert {(e.trace.rank_of(i.track), i.args["step"]) for i in marks} == {(s.rank, s.step) for s in deadlock.steps}
+    assert {(e.trace.rank_of(i.track), i.args["step"]) for i in marks} == {
+        (s.rank, s.step) for s in deadlock.steps
+    }
     assert all(e.trace.track_name(i.track) == FINDINGS_TRACK for i in marks)
-    assert all(i.args["message"] == deadlock.message and i.args["severity"] == "error" for i in marks)
+    assert all(
+        i.args["message"] == deadlock.message and i.args["severity"] == "error" for i in marks
+    )
     t_end = last_time(e.run)
     for ref in deadlock.steps:
-        blocked = [s for s in e.trace.on(ref.rank, "compute") if s.name == ref.step and "finding" in s.args]
+        blocked = [
+            s for s in e.trace.on(ref.rank, "compute") if s.name == ref.step and "finding" in s.args
+        ]
         assert len(blocked) == 1 and "deadlock" in blocked[0].args["finding"]
         assert blocked[0].args["unfinished"] is True and blocked[0].end == t_end
     # the recv that never completes ends at the end of the trace
-    stuck = [s for s in e.trace.slices if s.name.startswith("1RECV_F1") and s.args.get("op") == "recv"
-             and s.args["iteration"] == 1]  # fmt: skip
+    stuck = [
+        s
+        for s in e.trace.slices
+        if s.name.startswith("1RECV_F1") and s.args.get("op") == "recv" and s.args["iteration"] == 1
+    ]
     assert len(stuck) == 1 and stuck[0].args["unfinished"] and stuck[0].end == t_end
 
 
@@ -92,7 +126,11 @@ def test_stuck_step_is_unfinished_and_the_waiter_is_flagged(recorded):
     e = recorded("stuck")
     t_end = last_time(e.run)
     stalled = next(f for f in e.findings if f.kind == fk.RANK_STALLED)
-    assert [i for i in e.trace.instants if i.name == "error: rank_stalled" and e.trace.rank_of(i.track) == 0]
+    assert [
+        i
+        for i in e.trace.instants
+        if i.name == "error: rank_stalled" and e.trace.rank_of(i.track) == 0
+    ]
     open_steps = [s for s in e.trace.on(1, "compute") if s.args.get("unfinished")]
     assert [s.name for s in open_steps] == ["1B0"] and open_steps[0].end == t_end
     assert "rank 1 (stage 1) [ended]" in {e.trace.track_name(u) for u in e.trace.tracks}
@@ -104,7 +142,11 @@ def test_crash_shows_the_exception(recorded):
     failed = [i for i in e.trace.instants if i.name == "error: rank_failed"]
     assert [e.trace.rank_of(i.track) for i in failed] == [1]
     exc = [i for i in e.trace.instants if i.name == "exception"]
-    assert len(exc) == 1 and "injected failure" in exc[0].args["message"] and "Traceback" in exc[0].args["traceback"]
+    assert (
+        len(exc) == 1
+        and "injected failure" in exc[0].args["message"]
+        and "Traceback" in exc[0].args["traceback"]
+    )
     # messages that never arrived still get their arrow, to an instant that says so
     never = [i for i in e.trace.instants if i.name == NEVER_ARRIVED]
     assert all(i.args["_parent"].args.get("unfinished") for i in never)
@@ -114,7 +156,9 @@ def test_json_marks_findings_and_unfinished(recorded):
     e = recorded("deadlock")
     marks = [x for x in e.json.events if x["ph"] == "i" and x["name"] == "error: deadlock"]
     assert len(marks) == 2 and all(x["args"]["kind"] == "deadlock" for x in marks)
-    unfinished = [x for x in e.json.events if x["ph"] == "X" and x.get("args", {}).get("unfinished")]
+    unfinished = [
+        x for x in e.json.events if x["ph"] == "X" and x.get("args", {}).get("unfinished")
+    ]
     assert {x["name"] for x in unfinished} >= {"0RECV_B0", "1RECV_F1"}
 
 

@@ -14,7 +14,9 @@ pytestmark = pytest.mark.multiproc
 def test_real_overlapped_run_exports(tmp_path):
     pytest.importorskip("torch")
     path = tmp_path / "run"
-    result = record_torch_run(path, schedule="dualpipev", ranks=2, microbatches=4, steps=1, overlap_p2p=True)
+    result = record_torch_run(
+        path, schedule="dualpipev", ranks=2, microbatches=4, steps=1, overlap_p2p=True
+    )
     assert not result.failures
     e = export(path)
     check_perfetto(e.run, e.trace)

@@ -24,7 +24,9 @@ def test_pool_gives_each_span_the_lowest_free_lane(pairs):
     last_end: dict[int, int] = {}
     for i in sorted(range(len(pairs)), key=lambda i: (begin[i], i)):
         lane = 0
-        while lane in last_end and not last_end[lane] < begin[i]:  # free only strictly after its end
+        while (
+            lane in last_end and not last_end[lane] < begin[i]
+        ):  # free only strictly after its end
             lane += 1
         assert lanes[i] == lane
         last_end[lane] = int(end[i])
@@ -36,8 +38,10 @@ def test_nest_lanes_nest(pairs):
     begin, end = _arrays(pairs)
     lanes = nest_lanes(begin, end)
     for lane in set(lanes.tolist()):
-        rows = sorted((i for i in range(len(pairs)) if lanes[i] == lane and end[i] > begin[i]),
-                      key=lambda i: (begin[i], -end[i], i))  # fmt: skip
+        rows = sorted(
+            (i for i in range(len(pairs)) if lanes[i] == lane and end[i] > begin[i]),
+            key=lambda i: (begin[i], -end[i], i),
+        )
         stack: list[int] = []
         for i in rows:
             while stack and stack[-1] <= begin[i]:

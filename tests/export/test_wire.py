@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from pipetrace.export import wire
-from pipetrace.export.perfetto import BEGIN, COUNTER, END, INSTANT, _Interning, event_order, write_perfetto
+from pipetrace.export.perfetto import (
+    BEGIN,
+    COUNTER,
+    END,
+    INSTANT,
+    _Interning,
+    event_order,
+    write_perfetto,
+)
 
 int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 
@@ -25,8 +33,18 @@ def test_varints_match_the_reference_encoding(values):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2**40), st.one_of(st.none(), int64s), st.one_of(st.none(), st.integers(1, 2**64 - 1)),
-                          st.one_of(st.none(), st.text(min_size=0, max_size=200))), min_size=1, max_size=40))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**40),
+            st.one_of(st.none(), int64s),
+            st.one_of(st.none(), st.integers(1, 2**64 - 1)),
+            st.one_of(st.none(), st.text(min_size=0, max_size=200)),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_sparse_rows_decode_with_the_protos(rows):
     """Packets whose fields are present on some rows only (and a wide string on a few)."""
     n = len(rows)
@@ -45,8 +63,12 @@ def test_sparse_rows_decode_with_the_protos(rows):
             entries.append(ev.SerializeToString())
             index[k] = len(entries) - 1
     every = np.arange(n)
-    te = [*wire.field_varint(11, uuid, every), *wire.field_varint(30, value, wire.rows_where(has_value)),
-          *wire.field_fixed64(47, flow, wire.rows_where(has_flow)), wire.table(index, entries)]
+    te = [
+        *wire.field_varint(11, uuid, every),
+        *wire.field_varint(30, value, wire.rows_where(has_value)),
+        *wire.field_fixed64(47, flow, wire.rows_where(has_flow)),
+        wire.table(index, entries),
+    ]
     packet = [wire.const(b"\x50\x01", every), *wire.field_message(11, te, every, n)]
     trace = pb.Trace.FromString(wire.assemble(wire.field_message(1, packet, every, n), n))
     assert len(trace.packet) == n
@@ -77,13 +99,25 @@ def _reference_events(layout) -> list[pb.TracePacket]:
         p = pb.TracePacket(timestamp=t - prev, trusted_packet_sequence_id=1)
         prev = t
         e = p.track_event
-        e.type = {BEGIN: e.TYPE_SLICE_BEGIN, END: e.TYPE_SLICE_END, INSTANT: e.TYPE_INSTANT, COUNTER: e.TYPE_COUNTER}[et]
+        e.type = {
+            BEGIN: e.TYPE_SLICE_BEGIN,
+            END: e.TYPE_SLICE_END,
+            INSTANT: e.TYPE_INSTANT,
+            COUNTER: e.TYPE_COUNTER,
+        }[et]
         if et in (BEGIN, END):
             e.track_uuid = int(s.track[i])
         if et == BEGIN:
             e.name_iid = int(s.name[i]) + 1
-            for name, column in (("stage", a.stage), ("microbatch", a.microbatch), ("iteration", a.iteration),
-                                 ("position", a.position), ("peer", a.peer), ("seq", a.seq), ("bytes", a.nbytes)):
+            for name, column in (
+                ("stage", a.stage),
+                ("microbatch", a.microbatch),
+                ("iteration", a.iteration),
+                ("position", a.position),
+                ("peer", a.peer),
+                ("seq", a.seq),
+                ("bytes", a.nbytes),
+            ):
                 if column[i] >= 0:
                     e.debug_annotations.add(name_iid=enc.ann[name], int_value=int(column[i]))
             for name, iids in enc.string_args.items():
@@ -116,7 +150,9 @@ def test_writer_matches_packets_built_with_the_protos(recorded):
         layout = recorded(name).layout
         buf = io.BytesIO()
         write_perfetto(layout, buf)
-        packets = [p for p in pb.Trace.FromString(buf.getvalue()).packet if p.HasField("track_event")]
+        packets = [
+            p for p in pb.Trace.FromString(buf.getvalue()).packet if p.HasField("track_event")
+        ]
         reference = _reference_events(layout)
         assert len(packets) == len(reference)
         for ours, ref in zip(packets, reference):

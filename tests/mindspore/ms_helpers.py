@@ -29,8 +29,14 @@ class RecordCases:
 
         where = Path(self.run_dir) / f"case-{self.calls}"
         self.calls += 1
-        return mindspore_recorder(RecordSettings(run_dir=str(where), stall_timeout=self.stall_timeout,
-                                                 abort_timeout=self.abort_timeout, flush_interval=0.05))  # fmt: skip
+        return mindspore_recorder(
+            RecordSettings(
+                run_dir=str(where),
+                stall_timeout=self.stall_timeout,
+                abort_timeout=self.abort_timeout,
+                flush_interval=0.05,
+            )
+        )
 
 
 @dataclass(frozen=True)

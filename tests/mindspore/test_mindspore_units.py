@@ -23,12 +23,24 @@ DEMO = DemoConfig(width=16, microbatch_size=4)
 MIXED_ROWS: list[list[Step | None]] = [
     [
         Step(StepKind.UNSHARD, 0),
-        F(0, 0), F(1, 0), F(2, 0), F(0, 1), F(1, 1),
+        F(0, 0),
+        F(1, 0),
+        F(2, 0),
+        F(0, 1),
+        F(1, 1),
         overlap(F(2, 1), I(2, 0)),
-        W(2, 0), B(1, 0), I(0, 0), W(0, 0), B(2, 1), I(1, 1), W(1, 1), B(0, 1),
-        Step(StepKind.REDUCE_GRAD, 0), Step(StepKind.RESHARD, 0),
+        W(2, 0),
+        B(1, 0),
+        I(0, 0),
+        W(0, 0),
+        B(2, 1),
+        I(1, 1),
+        W(1, 1),
+        B(0, 1),
+        Step(StepKind.REDUCE_GRAD, 0),
+        Step(StepKind.RESHARD, 0),
     ]
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +59,14 @@ def make_stages(num_stages: int):
 
     chunks = split_sequential(build_demo_model(num_stages, DEMO, seed=0), num_stages)
     return {
-        s: MindSporeStage(chunk, stage_index=s, num_stages=num_stages,
-                          loss_fn=demo_loss if s == num_stages - 1 else None)
+        s: MindSporeStage(
+            chunk,
+            stage_index=s,
+            num_stages=num_stages,
+            loss_fn=demo_loss if s == num_stages - 1 else None,
+        )
         for s, chunk in enumerate(chunks)
-    }  # fmt: skip
+    }
 
 
 def test_one_rank_plan_with_composite_matches_single_process(ms):
@@ -64,11 +80,17 @@ def test_one_rank_plan_with_composite_matches_single_process(ms):
     from pipetrace.runtime.mindspore.demo import build_demo_model, demo_batch, demo_loss
 
     stages = make_stages(3)
-    executor = Executor(plan=Plan(2, (0, 0, 0), MIXED_ROWS), rank=0, stages=stages, p2p=None, ops=MindSporeOps())
+    executor = Executor(
+        plan=Plan(2, (0, 0, 0), MIXED_ROWS), rank=0, stages=stages, p2p=None, ops=MindSporeOps()
+    )
     inputs, targets = demo_batch(0, 2 * DEMO.microbatch_size, DEMO, seed=0)
-    loss = executor.run_iteration(ops.split(inputs, DEMO.microbatch_size), ops.split(targets, DEMO.microbatch_size))
+    loss = executor.run_iteration(
+        ops.split(inputs, DEMO.microbatch_size), ops.split(targets, DEMO.microbatch_size)
+    )
     executor.close()
-    ref_loss, ref_grads = parity.reference_gradients(build_demo_model(3, DEMO, seed=0), inputs, targets, demo_loss)
+    ref_loss, ref_grads = parity.reference_gradients(
+        build_demo_model(3, DEMO, seed=0), inputs, targets, demo_loss
+    )
     report = parity.compare(
         rank=0,
         stage_gradients={s: list(zip(st.params, st.grads)) for s, st in stages.items()},
@@ -90,7 +112,11 @@ def test_split_backward_equals_full_backward_bit_for_bit(ms, stage_index):
     rng = np.random.default_rng(1)
     x = Tensor(rng.standard_normal((DEMO.microbatch_size, DEMO.width)))
     target = Tensor(rng.standard_normal((DEMO.microbatch_size, DEMO.width)))
-    grad = None if stage_index == 2 else Tensor(rng.standard_normal((DEMO.microbatch_size, DEMO.width)))
+    grad = (
+        None
+        if stage_index == 2
+        else Tensor(rng.standard_normal((DEMO.microbatch_size, DEMO.width)))
+    )
     for stage in (full, split):
         stage.forward(0, x, target if stage.is_last else None, 0.5)
     dx_full = full.backward(0, grad)

@@ -33,8 +33,13 @@ def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> 
     plan = build_plan("1f1b", num_ranks=2, num_microbatches=2, comms=True)
     recorder = Recorder(
         # in "hang", rank 0 waits for the hung rank 1 at its end: let rank 1's watchdog act first
-        RecorderConfig(run_dir, mode=mode, stall_timeout=5 if scenario == "hang" and rank == 0 else 0.5,
-                       abort_timeout=0.5 if scenario in ("hang", "late") else 0, flush_interval=0.05),
+        RecorderConfig(
+            run_dir,
+            mode=mode,
+            stall_timeout=5 if scenario == "hang" and rank == 0 else 0.5,
+            abort_timeout=0.5 if scenario in ("hang", "late") else 0,
+            flush_interval=0.05,
+        ),
         framework="none",
         framework_version="0",
         clock_exchange=_exchange(inboxes, rank),
@@ -45,8 +50,16 @@ def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> 
         token = recorder.begin_step(position, step)
         if step.is_comm:
             op = "send" if step.kind.value.startswith("SEND") else "recv"
-            ticket = recorder.p2p_posted(op=op, step=step, peer=1 - rank, channel=step.kind.value[-1],
-                                         seq=step.microbatch, nbytes=64, shape=(4, 4), dtype="float32")
+            ticket = recorder.p2p_posted(
+                op=op,
+                step=step,
+                peer=1 - rank,
+                channel=step.kind.value[-1],
+                seq=step.microbatch,
+                nbytes=64,
+                shape=(4, 4),
+                dtype="float32",
+            )
             recorder.p2p_completed(ticket)
         if scenario == "hang" and rank == 1 and position == 2:
             time.sleep(3600)  # the watchdog must end this

@@ -6,6 +6,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from recorder_faults import (
+    hang_rank2_in_iteration1,
+    sigkill_rank1_after_a_flush,
+    sigkill_rank1_in_iteration1,
+)
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
@@ -14,8 +19,6 @@ from pipetrace.recorder import format as fmt
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
 from pipetrace.schedule.ir import StepKind, format_step
-
-from recorder_faults import hang_rank2_in_iteration1, sigkill_rank1_after_a_flush, sigkill_rank1_in_iteration1
 
 pytestmark = pytest.mark.multiproc
 
@@ -41,8 +44,14 @@ def test_clean_runs_record_exactly_the_plan_in_order(tmp_path):
     cases = [
         dataclasses.replace(base, out=str(tmp_path / "1f1b")),
         dataclasses.replace(base, schedule="zbv", out=str(tmp_path / "zbv")),
-        dataclasses.replace(base, schedule="dualpipev", microbatches=8, overlap_p2p=True,
-                            out=str(tmp_path / "dualpipev"), record="full"),
+        dataclasses.replace(
+            base,
+            schedule="dualpipev",
+            microbatches=8,
+            overlap_p2p=True,
+            out=str(tmp_path / "dualpipev"),
+            record="full",
+        ),
     ]
     result = launch(cases)
     assert not result.failures, result.failures
@@ -52,7 +61,11 @@ def test_clean_runs_record_exactly_the_plan_in_order(tmp_path):
         assert meta["world_size"] == 4 and meta["schedule"]["name"] == plan.name
         for rank in range(4):
             header, events, problems = events_of(case.out, rank)
-            assert header["rank"] == rank and not problems.torn_last_line and problems.corrupt_lines == 0
+            assert (
+                header["rank"] == rank
+                and not problems.torn_last_line
+                and problems.corrupt_lines == 0
+            )
             planned = [format_step(s) for s in plan.steps(rank)]
             assert next(e for e in events if e["e"] == fmt.RUN_START)["plan"] == planned
             for iteration in range(case.steps):
@@ -97,16 +110,30 @@ def test_sigkill_leaves_every_log_readable(tmp_path, monkeypatch, stops_inside_a
         # each survivor explains its own end: an exception (lost peer) or the launcher's SIGTERM
         assert kinds[-1] in (fmt.EXCEPTION, fmt.SIGNAL, fmt.STALL, fmt.ABORT), kinds[-3:]
     # and the analysis names the killed rank as the root cause, its peers' errors as consequences
-    errors = [f for f in analyze(load_run(out)).findings if f.severity == "error" and f.kind == "rank_failed"]
+    errors = [
+        f
+        for f in analyze(load_run(out)).findings
+        if f.severity == "error" and f.kind == "rank_failed"
+    ]
     assert [f.ranks for f in errors] == [[1]], [(f.ranks, f.message, f.cause) for f in errors]
     assert ("inside 1F2" in errors[0].message) == stops_inside_a_step
 
 
 def test_a_hung_rank_ends_by_the_watchdog_with_stacks_everywhere(tmp_path):
     out = tmp_path / "hung"
-    case = RunConfig(schedule="1f1b", ranks=4, microbatches=4, steps=3, timeout=120,
-                     stall_timeout=2, abort_timeout=2, out=str(out))
-    result = launch([case], custom_functions=[(StepKind.F, hang_rank2_in_iteration1)], kill_grace=10)
+    case = RunConfig(
+        schedule="1f1b",
+        ranks=4,
+        microbatches=4,
+        steps=3,
+        timeout=120,
+        stall_timeout=2,
+        abort_timeout=2,
+        out=str(out),
+    )
+    result = launch(
+        [case], custom_functions=[(StepKind.F, hang_rank2_in_iteration1)], kill_grace=10
+    )
     assert result.failures
     for rank in range(4):
         _, events, _ = events_of(out, rank)

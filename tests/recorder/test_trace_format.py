@@ -23,7 +23,9 @@ from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")
 OPTIONAL = {("p2p_post", "stack")}  # only in full mode
-OPTIONAL |= {(event, "waiting_in") for event in ("stall", "dump", "abort")}  # only at the end of a run
+OPTIONAL |= {
+    (event, "waiting_in") for event in ("stall", "dump", "abort")
+}  # only at the end of a run
 
 
 def documented_fields() -> dict[str, set[str]]:
@@ -127,8 +129,14 @@ def test_a_peer_that_never_ends_is_a_stall_at_the_end_of_run(tmp_path):
     assert any("recv_ints" in frame for stack in stall["stacks"].values() for frame in stack)
     # the analysis names the rank that never got there, not the one that waited for it
     findings = {f.kind: f for f in analyze(load_run(tmp_path)).findings if f.severity == "error"}
-    assert findings["rank_stalled"].ranks == [0, 1] and "never got there" in findings["rank_stalled"].message
-    assert findings["rank_failed"].ranks == [1] and "never reached the end of the run" in findings["rank_failed"].cause
+    assert (
+        findings["rank_stalled"].ranks == [0, 1]
+        and "never got there" in findings["rank_stalled"].message
+    )
+    assert (
+        findings["rank_failed"].ranks == [1]
+        and "never reached the end of the run" in findings["rank_failed"].cause
+    )
 
 
 def test_reader_refuses_newer_schema(tmp_path):

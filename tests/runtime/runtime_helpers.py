@@ -36,7 +36,9 @@ class ListRecorder:
             self.path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in self.events))
 
     def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
-        self._add(event="begin_run", rank=rank, world_size=world_size, plan=plan.to_json(), config=config)
+        self._add(
+            event="begin_run", rank=rank, world_size=world_size, plan=plan.to_json(), config=config
+        )
 
     def begin_iteration(self, iteration: int) -> None:
         self._add(event="begin_iteration", iteration=iteration)
@@ -45,7 +47,9 @@ class ListRecorder:
         self._add(event="end_iteration", iteration=iteration, loss=loss)
 
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
-        return self._add(event="begin_step", position=position, step=format_step(step), thread=thread)
+        return self._add(
+            event="begin_step", position=position, step=format_step(step), thread=thread
+        )
 
     def end_step(self, token: Any) -> None:
         self._add(event="end_step", begin=token)

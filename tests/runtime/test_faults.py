@@ -39,7 +39,7 @@ def error_of(spec: str, schedule: str = "1f1b", **run) -> str:
 def test_every_kind_parses_alone_and_resolves_with_defaults():
     for kind in ft.FAULT_KINDS:
         fault = resolved(kind)
-        assert fault.KIND == kind
+        assert kind == fault.KIND
         assert all(getattr(fault, key) is not None for key in fault.keys()), fault
         assert ft.parse_fault(fault.spec) == fault  # the spec shows every filled-in default
 
@@ -54,23 +54,26 @@ def test_keys_and_values_are_converted():
     assert ft.parse_fault("straggler:phase=ALL").phase == "all"
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("foo", "unknown fault kind 'foo'; choose from crash, hang, deadlock, drop-recv"),
-    ("hang:rnak=2", "hang takes rank, step, microbatch, phase; got 'rnak'"),
-    ("hang:rank", "expected KEY=VALUE, got 'rank'"),
-    ("hang:rank=1,rank=2", "rank given twice"),
-    ("hang:rank=-1", "rank must be an integer >= 0, got '-1'"),
-    ("crash:microbatch=one", "microbatch must be an integer >= 0"),
-    ("crash:phase=X", "phase must be F or B or W, got 'X'"),
-    ("straggler:factor=x", "factor must be a number > 1, got 'x'"),
-    ("straggler:factor=1", "factor must be a number > 1"),
-    ("straggler:phase=W", "phase must be F or B or all"),
-    ("slow-link:delay=0", "delay must be a time > 0 and at most 60 s"),
-    ("slow-link:delay=fast", "delay must be a time such as 0.02, 20ms or 1s"),
-    ("drop-recv:channel=X", "channel must be F or B"),
-    ("shape-mismatch:shape=16by128", "shape must be dimensions > 0 joined by x"),
-    ("swap-order:factor=2", "swap-order takes rank, step, microbatch, channel; got 'factor'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("foo", "unknown fault kind 'foo'; choose from crash, hang, deadlock, drop-recv"),
+        ("hang:rnak=2", "hang takes rank, step, microbatch, phase; got 'rnak'"),
+        ("hang:rank", "expected KEY=VALUE, got 'rank'"),
+        ("hang:rank=1,rank=2", "rank given twice"),
+        ("hang:rank=-1", "rank must be an integer >= 0, got '-1'"),
+        ("crash:microbatch=one", "microbatch must be an integer >= 0"),
+        ("crash:phase=X", "phase must be F or B or W, got 'X'"),
+        ("straggler:factor=x", "factor must be a number > 1, got 'x'"),
+        ("straggler:factor=1", "factor must be a number > 1"),
+        ("straggler:phase=W", "phase must be F or B or all"),
+        ("slow-link:delay=0", "delay must be a time > 0 and at most 60 s"),
+        ("slow-link:delay=fast", "delay must be a time such as 0.02, 20ms or 1s"),
+        ("drop-recv:channel=X", "channel must be F or B"),
+        ("shape-mismatch:shape=16by128", "shape must be dimensions > 0 joined by x"),
+        ("swap-order:factor=2", "swap-order takes rank, step, microbatch, channel; got 'factor'"),
+    ],
+)
 def test_bad_specs_name_the_problem_and_what_is_allowed(spec, message):
     with pytest.raises(PipetraceError) as info:
         ft.parse_fault(spec)
@@ -97,27 +100,42 @@ def test_defaults_fit_small_runs():
     assert resolved("hang", ranks=1).rank == 0
 
 
-@pytest.mark.parametrize("spec, run, message", [
-    ("hang:rank=4", {}, "rank must be 0..3 (--ranks 4), got 4"),
-    ("hang:step=2", {}, "step must be 0..1 (--steps 2; step counts iterations from 0), got 2"),
-    ("crash:microbatch=4", {}, "microbatch must be 0..3 (--microbatches 4), got 4"),
-    ("crash:phase=W", {}, "rank 2's plan has no W step of micro-batch 1"),
-    ("drop-recv:rank=0,channel=F", {}, "rank 0 receives no F message of micro-batch 1 in this plan"),
-    ("extra-send:rank=3,channel=F", {}, "rank 3 sends no F message of micro-batch 1"),
-    ("shape-mismatch:shape=64x128", {}, "has more elements than the right 32x128: gloo aborts"),
-    ("shape-mismatch:shape=32x128", {}, "is the message's right shape"),
-    ("drop-recv:step=0,microbatch=0", {}, "first message of its stream at step 0"),
-    ("drop-send:step=0,microbatch=0", {}, "first message of its stream at step 0"),
-    ("shape-mismatch:step=0,microbatch=0", {}, "first message of its stream at step 0"),
-    ("swap-order:microbatch=3", {}, "sends no F message after micro-batch 3's"),
-    ("swap-order:microbatch=2", {}, "without a deadlock in 1f1b (plain P2P); microbatch= can be 0"),
-    ("deadlock:rank=1,peer=1", {}, "peer must be another rank than rank"),
-    ("deadlock:rank=0,peer=3", {}, "rank 0 sends nothing to rank 3"),
-    ("deadlock:rank=2,peer=1", {"ranks": 2}, "rank must be 0..1 (--ranks 2), got 2"),
-    ("deadlock:rank=1,peer=0", {"ranks": 2, "schedule": "gpipe"}, "no send of rank 1 to rank 0 deadlocks gpipe"),
-    ("deadlock", {"ranks": 1}, "a deadlock needs two ranks"),
-    ("crash", {"ranks": 2, "data_parallel": 2, "fsdp": True}, "--inject works on one pipeline"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "spec, run, message",
+    [
+        ("hang:rank=4", {}, "rank must be 0..3 (--ranks 4), got 4"),
+        ("hang:step=2", {}, "step must be 0..1 (--steps 2; step counts iterations from 0), got 2"),
+        ("crash:microbatch=4", {}, "microbatch must be 0..3 (--microbatches 4), got 4"),
+        ("crash:phase=W", {}, "rank 2's plan has no W step of micro-batch 1"),
+        (
+            "drop-recv:rank=0,channel=F",
+            {},
+            "rank 0 receives no F message of micro-batch 1 in this plan",
+        ),
+        ("extra-send:rank=3,channel=F", {}, "rank 3 sends no F message of micro-batch 1"),
+        ("shape-mismatch:shape=64x128", {}, "has more elements than the right 32x128: gloo aborts"),
+        ("shape-mismatch:shape=32x128", {}, "is the message's right shape"),
+        ("drop-recv:step=0,microbatch=0", {}, "first message of its stream at step 0"),
+        ("drop-send:step=0,microbatch=0", {}, "first message of its stream at step 0"),
+        ("shape-mismatch:step=0,microbatch=0", {}, "first message of its stream at step 0"),
+        ("swap-order:microbatch=3", {}, "sends no F message after micro-batch 3's"),
+        (
+            "swap-order:microbatch=2",
+            {},
+            "without a deadlock in 1f1b (plain P2P); microbatch= can be 0",
+        ),
+        ("deadlock:rank=1,peer=1", {}, "peer must be another rank than rank"),
+        ("deadlock:rank=0,peer=3", {}, "rank 0 sends nothing to rank 3"),
+        ("deadlock:rank=2,peer=1", {"ranks": 2}, "rank must be 0..1 (--ranks 2), got 2"),
+        (
+            "deadlock:rank=1,peer=0",
+            {"ranks": 2, "schedule": "gpipe"},
+            "no send of rank 1 to rank 0 deadlocks gpipe",
+        ),
+        ("deadlock", {"ranks": 1}, "a deadlock needs two ranks"),
+        ("crash", {"ranks": 2, "data_parallel": 2, "fsdp": True}, "--inject works on one pipeline"),
+    ],
+)
 def test_faults_are_checked_against_the_plan(spec, run, message):
     run = dict(run)
     schedule = run.pop("schedule", "1f1b")
@@ -132,17 +150,32 @@ def test_deadlock_and_swap_defaults_are_chosen_with_the_plan_executor():
     """The held send of a deadlock must deadlock, and a swap must not, in the P2P mode of the
     run: checked by the schedule verifier's executor, for every built-in schedule."""
 
-    for schedule, ranks, mbs in [("gpipe", 4, 4), ("1f1b", 4, 4), ("interleaved-1f1b", 2, 4),
-                                 ("zb1p", 2, 4), ("zbv", 2, 4), ("dualpipev", 2, 4), ("zbv", 4, 8)]:  # fmt: skip
+    for schedule, ranks, mbs in [
+        ("gpipe", 4, 4),
+        ("1f1b", 4, 4),
+        ("interleaved-1f1b", 2, 4),
+        ("zb1p", 2, 4),
+        ("zbv", 2, 4),
+        ("dualpipev", 2, 4),
+        ("zbv", 4, 8),
+    ]:
         for overlap in (False, True):
-            config = RunConfig(schedule, ranks=ranks, microbatches=mbs, steps=2, overlap_p2p=overlap,
-                               stages_per_rank=2 if schedule in ("interleaved-1f1b", "zb1p") else None,
-                               faults=("deadlock", "swap-order"))  # fmt: skip
+            config = RunConfig(
+                schedule,
+                ranks=ranks,
+                microbatches=mbs,
+                steps=2,
+                overlap_p2p=overlap,
+                stages_per_rank=2 if schedule in ("interleaved-1f1b", "zb1p") else None,
+                faults=("deadlock", "swap-order"),
+            )
             plan = config.plan()
             deadlock, swap = config.faults
             assert isinstance(deadlock, ft.Deadlock) and isinstance(swap, ft.SwapOrder)
             send, recv = deadlock.hold(plan, overlap=overlap)
-            assert abs(deadlock.rank - deadlock.peer) == 1 or plan.placement.count(deadlock.rank) > 1
+            assert (
+                abs(deadlock.rank - deadlock.peer) == 1 or plan.placement.count(deadlock.rank) > 1
+            )
             assert not finishes(plan, deadlock.rank, send, after=recv, overlap=overlap)
             first, second = swap.pair(plan, overlap=overlap)
             assert first.kind is second.kind and peer_of(plan, first) == peer_of(plan, second)
@@ -150,25 +183,37 @@ def test_deadlock_and_swap_defaults_are_chosen_with_the_plan_executor():
 
 
 def test_descriptions_name_the_steps():
-    config = RunConfig("1f1b", ranks=4, microbatches=4, steps=2,
-                       faults=("hang", "deadlock", "swap-order", "drop-recv"))  # fmt: skip
+    config = RunConfig(
+        "1f1b",
+        ranks=4,
+        microbatches=4,
+        steps=2,
+        faults=("hang", "deadlock", "swap-order", "drop-recv"),
+    )
     plan = config.plan()
     texts = [f.describe(plan) for f in config.faults]
     assert texts[0] == "hang: rank 2 blocks forever in 2F1 at step 1"
-    assert texts[1].startswith("deadlock: rank 1 runs 1SEND_F0 only once 1RECV_B0 (from rank 2) has completed")
+    assert texts[1].startswith(
+        "deadlock: rank 1 runs 1SEND_F0 only once 1RECV_B0 (from rank 2) has completed"
+    )
     assert texts[2].startswith("swap-order: rank 2 runs 2SEND_F1 before 2SEND_F0 at step 1")
     assert texts[3].startswith("drop-recv: rank 2 skips 2RECV_F1 at step 1")
-    assert RunConfig("1f1b", ranks=4, microbatches=4, faults=("drop-send",)).faults[0].describe(plan) == (
-        "drop-send: rank 2 skips 2SEND_F1 at step 1 (posts nothing); rank 3 waits for it")
+    assert RunConfig("1f1b", ranks=4, microbatches=4, faults=("drop-send",)).faults[0].describe(
+        plan
+    ) == ("drop-send: rank 2 skips 2SEND_F1 at step 1 (posts nothing); rank 3 waits for it")
 
 
 # -- RunConfig and the flags ---------------------------------------------------------------
 
 
 def test_run_config_records_faults_as_specs():
-    config = RunConfig("1f1b", ranks=4, microbatches=4, faults=("hang:rank=1", ft.Straggler(factor=2.0)))
-    assert config.to_dict()["faults"] == ["hang:rank=1,step=1,microbatch=1,phase=F",
-                                          "straggler:rank=2,step=0,factor=2,phase=F"]  # fmt: skip
+    config = RunConfig(
+        "1f1b", ranks=4, microbatches=4, faults=("hang:rank=1", ft.Straggler(factor=2.0))
+    )
+    assert config.to_dict()["faults"] == [
+        "hang:rank=1,step=1,microbatch=1,phase=F",
+        "straggler:rank=2,step=0,factor=2,phase=F",
+    ]
     assert config.hangs and not RunConfig("1f1b", faults=("straggler",)).hangs
     assert dataclasses.replace(config, steps=5).faults == config.faults  # resolving is idempotent
 
@@ -191,11 +236,21 @@ def test_faults_that_hang_lower_the_timeouts_not_given():
     assert (plain.stall_timeout, plain.abort_timeout, plain.timeout) == (30.0, 30.0, 60.0)
     hang = made_config(["--inject", "hang"])
     assert (hang.stall_timeout, hang.abort_timeout, hang.timeout) == (
-        ft.HANG_STALL_TIMEOUT, ft.HANG_ABORT_TIMEOUT, ft.HANG_P2P_TIMEOUT)
+        ft.HANG_STALL_TIMEOUT,
+        ft.HANG_ABORT_TIMEOUT,
+        ft.HANG_P2P_TIMEOUT,
+    )
     given = made_config(["--inject", "deadlock", "--stall-timeout", "7", "--timeout", "9"])
-    assert (given.stall_timeout, given.abort_timeout, given.timeout) == (7.0, ft.HANG_ABORT_TIMEOUT, 9.0)
+    assert (given.stall_timeout, given.abort_timeout, given.timeout) == (
+        7.0,
+        ft.HANG_ABORT_TIMEOUT,
+        9.0,
+    )
     slow = made_config(["--inject", "straggler", "--inject", "slow-link:delay=5ms"])
-    assert slow.stall_timeout == 30.0 and [f.KIND for f in slow.faults] == ["straggler", "slow-link"]
+    assert slow.stall_timeout == 30.0 and [f.KIND for f in slow.faults] == [
+        "straggler",
+        "slow-link",
+    ]
 
 
 @pytest.fixture
@@ -206,13 +261,18 @@ def no_launch(monkeypatch):
     monkeypatch.setattr(pipetrace.runtime.launch, "launch", refuse)
 
 
-@pytest.mark.parametrize("inject, message", [
-    ("nosuch", "unknown fault kind 'nosuch'"),
-    ("hang:rank=7", "rank must be 0..3 (--ranks 4), got 7"),
-    ("straggler:factor=slow", "factor must be a number > 1"),
-    ("deadlock:peer=9", "peer must be 0..3"),
-])  # fmt: skip
-def test_pipetrace_run_refuses_bad_faults_in_one_line_before_starting_ranks(capsys, no_launch, inject, message):
+@pytest.mark.parametrize(
+    "inject, message",
+    [
+        ("nosuch", "unknown fault kind 'nosuch'"),
+        ("hang:rank=7", "rank must be 0..3 (--ranks 4), got 7"),
+        ("straggler:factor=slow", "factor must be a number > 1"),
+        ("deadlock:peer=9", "peer must be 0..3"),
+    ],
+)
+def test_pipetrace_run_refuses_bad_faults_in_one_line_before_starting_ranks(
+    capsys, no_launch, inject, message
+):
     code = main(["run", "-s", "1f1b", "-p", "4", "-m", "4", "--inject", inject])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
@@ -226,7 +286,7 @@ def test_help_lists_every_fault_compactly():
     assert result.exit_code == 0
     for kind in ft.FAULT_KINDS:
         assert f"\n    {kind} " in result.output
-    listing = result.output[result.output.index("Faults for --inject"):]
+    listing = result.output[result.output.index("Faults for --inject") :]
     assert max(len(line) for line in listing.splitlines()) <= 90
 
 
@@ -272,7 +332,9 @@ def drive(spec: str, schedule="1f1b", ranks=4, overlap=False):
     torch = pytest.importorskip("torch")
     from pipetrace.runtime.inject import FaultyP2P
 
-    config = RunConfig(schedule, ranks=ranks, microbatches=4, steps=2, overlap_p2p=overlap, faults=(spec,))
+    config = RunConfig(
+        schedule, ranks=ranks, microbatches=4, steps=2, overlap_p2p=overlap, faults=(spec,)
+    )
     fault, plan = config.faults[0], config.plan()
     fake, context = FakeP2P(), Context()
     p2p = FaultyP2P(fake, context, plan, [fault], overlap=overlap)
@@ -286,7 +348,9 @@ def drive(spec: str, schedule="1f1b", ranks=4, overlap=False):
                 value = torch.full((32, 128), float(step.microbatch), dtype=torch.float64)
                 p2p.send(step, value, peer=peer_of(plan, step), channel=step.kind.value[-1])
             elif step.kind in (StepKind.RECV_F, StepKind.RECV_B):
-                got = p2p.recv(step, peer=peer_of(plan, step), channel=step.kind.value[-1], src_stage=0)
+                got = p2p.recv(
+                    step, peer=peer_of(plan, step), channel=step.kind.value[-1], src_stage=0
+                )
                 results[(iteration, format_step(step))] = got
         p2p.drain()
         sent.append(fake.sent)
@@ -302,7 +366,10 @@ def test_swap_order_sends_each_message_under_the_other_ones_tag():
     _, sent, _, _ = drive("swap-order:rank=2")
     f_sends = [(text, value, wire) for text, _, value, _, wire in sent[1] if "SEND_F" in text]
     (t0, v0, w0), (t1, v1, w1) = f_sends[:2]
-    assert (t0, t1) == ("2SEND_F0", "2SEND_F1") and (v0, v1) == (0.0, 32 * 128 * 1.0)  # own tensors ...
+    assert (t0, t1) == ("2SEND_F0", "2SEND_F1") and (v0, v1) == (
+        0.0,
+        32 * 128 * 1.0,
+    )  # own tensors ...
     assert w0.as_message == (2, 1) and w1.as_message == (2, 0)  # ... under the other's tag
     assert all(w is None for _, _, w in f_sends[2:]) and all(w is None for *_, w in sent[0])
 
@@ -319,7 +386,9 @@ def test_reordering_faults_move_steps_in_their_iteration_only():
     order = [texts[i] for i in reorder(1)]
     assert order.index("2SEND_F0") == order.index("2SEND_F1") + 1 and sorted(order) == sorted(texts)
     recv = steps[texts.index("2RECV_B0")]
-    assert waited_at(steps, recv, False) == recv and format_step(waited_at(steps, recv, True)) == "2B0"
+    assert (
+        waited_at(steps, recv, False) == recv and format_step(waited_at(steps, recv, True)) == "2B0"
+    )
 
 
 def test_shape_mismatch_sends_fewer_rows_unchecked():
@@ -356,11 +425,15 @@ def test_slow_link_delays_every_send_of_the_rank_from_its_step_on():
     assert sent[1] and all(wire is not None and wire.delay == 0.005 for *_, wire in sent[1])
 
 
-@pytest.mark.parametrize("spec", ["swap-order", "shape-mismatch", "extra-send", "drop-recv", "drop-send"])
+@pytest.mark.parametrize(
+    "spec", ["swap-order", "shape-mismatch", "extra-send", "drop-recv", "drop-send"]
+)
 def test_message_faults_leave_the_first_step_clean(spec):
     fault, sent, received, _ = drive(spec)
     plan = build_plan("1f1b", num_ranks=4, num_microbatches=4, comms=True)
     assert fault.step == 1
     assert [text for text, *_ in sent[0]] == clean_wire(plan.steps(2))
     assert all(wire is None for *_, wire in sent[0])
-    assert received[0] == [format_step(s) for s in plan.steps(2) if s.kind in (StepKind.RECV_F, StepKind.RECV_B)]
+    assert received[0] == [
+        format_step(s) for s in plan.steps(2) if s.kind in (StepKind.RECV_F, StepKind.RECV_B)
+    ]

@@ -31,7 +31,10 @@ def no_launch(monkeypatch):
         (["-s", "1f1b", "--steps", "0"], "--steps must be >= 1, got 0"),
         (["-s", "1f1b", "--timeout", "-1"], "--timeout must be > 0 seconds"),
         (["-s", "zbv", "-p", "2", "-m", "4", "-v", "3"], "zbv runs exactly 2 stages per rank"),
-        (["-s", "dualpipev", "-p", "4", "-m", "4"], "needs at least as many micro-batches as stages"),
+        (
+            ["-s", "dualpipev", "-p", "4", "-m", "4"],
+            "needs at least as many micro-batches as stages",
+        ),
         (["-s", "1f1b", "--data-parallel", "2"], "--data-parallel > 1 needs --fsdp"),
     ],
 )
@@ -56,7 +59,9 @@ def test_a_failed_rank_is_named_and_exits_1(capsys, monkeypatch):
         RankFailure(2, "RuntimeError: injected", "Traceback ...", at=1.0),
         RankFailure(3, "RuntimeError: Connection closed by peer", at=1.5),
     ]
-    monkeypatch.setattr(pipetrace.runtime.launch, "launch", fake_launch(LaunchResult(4, failures=failures)))
+    monkeypatch.setattr(
+        pipetrace.runtime.launch, "launch", fake_launch(LaunchResult(4, failures=failures))
+    )
     code = main(["run", "-s", "1f1b", "-p", "4", "--out", "run-dir"])
     _, err = capsys.readouterr()
     assert code == 1
@@ -73,7 +78,9 @@ def test_a_parity_mismatch_names_the_parameter_and_exits_1(capsys, monkeypatch):
     good = ParityReport(rank=0, tolerance=1e-5)
     good.add("loss", 1e-16)
     results = {0: [CaseResult([0.5], good)], 1: [CaseResult(None, bad)]}
-    monkeypatch.setattr(pipetrace.runtime.launch, "launch", fake_launch(LaunchResult(2, results=results)))
+    monkeypatch.setattr(
+        pipetrace.runtime.launch, "launch", fake_launch(LaunchResult(2, results=results))
+    )
     code = main(["run", "-s", "1f1b", "--check-parity"])
     _, err = capsys.readouterr()
     assert code == 1
@@ -102,14 +109,40 @@ def test_help_does_not_import_torch():
 @pytest.mark.multiproc
 def test_run_trains_and_passes_the_parity_check(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "pipetrace", "run", "-s", "ScheduleZBVZeroBubble", "-p", "2", "-m", "4",
-         "-n", "3", "--overlap-p2p", "--check-parity", "--timeout", "60", "--out", str(tmp_path / "run")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipetrace",
+            "run",
+            "-s",
+            "ScheduleZBVZeroBubble",
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "-n",
+            "3",
+            "--overlap-p2p",
+            "--check-parity",
+            "--timeout",
+            "60",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("zbv: 2 ranks, 4 stages on ranks 0,1,1,0, 4 micro-batches, overlapped P2P")
+    assert lines[0].startswith(
+        "zbv: 2 ranks, 4 stages on ranks 0,1,1,0, 4 micro-batches, overlapped P2P"
+    )
     losses = [float(line.split()[-1]) for line in lines if line.startswith("step ")]
     assert len(losses) == 3 and losses[2] < losses[0]
-    assert lines[-2].startswith("parity ok: loss and gradients match a single-process run (17 quantities")
-    assert lines[-1] == f"recorded to {tmp_path / 'run'}; next: pipetrace analyze {tmp_path / 'run'}"
+    assert lines[-2].startswith(
+        "parity ok: loss and gradients match a single-process run (17 quantities"
+    )
+    assert (
+        lines[-1] == f"recorded to {tmp_path / 'run'}; next: pipetrace analyze {tmp_path / 'run'}"
+    )

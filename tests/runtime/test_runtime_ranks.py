@@ -21,7 +21,14 @@ from pipetrace.schedule.ir import Plan, parse_step
 
 pytestmark = pytest.mark.multiproc
 
-SCHEDULES = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("zb1p", 1), ("zbv", 2), ("dualpipev", 2)]
+SCHEDULES = [
+    ("gpipe", None),
+    ("1f1b", None),
+    ("interleaved-1f1b", 2),
+    ("zb1p", 1),
+    ("zbv", 2),
+    ("dualpipev", 2),
+]
 
 
 def every_schedule(ranks: int) -> list[RunConfig]:
@@ -106,14 +113,20 @@ def check_recording(directory: Path, index: int, case: RunConfig) -> None:
                 seqs: Counter = Counter()
             elif kind == "begin_step":
                 begun[event["token"]] = event
-                assert expected[event["position"]] == event["step"] or event["thread"] != "main" or "(" in expected[event["position"]]
+                assert (
+                    expected[event["position"]] == event["step"]
+                    or event["thread"] != "main"
+                    or "(" in expected[event["position"]]
+                )
                 if event["step"] == expected[event["position"]]:
                     positions.append(event["position"])
             elif kind == "p2p_posted":
                 key = (event["op"], event["peer"], event["channel"])
                 assert event["seq"] == seqs[key]
                 seqs[key] += 1
-                ops[(rank, event["op"], event["peer"], event["channel"], iteration, event["seq"])] = event
+                ops[
+                    (rank, event["op"], event["peer"], event["channel"], iteration, event["seq"])
+                ] = event
             elif kind == "p2p_completed":
                 completed.add(event["posted"])
             elif kind == "end_iteration":
@@ -127,7 +140,11 @@ def check_recording(directory: Path, index: int, case: RunConfig) -> None:
     assert len(sends) == len(recvs) > 0
     for (rank, _, peer, channel, iteration, seq), send in sends.items():
         recv = recvs[(peer, "recv", rank, channel, iteration, seq)]
-        assert (send["nbytes"], send["shape"], send["dtype"]) == (recv["nbytes"], recv["shape"], recv["dtype"])
+        assert (send["nbytes"], send["shape"], send["dtype"]) == (
+            recv["nbytes"],
+            recv["shape"],
+            recv["dtype"],
+        )
         sent, received = parse_step(send["step"]), parse_step(recv["step"])
         delta = 1 if channel == "F" else -1
         assert (received.stage, received.microbatch) == (sent.stage + delta, sent.microbatch)
@@ -159,14 +176,26 @@ def test_a_failing_rank_stops_every_rank(tmp_path):
     assert not [pid for pid in result.pids if alive(pid)]
     assert not children_of_this_process()
     failed_log = read_events(tmp_path / "rank2-case0.jsonl")
-    assert failed_log[-1] == {**failed_log[-1], "event": "exception", "error": "RuntimeError: injected failure in 2F0"}
+    assert failed_log[-1] == {
+        **failed_log[-1],
+        "event": "exception",
+        "error": "RuntimeError: injected failure in 2F0",
+    }
 
 
 def test_fsdp_sharded_stages_match_single_process():
     """P=2 pipeline x D=2 replicas, each stage sharded with FSDP2 over its replicas (gloo on
     CPU): UNSHARD/RESHARD/REDUCE_GRAD run for real and gradients match the reference."""
     cases = [
-        RunConfig(schedule=name, ranks=2, microbatches=4, steps=2, data_parallel=2, fsdp=True, check_parity=True)
+        RunConfig(
+            schedule=name,
+            ranks=2,
+            microbatches=4,
+            steps=2,
+            data_parallel=2,
+            fsdp=True,
+            check_parity=True,
+        )
         for name in ("1f1b", "zb1p", "dualpipev")
     ]
     result = launch(cases)

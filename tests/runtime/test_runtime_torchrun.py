@@ -20,22 +20,59 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    command = [str(TORCHRUN), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    )
+    command = [
+        str(TORCHRUN),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, cwd=REPO)
 
 
 def test_example_user_script_trains_with_exact_gradients():
-    done = torchrun("examples/train_torchrun.py", "--schedule", "zbv", "--microbatches", "4", "--steps", "3", "--check")
+    done = torchrun(
+        "examples/train_torchrun.py",
+        "--schedule",
+        "zbv",
+        "--microbatches",
+        "4",
+        "--steps",
+        "3",
+        "--check",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
-    assert "rank 0: stages [0, 3]: 17 checked, match" in out and "rank 1: stages [1, 2]: 20 checked, match" in out
+    assert (
+        "rank 0: stages [0, 3]: 17 checked, match" in out
+        and "rank 1: stages [1, 2]: 20 checked, match" in out
+    )
     assert [line.split()[3] for line in out.splitlines() if " loss " in line] == ["1", "2", "3"]
 
 
 def test_worker_module_runs_the_demo_with_parity():
-    done = torchrun("-m", "pipetrace.runtime.worker", "--schedule", "interleaved-1f1b", "--microbatches", "4",
-                    "--steps", "2", "--overlap-p2p", "--check-parity")  # fmt: skip
+    done = torchrun(
+        "-m",
+        "pipetrace.runtime.worker",
+        "--schedule",
+        "interleaved-1f1b",
+        "--microbatches",
+        "4",
+        "--steps",
+        "2",
+        "--overlap-p2p",
+        "--check-parity",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("parity ok") == 2
-    assert [line.split()[1] for line in done.stdout.splitlines() if line.startswith("step ")] == ["1", "2"]
+    assert [line.split()[1] for line in done.stdout.splitlines() if line.startswith("step ")] == [
+        "1",
+        "2",
+    ]

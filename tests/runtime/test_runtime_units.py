@@ -22,34 +22,49 @@ from pipetrace.schedule.ir import B, F, I, Plan, Step, StepKind, W, format_step,
 DEMO = DemoConfig(width=16, microbatch_size=4)
 
 
-def make_stages(num_stages: int, seed: int = 0) -> tuple[torch.nn.Sequential, dict[int, PipelineStage]]:
+def make_stages(
+    num_stages: int, seed: int = 0
+) -> tuple[torch.nn.Sequential, dict[int, PipelineStage]]:
     model = build_demo_model(num_stages, DEMO, seed=seed)
     reference = copy.deepcopy(model)
     chunks = split_sequential(model, num_stages)
     stages = {
-        s: PipelineStage(chunk, stage_index=s, num_stages=num_stages, loss_fn=demo_loss if s == num_stages - 1 else None)
+        s: PipelineStage(
+            chunk,
+            stage_index=s,
+            num_stages=num_stages,
+            loss_fn=demo_loss if s == num_stages - 1 else None,
+        )
         for s, chunk in enumerate(chunks)
     }
     return reference, stages
 
 
-def reference_step(model: torch.nn.Module, num_microbatches: int) -> tuple[float, dict[str, torch.Tensor]]:
+def reference_step(
+    model: torch.nn.Module, num_microbatches: int
+) -> tuple[float, dict[str, torch.Tensor]]:
     inputs, targets = demo_batch(0, num_microbatches * DEMO.microbatch_size, DEMO, seed=0)
     loss, grads = parity.reference_gradients(model, inputs, targets, demo_loss)
     return loss.item(), grads
 
 
-def run_plan(rows: list[list[Step | None]], num_stages: int, num_microbatches: int, **kwargs) -> tuple[Executor, float | None]:
+def run_plan(
+    rows: list[list[Step | None]], num_stages: int, num_microbatches: int, **kwargs
+) -> tuple[Executor, float | None]:
     _, stages = make_stages(num_stages)
     plan = Plan(num_microbatches, (0,) * num_stages, rows)
     executor = Executor(plan=plan, rank=0, stages=stages, p2p=None, **kwargs)
     inputs, targets = demo_batch(0, num_microbatches * DEMO.microbatch_size, DEMO, seed=0)
-    loss = executor.run_iteration(inputs.split(DEMO.microbatch_size), targets.split(DEMO.microbatch_size))
+    loss = executor.run_iteration(
+        inputs.split(DEMO.microbatch_size), targets.split(DEMO.microbatch_size)
+    )
     executor.close()
     return executor, loss
 
 
-def assert_matches_reference(executor: Executor, loss: float | None, num_stages: int, num_microbatches: int) -> None:
+def assert_matches_reference(
+    executor: Executor, loss: float | None, num_stages: int, num_microbatches: int
+) -> None:
     reference, _ = make_stages(num_stages)
     ref_loss, ref_grads = reference_step(reference, num_microbatches)
     assert loss == pytest.approx(ref_loss, rel=1e-12)
@@ -69,19 +84,36 @@ def assert_matches_reference(executor: Executor, loss: float | None, num_stages:
 MIXED_ROWS: list[list[Step | None]] = [
     [
         Step(StepKind.UNSHARD, 0),
-        F(0, 0), F(1, 0), F(2, 0), F(0, 1), F(1, 1),
+        F(0, 0),
+        F(1, 0),
+        F(2, 0),
+        F(0, 1),
+        F(1, 1),
         overlap(F(2, 1), I(2, 0)),
-        W(2, 0), B(1, 0), I(0, 0), W(0, 0), B(2, 1), I(1, 1), W(1, 1), B(0, 1),
-        Step(StepKind.REDUCE_GRAD, 0), Step(StepKind.RESHARD, 0),
+        W(2, 0),
+        B(1, 0),
+        I(0, 0),
+        W(0, 0),
+        B(2, 1),
+        I(1, 1),
+        W(1, 1),
+        B(0, 1),
+        Step(StepKind.REDUCE_GRAD, 0),
+        Step(StepKind.RESHARD, 0),
     ]
-]  # fmt: skip
+]
 
 
 def test_split_sequential_keeps_names_and_balances():
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(7)])
     chunks = split_sequential(model, 3)
     assert [len(c) for c in chunks] == [3, 2, 2]
-    assert [name for name, _ in chunks[1].named_parameters()] == ["3.weight", "3.bias", "4.weight", "4.bias"]
+    assert [name for name, _ in chunks[1].named_parameters()] == [
+        "3.weight",
+        "3.bias",
+        "4.weight",
+        "4.bias",
+    ]
     plan = Plan(1, (0, 1, 0), [[F(0, 0)], [F(1, 0)]])
     assert list(stages_of_rank(chunks, plan, 0)) == [0, 2]
     with pytest.raises(ValueError, match="at least one module per stage"):
@@ -92,7 +124,9 @@ def test_split_sequential_keeps_names_and_balances():
 def test_split_backward_equals_full_backward(stage_index):
     """I then W gives the same input and weight gradients as one full backward."""
     torch.manual_seed(stage_index)
-    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8)).double()
+    module = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8)
+    ).double()
     twin = copy.deepcopy(module)
     x, target, grad = (torch.randn(4, 8, dtype=torch.float64) for _ in range(3))
     loss_fn = demo_loss if stage_index == 2 else None
@@ -171,7 +205,9 @@ def test_recorder_sees_every_step_with_positions_and_threads():
     assert events[0] == {"event": "begin_iteration", "iteration": 0, "token": 1}
     assert events[-1]["event"] == "end_iteration" and events[-1]["loss"] is not None
     begins = [e for e in events if e["event"] == "begin_step"]
-    top = [e for e in begins if e["step"] != format_step(F(2, 1)) and e["step"] != format_step(I(2, 0))]
+    top = [
+        e for e in begins if e["step"] != format_step(F(2, 1)) and e["step"] != format_step(I(2, 0))
+    ]
     steps = [s for s in rows[0] if s is not None]
     assert [e["position"] for e in top] == list(range(len(steps)))  # bubbles are not counted
     assert [e["step"] for e in top] == [format_step(s) for s in steps]
@@ -200,9 +236,13 @@ def test_custom_function_registry_replaces_and_wraps_handlers():
 
     executor.register_custom_function(StepKind.W, wrap_w)
     executor.register_custom_function("F", count_forward)  # also reaches the composite's F
-    executor.register_custom_function(StepKind.REDUCE_GRAD, lambda step, context: seen.append(("reduce", context.position, 0, 0)))
+    executor.register_custom_function(
+        StepKind.REDUCE_GRAD, lambda step, context: seen.append(("reduce", context.position, 0, 0))
+    )
     inputs, targets = demo_batch(0, 2 * DEMO.microbatch_size, DEMO, seed=0)
-    loss = executor.run_iteration(inputs.split(DEMO.microbatch_size), targets.split(DEMO.microbatch_size))
+    loss = executor.run_iteration(
+        inputs.split(DEMO.microbatch_size), targets.split(DEMO.microbatch_size)
+    )
     executor.close()
     assert ("2W0", 7, 0, 2) in seen  # both last-stage losses exist by then
     assert [s for s in seen if s[0] == "2F1"] == [("2F1", 6, 0, -1)]  # inside the composite
@@ -216,7 +256,9 @@ def test_a_plan_that_leaves_work_undone_is_an_error_and_stops_the_executor():
     _, stages = make_stages(2)
     executor = Executor(plan=Plan(1, (0, 0), rows), rank=0, stages=stages, p2p=None)
     inputs, targets = demo_batch(0, DEMO.microbatch_size, DEMO, seed=0)
-    with pytest.raises(RuntimeError, match=r"stage 0 has 1 micro-batch\(es\) without a finished backward"):
+    with pytest.raises(
+        RuntimeError, match=r"stage 0 has 1 micro-batch\(es\) without a finished backward"
+    ):
         executor.run_iteration([inputs], [targets])
     with pytest.raises(RuntimeError, match="iteration 0 failed .RuntimeError.; build a new runner"):
         executor.run_iteration([inputs], [targets])
@@ -225,12 +267,18 @@ def test_a_plan_that_leaves_work_undone_is_an_error_and_stops_the_executor():
 def test_parity_compare_names_the_parameter_and_error():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3, dtype=torch.float64))
     inputs, targets = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
-    ref_loss, ref_grads = parity.reference_gradients(copy.deepcopy(model), inputs, targets, demo_loss)
+    ref_loss, ref_grads = parity.reference_gradients(
+        copy.deepcopy(model), inputs, targets, demo_loss
+    )
     loss = demo_loss(model(inputs), targets)
     loss.backward()
     model[0].bias.grad[1] += 1e-3 * model[0].bias.grad.abs().max()
     report = parity.compare(
-        rank=3, stage_modules={1: model}, loss=loss.item(), reference_loss=ref_loss, reference_grads=ref_grads
+        rank=3,
+        stage_modules={1: model},
+        loss=loss.item(),
+        reference_loss=ref_loss,
+        reference_grads=ref_grads,
     )
     assert report.compared == 3
     assert [m.what for m in report.mismatches] == ["gradient of 0.bias (stage 1)"]

@@ -231,8 +231,42 @@ def test_interleaved_two_ranks_two_stages_four_microbatches() -> None:
         "interleaved-1f1b", num_ranks=2, num_microbatches=4, stages_per_rank=2
     )
     assert rows_text(plan) == [
-        "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3".split(),
-        "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3".split(),
+        [
+            "0F0",
+            "0F1",
+            "2F0",
+            "2F1",
+            "0F2",
+            "2B0",
+            "0F3",
+            "2B1",
+            "2F2",
+            "0B0",
+            "2F3",
+            "0B1",
+            "2B2",
+            "2B3",
+            "0B2",
+            "0B3",
+        ],
+        [
+            "1F0",
+            "1F1",
+            "3F0",
+            "3B0",
+            "3F1",
+            "3B1",
+            "1F2",
+            "1B0",
+            "1F3",
+            "1B1",
+            "3F2",
+            "3B2",
+            "3F3",
+            "3B3",
+            "1B2",
+            "1B3",
+        ],
     ]
 
 
@@ -240,8 +274,8 @@ def test_zb_h1_defers_weights_by_rank() -> None:
     plan = build_compute_plan("zb-h1", num_ranks=2, num_microbatches=3)
     assert plan.name == "zb1p"
     assert rows_text(plan) == [
-        "0F0 0F1 0I0 0W0 0F2 0I1 0W1 0I2 0W2".split(),
-        "1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1W2".split(),
+        ["0F0", "0F1", "0I0", "0W0", "0F2", "0I1", "0W1", "0I2", "0W2"],
+        ["1F0", "1I0", "1F1", "1I1", "1W0", "1F2", "1I2", "1W1", "1W2"],
     ]
 
 

@@ -39,12 +39,26 @@ def test_marks_count_bubbles_in_the_position() -> None:
 
 
 def test_verify_marks_land_on_the_blocked_steps() -> None:
-    plan = plan_of("0F0 0F1 0SEND_F0 . 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1",
-                   "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1", num_microbatches=2)
+    plan = plan_of(
+        "0F0 0F1 0SEND_F0 . 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1",
+        "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1",
+        num_microbatches=2,
+    )
     report = verify(plan, semantics="rendezvous")
     lines = render_grid(report.executed, marks=report.marks()).splitlines()
-    assert lines[4].split() == ["3", ".", "[1SEND_B0]", "<--", "rank", "1:",
-                                "BLOCKED", "waiting", "for", "rank", "0"]
+    assert lines[4].split() == [
+        "3",
+        ".",
+        "[1SEND_B0]",
+        "<--",
+        "rank",
+        "1:",
+        "BLOCKED",
+        "waiting",
+        "for",
+        "rank",
+        "0",
+    ]
     assert lines[5].startswith("   4  [0SEND_F1]")
     assert lines[5].endswith("<-- rank 0: BLOCKED waiting for rank 1")
 
@@ -66,7 +80,9 @@ def test_max_columns_keeps_marked_ranks_and_says_what_it_left_out() -> None:
 
 
 def test_context_crops_rows_around_marks() -> None:
-    plan = plan_of(" ".join(f"0F{m}" for m in range(10)) + " " +
-                   " ".join(f"0B{m}" for m in range(10)), num_microbatches=10)
+    plan = plan_of(
+        " ".join(f"0F{m}" for m in range(10)) + " " + " ".join(f"0B{m}" for m in range(10)),
+        num_microbatches=10,
+    )
     lines = render_grid(plan, marks={(0, 10): "X"}, context=1).splitlines()
     assert [line.split()[0] for line in lines[1:]] == ["...", "9", "10", "11", "..."]

@@ -239,10 +239,10 @@ def test_1f1b_lowered_by_hand() -> None:
     """P=2, M=2 with F=1, B=2: every message is posted right when its data exists."""
     lowered = build_plan("1f1b", num_ranks=2, num_microbatches=2, comms=True)
     assert [format_step(s) for s in lowered.ranks[0]] == (
-        "0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1".split()
+        ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"]
     )
     assert [format_step(s) for s in lowered.ranks[1]] == (
-        "1RECV_F0 1F0 1RECV_F1 1B0 1SEND_B0 1F1 1B1 1SEND_B1".split()
+        ["1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"]
     )
 
 

@@ -36,15 +36,18 @@ def test_costs_parse_scalars_and_per_stage_overrides() -> None:
     assert Costs.parse("") == Costs()
 
 
-@pytest.mark.parametrize("text, match", [
-    ("X=1", "unknown key 'X'"),
-    ("F=fast", "'fast' is not a number"),
-    ("F", "expected KEY=VALUE"),
-    ("B=-1", "non-negative"),
-    ("bandwidth=0", "positive"),
-    ("comm=inf", "finite"),
-    ("3:SEND_F=1", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("X=1", "unknown key 'X'"),
+        ("F=fast", "'fast' is not a number"),
+        ("F", "expected KEY=VALUE"),
+        ("B=-1", "non-negative"),
+        ("bandwidth=0", "positive"),
+        ("comm=inf", "finite"),
+        ("3:SEND_F=1", "unknown key"),
+    ],
+)
 def test_costs_parse_rejects_bad_items_clearly(text: str, match: str) -> None:
     with pytest.raises(ScheduleError, match=match):
         Costs.parse(text)
@@ -93,8 +96,7 @@ def test_blocking_timing_by_hand(semantics: str) -> None:
 
     rank 0: F0 0-1, send F0 done 1.5, F1 1.5-2.5, send F1 done 3 (rank 1 reached its recv at
     2.5), B0's gradient done 5.5, B0 5.5-7.5, B1's gradient done 9, B1 9-11."""
-    result = simulate(plan_of(*TWO_RANKS, num_microbatches=2), Costs(comm=0.5),
-                      semantics=semantics)
+    result = simulate(plan_of(*TWO_RANKS, num_microbatches=2), Costs(comm=0.5), semantics=semantics)
     assert result.makespan == 11
     timeline = {(s.rank, s.step_text): (s.start, s.end) for s in result.timeline}
     assert timeline[(0, "0SEND_F1")] == (2.5, 3)
@@ -103,11 +105,17 @@ def test_blocking_timing_by_hand(semantics: str) -> None:
 
 
 def test_a_plan_that_cannot_finish_raises_naming_the_ranks() -> None:
-    plan = plan_of("0F0 0F1 0SEND_F0 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1",
-                   "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1", num_microbatches=2)
+    plan = plan_of(
+        "0F0 0F1 0SEND_F0 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1",
+        "1RECV_F0 1F0 1B0 1SEND_B0 1RECV_F1 1F1 1B1 1SEND_B1",
+        num_microbatches=2,
+    )
     assert simulate(plan).makespan > 0  # eager: buffered sends, no hang
-    with pytest.raises(ScheduleError, match=r"ranks \[0, 1\] are blocked .*rank 0 blocked in "
-                                            r"0SEND_F1 waiting for rank 1"):
+    with pytest.raises(
+        ScheduleError,
+        match=r"ranks \[0, 1\] are blocked .*rank 0 blocked in "
+        r"0SEND_F1 waiting for rank 1",
+    ):
         simulate(plan, semantics="rendezvous")
 
 
@@ -139,14 +147,33 @@ def test_compute_only_plans_are_lowered_and_the_timeline_is_consistent() -> None
 def test_json_shape() -> None:
     result = simulate(build_plan("1f1b", num_ranks=2, num_microbatches=2))
     data = json.loads(json.dumps(result.to_json()))
-    assert set(data) == {"plan", "semantics", "costs", "makespan", "idle_fraction",
-                         "bubble_ratio", "per_rank"}
+    assert set(data) == {
+        "plan",
+        "semantics",
+        "costs",
+        "makespan",
+        "idle_fraction",
+        "bubble_ratio",
+        "per_rank",
+    }
     assert data["costs"]["bandwidth"] is None  # infinity has no JSON form
-    assert set(data["per_rank"][0]) == {"rank", "busy", "idle", "idle_fraction", "bubble_ratio",
-                                        "peak_inflight_activations"}
+    assert set(data["per_rank"][0]) == {
+        "rank",
+        "busy",
+        "idle",
+        "idle_fraction",
+        "bubble_ratio",
+        "peak_inflight_activations",
+    }
     with_timeline = result.to_json(timeline=True)
-    assert with_timeline["timeline"][0] == {"rank": 0, "position": 0, "step": "0F0",
-                                            "kind": "F", "start": 0.0, "end": 1.0}
+    assert with_timeline["timeline"][0] == {
+        "rank": 0,
+        "position": 0,
+        "step": "0F0",
+        "kind": "F",
+        "start": 0.0,
+        "end": 1.0,
+    }
 
 
 def test_a_rank_without_work_has_an_infinite_bubble_ratio() -> None:
@@ -186,8 +213,9 @@ def test_interleaved_bubble_ratio(p: int, v: int) -> None:
     steps, so each of the v-1 chunk changes adds (p-m) idle slots (forward and backward):
     ((p-1) + (v-1)(p-m)) / (v*m)."""
     for m in interleaved_ms(p):
-        result = simulate(build_plan("interleaved-1f1b", num_ranks=p, num_microbatches=m,
-                                     stages_per_rank=v))
+        result = simulate(
+            build_plan("interleaved-1f1b", num_ranks=p, num_microbatches=m, stages_per_rank=v)
+        )
         expected = (p - 1) / (v * m) if m >= p else ((p - 1) + (v - 1) * (p - m)) / (v * m)
         assert close(result.bubble_ratio, expected), (m, result.bubble_ratio, expected)
 
@@ -206,17 +234,34 @@ def test_zb1p_bubble_ratio(p: int, v: int) -> None:
 # Invariants over random built-in plans and costs
 # ---------------------------------------------------------------------------------------
 
+
 @st.composite
 def plan_params(draw: st.DrawFn) -> tuple[str, int, int, int]:
-    name, v = draw(st.sampled_from([("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
-                                    ("zb1p", 1), ("zbv", 2), ("dualpipev", 2)]))
+    name, v = draw(
+        st.sampled_from(
+            [
+                ("1f1b", 1),
+                ("gpipe", 1),
+                ("interleaved-1f1b", 2),
+                ("zb1p", 1),
+                ("zbv", 2),
+                ("dualpipev", 2),
+            ]
+        )
+    )
     p = draw(st.integers(1, 5))
     m = draw(st.integers(2 * p if name == "dualpipev" else 1, 3 * p + 2))
     return name, v, p, m
 
 
-costs = st.builds(Costs, F=st.integers(1, 4), B=st.integers(1, 6), I=st.integers(1, 3),
-                  W=st.integers(0, 3), comm=st.sampled_from([0.0, 0.5, 2.0]))
+costs = st.builds(
+    Costs,
+    F=st.integers(1, 4),
+    B=st.integers(1, 6),
+    I=st.integers(1, 3),
+    W=st.integers(0, 3),
+    comm=st.sampled_from([0.0, 0.5, 2.0]),
+)
 
 
 @settings(max_examples=40, deadline=None)

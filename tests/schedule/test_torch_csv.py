@@ -18,8 +18,13 @@ from pipetrace.schedule.verify import verify
 
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
 
-CLASS_NAMES = ("ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble", "ScheduleZBVZeroBubble",
-               "ScheduleDualPipeV", "ScheduleLoopedBFS")
+CLASS_NAMES = (
+    "ScheduleInterleaved1F1B",
+    "ScheduleInterleavedZeroBubble",
+    "ScheduleZBVZeroBubble",
+    "ScheduleDualPipeV",
+    "ScheduleLoopedBFS",
+)
 CLASSES = [getattr(schedules, name) for name in CLASS_NAMES if hasattr(schedules, name)]
 SIZES = [(2, 4), (3, 6), (4, 8), (4, 12)]  # (P, M); DualPipeV needs M >= 2P stages
 
@@ -27,8 +32,13 @@ SIZES = [(2, 4), (3, 6), (4, 8), (4, 12)]  # (P, M); DualPipeV needs M >= 2P sta
 def torch_schedule(cls: type, num_ranks: int, num_microbatches: int) -> object:
     """A schedule object as rank 0 would build it, with two stub stages per rank."""
     stages = [
-        SimpleNamespace(num_stages=2 * num_ranks, group_size=num_ranks, group_rank=0,
-                        stage_index=index, submod=None)
+        SimpleNamespace(
+            num_stages=2 * num_ranks,
+            group_size=num_ranks,
+            group_rank=0,
+            stage_index=index,
+            submod=None,
+        )
         for index in range(2)
     ]
     return cls(stages, num_microbatches)
@@ -41,8 +51,9 @@ def test_torch_has_the_schedules_we_compare_with() -> None:
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"P{s[0]}-M{s[1]}")
 @pytest.mark.parametrize("form", ["compute_only", "compute_comms"])
-def test_torch_plans_verify_clean_under_eager(cls: type, size: tuple[int, int], form: str,
-                                              tmp_path: Path) -> None:
+def test_torch_plans_verify_clean_under_eager(
+    cls: type, size: tuple[int, int], form: str, tmp_path: Path
+) -> None:
     num_ranks, num_microbatches = size
     path = tmp_path / f"{cls.__name__}-{form}.csv"
     torch_schedule(cls, num_ranks, num_microbatches)._dump_csv(str(path), format=form)

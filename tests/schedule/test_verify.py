@@ -61,7 +61,8 @@ def test_a_missing_send_leaves_the_receiver_stuck() -> None:
     assert only(report, "missing_send").steps[0].text == "0RECV_B1"
     assert only(report, "stuck").message == (
         "rank 0 can never finish under eager: rank 0 blocked in 0RECV_B1 waiting for rank 1, "
-        "which finished its plan without reaching 1SEND_B1")
+        "which finished its plan without reaching 1SEND_B1"
+    )
     assert report.blocked[0].peer_state == "finished" and report.cycle is None
 
 
@@ -71,7 +72,8 @@ def test_a_missing_send_inside_a_plan_becomes_a_cycle() -> None:
     assert "missing_send" in kinds(report)
     assert only(report, "deadlock").message == (
         "deadlock under eager: rank 0 blocked in 0RECV_B0 waiting for rank 1, "
-        "which is blocked in 1RECV_F1 waiting for rank 0")
+        "which is blocked in 1RECV_F1 waiting for rank 0"
+    )
 
 
 def test_a_duplicated_forward_is_counted_not_collapsed() -> None:
@@ -113,11 +115,12 @@ def test_send_send_deadlock_under_blocking_sends_only(semantics: str) -> None:
     finding = only(report, "deadlock")
     assert finding.message == (
         f"deadlock under {semantics}: rank 0 blocked in 0SEND_F1 waiting for rank 1, "
-        "which is blocked in 1SEND_B0 waiting for rank 0")
+        "which is blocked in 1SEND_B0 waiting for rank 0"
+    )
     assert report.cycle == [0, 1]
-    assert {r: (b.position, b.step, b.waits_for, b.peer_state)
-            for r, b in report.blocked.items()} == {
-        0: (3, "0SEND_F1", 1, "blocked"), 1: (3, "1SEND_B0", 0, "blocked")}
+    assert {
+        r: (b.position, b.step, b.waits_for, b.peer_state) for r, b in report.blocked.items()
+    } == {0: (3, "0SEND_F1", 1, "blocked"), 1: (3, "1SEND_B0", 0, "blocked")}
     assert [(s.rank, s.position) for s in finding.steps] == [(0, 3), (1, 3)]
 
 
@@ -140,7 +143,9 @@ def test_a_channel_order_crossing_is_a_warning_with_tags_and_an_error_without() 
     fifo = verify(plan, semantics="fifo")
     mixups = [f for f in fifo.findings if f.kind == "fifo_mismatch"]
     assert [[s.text for s in f.steps] for f in mixups] == [
-        ["0SEND_F0", "1RECV_F1"], ["0SEND_F1", "1RECV_F0"]]
+        ["0SEND_F0", "1RECV_F1"],
+        ["0SEND_F1", "1RECV_F0"],
+    ]
     assert "deadlock" not in kinds(fifo)  # untagged matching pairs them, wrongly
 
 
@@ -150,8 +155,10 @@ def test_a_recv_recv_cycle_deadlocks_under_every_semantics(semantics: str) -> No
     report = verify(plan, semantics=semantics)
     assert kinds(report) == {"deadlock"}
     assert report.cycle == [0, 1]
-    assert report.marks() == {(0, 1): "BLOCKED waiting for rank 1",
-                              (1, 0): "BLOCKED waiting for rank 0"}
+    assert report.marks() == {
+        (0, 1): "BLOCKED waiting for rank 1",
+        (1, 0): "BLOCKED waiting for rank 0",
+    }
 
 
 def test_a_chain_behind_a_finished_rank_is_reported_whole() -> None:
@@ -160,13 +167,18 @@ def test_a_chain_behind_a_finished_rank_is_reported_whole() -> None:
     assert only(report, "stuck").message == (
         "rank 2 can never finish under eager: rank 2 blocked in 2RECV_F0 waiting for rank 1, "
         "which is blocked in 1RECV_F0 waiting for rank 0, which finished its plan without "
-        "reaching 0SEND_F0")
+        "reaching 0SEND_F0"
+    )
     assert [b.peer_state for b in report.blocked.values()] == ["finished", "blocked"]
 
 
 def test_ranks_queued_behind_a_cycle_are_named() -> None:
-    plan = plan_of("0F0 0RECV_B0 0SEND_F0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0 1SEND_F0",
-                   "2RECV_F0 2F0 2B0", num_microbatches=1)
+    plan = plan_of(
+        "0F0 0RECV_B0 0SEND_F0 0B0",
+        "1RECV_F0 1F0 1B0 1SEND_B0 1SEND_F0",
+        "2RECV_F0 2F0 2B0",
+        num_microbatches=1,
+    )
     finding = only(verify(plan), "deadlock")
     assert finding.ranks == (0, 1, 2)
     assert finding.message.endswith("also stuck behind it: rank 2 in 2RECV_F0 waiting for rank 1")
@@ -209,9 +221,14 @@ def test_removing_any_compute_step_of_a_built_plan_is_caught() -> None:
         for position, step in enumerate(row):
             if step is None:
                 continue
-            broken = Plan(plan.num_microbatches, plan.placement,
-                          [r[:position] + r[position + 1:] if i == rank else r
-                           for i, r in enumerate(plan.ranks)])
+            broken = Plan(
+                plan.num_microbatches,
+                plan.placement,
+                [
+                    r[:position] + r[position + 1 :] if i == rank else r
+                    for i, r in enumerate(plan.ranks)
+                ],
+            )
             report = verify(broken)
             assert "missing_step" in kinds(report), (rank, position, step)
 
@@ -222,9 +239,14 @@ def test_removing_any_comm_step_of_a_built_plan_is_caught() -> None:
         for position, step in enumerate(row):
             if step is None or not step.is_comm:
                 continue
-            broken = Plan(plan.num_microbatches, plan.placement,
-                          [r[:position] + r[position + 1:] if i == rank else r
-                           for i, r in enumerate(plan.ranks)])
+            broken = Plan(
+                plan.num_microbatches,
+                plan.placement,
+                [
+                    r[:position] + r[position + 1 :] if i == rank else r
+                    for i, r in enumerate(plan.ranks)
+                ],
+            )
             assert kinds(verify(broken)) & {"missing_send", "missing_recv"}, (rank, step)
 
 
@@ -242,18 +264,37 @@ def test_unknown_semantics_is_refused() -> None:
 def test_json_shape() -> None:
     plan = plan_of("0F0 0RECV_B0 0SEND_F0 0B0", "1RECV_F0 1F0 1B0 1SEND_B0", num_microbatches=1)
     data = json.loads(json.dumps(verify(plan, semantics="rendezvous").to_json()))
-    assert set(data) == {"plan", "semantics", "ok", "lowered", "counts", "findings", "blocked",
-                         "cycle"}
+    assert set(data) == {
+        "plan",
+        "semantics",
+        "ok",
+        "lowered",
+        "counts",
+        "findings",
+        "blocked",
+        "cycle",
+    }
     assert data["ok"] is False and data["counts"] == {"error": 1, "warning": 0}
     assert data["cycle"] == [0, 1]
-    assert data["blocked"][0] == {"rank": 0, "position": 1, "step": "0RECV_B0", "waits_for": 1,
-                                  "peer_state": "blocked"}
+    assert data["blocked"][0] == {
+        "rank": 0,
+        "position": 1,
+        "step": "0RECV_B0",
+        "waits_for": 1,
+        "peer_state": "blocked",
+    }
     assert set(data["findings"][0]) == {"kind", "severity", "message", "ranks", "steps"}
     assert data["findings"][0]["steps"][0] == {"rank": 0, "position": 1, "text": "0RECV_B0"}
 
 
-V_CHOICES = {"gpipe": (1,), "1f1b": (1,), "interleaved-1f1b": (1, 2, 3), "zb1p": (1, 2, 3),
-             "zbv": (2,), "dualpipev": (2,)}
+V_CHOICES = {
+    "gpipe": (1,),
+    "1f1b": (1,),
+    "interleaved-1f1b": (1, 2, 3),
+    "zb1p": (1, 2, 3),
+    "zbv": (2,),
+    "dualpipev": (2,),
+}
 
 
 def microbatch_choices(name: str, p: int) -> list[int]:
@@ -269,8 +310,9 @@ def test_every_built_in_schedule_is_clean_under_every_semantics(name: str) -> No
         for v in V_CHOICES[name]:
             for m in microbatch_choices(name, p):
                 for comms in (False, True):
-                    plan = build_plan(name, num_ranks=p, num_microbatches=m, stages_per_rank=v,
-                                      comms=comms)
+                    plan = build_plan(
+                        name, num_ranks=p, num_microbatches=m, stages_per_rank=v, comms=comms
+                    )
                     for semantics in SEMANTICS:
                         report = verify(plan, semantics=semantics)
                         assert report.findings == [], (name, p, v, m, comms, semantics)

@@ -20,8 +20,9 @@ def synthetic_run(tmp_path_factory) -> Path:
     """A deterministic 4-rank 1F1B run (8 micro-batches, 2 iterations): same bytes every time,
     so it can be snapshotted. The directory name shows in the title."""
     path = tmp_path_factory.mktemp("synthetic") / "1f1b-synthetic"
-    write_synthetic_run(path, schedule="1f1b", num_ranks=4, num_microbatches=8, iterations=2,
-                        transfer_ns=150_000)  # fmt: skip
+    write_synthetic_run(
+        path, schedule="1f1b", num_ranks=4, num_microbatches=8, iterations=2, transfer_ns=150_000
+    )
     return path
 
 
@@ -34,13 +35,17 @@ def deadlock_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def crash_run(tmp_path_factory) -> Path:
     """4-rank 1F1B where rank 2 raises in its 6th step; ranks 0 and 1 are left waiting on it."""
-    return record_plan(tmp_path_factory.mktemp("crash") / "run", clean_plan("1f1b", 4, 4), crash_at=(2, 5))
+    return record_plan(
+        tmp_path_factory.mktemp("crash") / "run", clean_plan("1f1b", 4, 4), crash_at=(2, 5)
+    )
 
 
 @pytest.fixture(scope="session")
 def overlap_run(tmp_path_factory) -> Path:
     """DualPipeV on 2 ranks: OVERLAP_F_B composites with the backward on the overlap thread."""
-    return record_plan(tmp_path_factory.mktemp("overlap") / "run", clean_plan("dualpipev", 2, 4), iterations=2)
+    return record_plan(
+        tmp_path_factory.mktemp("overlap") / "run", clean_plan("dualpipev", 2, 4), iterations=2
+    )
 
 
 async def wait_loaded(pilot) -> None:
@@ -56,7 +61,9 @@ async def wait_loaded(pilot) -> None:
 
 def screen_text(app) -> str:
     """The screen as plain text, one line per row (colours dropped)."""
-    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+    return "\n".join(
+        "".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()
+    )
 
 
 def run_async(test):

@@ -25,16 +25,26 @@ def _message(step) -> tuple[str, int, int]:
     return ch, sender, step.microbatch
 
 
-def record_plan(run_dir: Path, plan: Plan, *, iterations: int = 1, compute_s: float = 0.002,
-                crash_at: tuple[int, int] | None = None, config: dict | None = None,
-                stall_s: float = 0.2) -> Path:  # fmt: skip
+def record_plan(
+    run_dir: Path,
+    plan: Plan,
+    *,
+    iterations: int = 1,
+    compute_s: float = 0.002,
+    crash_at: tuple[int, int] | None = None,
+    config: dict | None = None,
+    stall_s: float = 0.2,
+) -> Path:
     """Record ``plan``; ranks left blocked get a watchdog ``stall`` after ``stall_s``."""
     world = plan.num_ranks
     recorders = [
-        Recorder(RecorderConfig(run_dir, stall_timeout=stall_s, abort_timeout=0, flush_interval=0.05),
-                 framework="none", framework_version="0")
+        Recorder(
+            RecorderConfig(run_dir, stall_timeout=stall_s, abort_timeout=0, flush_interval=0.05),
+            framework="none",
+            framework_version="0",
+        )
         for _ in range(world)
-    ]  # fmt: skip
+    ]
     for rank, rec in enumerate(recorders):
         rec.begin_run(rank=rank, world_size=world, plan=plan, config=config or {"test": "tui"})
     steps = [plan.steps(r) for r in range(world)]
@@ -118,8 +128,16 @@ def _post(rec: Recorder, plan: Plan, step, op: str, seqs: dict, rank: int) -> ob
     key = (rank, op, peer, ch)
     seq = seqs.get(key, 0)
     seqs[key] = seq + 1
-    return rec.p2p_posted(op=op, step=step, peer=peer, channel=ch, seq=seq, nbytes=4096, shape=(32, 32),
-                          dtype="float32")  # fmt: skip
+    return rec.p2p_posted(
+        op=op,
+        step=step,
+        peer=peer,
+        channel=ch,
+        seq=seq,
+        nbytes=4096,
+        shape=(32, 32),
+        dtype="float32",
+    )
 
 
 def deadlock_plan() -> Plan:

@@ -50,7 +50,12 @@ async def test_navigation_moves_the_cursor_along_and_across_lanes(synthetic_run)
         lane_id, item = app.state.cursor
         assert lane_id == main1
         t = index.lanes[main0].begin[1]
-        assert abs(index.lanes[main1].begin[item] - t) <= np.abs(index.lanes[main1].begin - t).min() + index.lanes[main1].end[item] - index.lanes[main1].begin[item]
+        assert (
+            abs(index.lanes[main1].begin[item] - t)
+            <= np.abs(index.lanes[main1].begin - t).min()
+            + index.lanes[main1].end[item]
+            - index.lanes[main1].begin[item]
+        )
         assert f"rank 1 · {_text_of(app, app.state.cursor)}" in screen_text(app)
         await pilot.press("end")
         assert app.state.cursor == (main1, len(index.lanes[main1]) - 1)
@@ -99,7 +104,10 @@ async def test_jump_to_peer_and_back(synthetic_run):
         start = app.state.cursor
         assert _text_of(app, start) == "0SEND_F0"
         await pilot.press("m")
-        assert app.state.cursor[0] == index.main_lane(1) and _text_of(app, app.state.cursor) == "1RECV_F0"
+        assert (
+            app.state.cursor[0] == index.main_lane(1)
+            and _text_of(app, app.state.cursor) == "1RECV_F0"
+        )
         assert "rank 1 · 1RECV_F0" in screen_text(app)
         await pilot.press("m")  # the match of the match is where we came from
         assert app.state.cursor == start
@@ -110,7 +118,10 @@ async def test_jump_to_peer_and_back(synthetic_run):
         comm = app.state.cursor
         assert index.lanes[comm[0]].role == COMM
         await pilot.press("m")
-        assert index.lanes[app.state.cursor[0]].role == COMM and index.lanes[app.state.cursor[0]].rank == 1
+        assert (
+            index.lanes[app.state.cursor[0]].role == COMM
+            and index.lanes[app.state.cursor[0]].rank == 1
+        )
         await pilot.press("b")
         assert app.state.cursor == comm
         await pilot.press("up", "left", "m")  # 0F0 is no P2P op: the cursor stays
@@ -124,7 +135,9 @@ async def test_deadlock_is_shown_on_open_with_the_whole_cycle_highlighted(deadlo
         await wait_loaded(pilot)
         index = app.session.index
         assert app.panel == "findings" and app.nav.finding_index == 0
-        highlighted = {(index.lanes[lane].rank, index.lanes[lane].role) for lane, _ in app.state.highlight}
+        highlighted = {
+            (index.lanes[lane].rank, index.lanes[lane].role) for lane, _ in app.state.highlight
+        }
         assert highlighted == {(0, MAIN), (0, COMM), (1, MAIN), (1, COMM)}
         assert _text_of(app, app.state.cursor) == "0RECV_B0"
         vp = app.state.viewport
@@ -165,7 +178,10 @@ async def test_filter_toggles_and_panels(synthetic_run):
         assert "r0 main" not in screen_text(app) and "filter rank=1,2" in screen_text(app)
         assert index.lanes[app.state.cursor[0]].rank in (1, 2)  # the cursor moved off rank 0
         app.apply_filter("kind=B")
-        assert (index.lanes[index.main_lane(0)].cat[index.lanes[index.main_lane(0)].base_cat != 1] == CAT_DIM).all()
+        assert (
+            index.lanes[index.main_lane(0)].cat[index.lanes[index.main_lane(0)].base_cat != 1]
+            == CAT_DIM
+        ).all()
         await pilot.press("escape")  # clears the filter
         assert app.nav.filter.empty and len(app.state.lane_ids) == 8
         await pilot.press("c")
@@ -215,7 +231,9 @@ async def test_mouse_click_selects_and_wheel_zooms(synthetic_run):
         await pilot.click("#timeline", offset=(gutter + column, row))
         assert app.state.cursor == (index.main_lane(2), i)
         span = vp.span
-        await pilot.mouse_down("#timeline", offset=(gutter + 10, 0))  # (a press and release without moving)
+        await pilot.mouse_down(
+            "#timeline", offset=(gutter + 10, 0)
+        )  # (a press and release without moving)
         await pilot.mouse_up("#timeline", offset=(gutter + 10, 0))
         timeline.post_message(timeline.Zoom(1.25, 10))
         await pilot.pause()
@@ -254,10 +272,13 @@ async def test_overlap_thread_gets_its_own_row(overlap_run):
         assert "sub-steps" in text and "overlap," in text
 
 
-@pytest.mark.parametrize("args, message", [
-    (["tui", "/nonexistent/run"], "no such run directory"),
-    (["tui"], "Missing argument"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["tui", "/nonexistent/run"], "no such run directory"),
+        (["tui"], "Missing argument"),
+    ],
+)
 def test_cli_errors_exit_2(args, message, capsys):
     assert main(args) == 2
     assert message in capsys.readouterr().err
@@ -268,7 +289,9 @@ def test_cli_needs_a_terminal(synthetic_run, capsys):
     assert "needs a terminal" in capsys.readouterr().err
 
 
-needs_samples = pytest.mark.skipif(not (SAMPLES / "fault-deadlock" / "meta.json").exists(), reason="no sample_traces/")
+needs_samples = pytest.mark.skipif(
+    not (SAMPLES / "fault-deadlock" / "meta.json").exists(), reason="no sample_traces/"
+)
 
 
 @needs_samples
@@ -282,10 +305,16 @@ async def test_recorded_deadlock_highlights_its_cycle():
         k = kinds.index("deadlock")
         while app.nav.finding_index != k:
             await pilot.press("n")
-        highlighted = {(index.lanes[lane].rank, index.lanes[lane].role) for lane, _ in app.state.highlight}
+        highlighted = {
+            (index.lanes[lane].rank, index.lanes[lane].role) for lane, _ in app.state.highlight
+        }
         assert {(1, MAIN), (2, MAIN), (1, COMM), (2, COMM)} <= highlighted
         assert _text_of(app, app.state.cursor) in ("1SEND_F1", "2RECV_F0")
-        assert all(index.lanes[lane].open[i] for lane, i in app.state.highlight if index.lanes[lane].rank in (1, 2))
+        assert all(
+            index.lanes[lane].open[i]
+            for lane, i in app.state.highlight
+            if index.lanes[lane].rank in (1, 2)
+        )
 
 
 @needs_samples
@@ -301,6 +330,6 @@ async def test_recorded_run_jump_to_peer():
         start = app.state.cursor
         await pilot.press("m")
         assert app.state.cursor[0] == app.session.index.main_lane(1)
-        assert _text_of(app, app.state.cursor) == "1RECV_F" + _text_of(app, start)[len("0SEND_F"):]
+        assert _text_of(app, app.state.cursor) == "1RECV_F" + _text_of(app, start)[len("0SEND_F") :]
         await pilot.press("b")
         assert app.state.cursor == start and start[0] == main0

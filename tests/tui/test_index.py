@@ -9,11 +9,23 @@ from pipetrace.analyze.model import OPEN
 from pipetrace.tui import units
 from pipetrace.tui.describe import describe
 from pipetrace.tui.filters import FilterError, parse_filter
+from pipetrace.tui.lanes import (
+    BLANK,
+    BUBBLE,
+    CAT_B,
+    CAT_DIM,
+    CAT_F,
+    CAT_RECV,
+    CAT_SEND,
+    COMM,
+    MAIN,
+    NONE,
+    PLAN,
+    STEPS,
+    Lane,
+)
 from pipetrace.tui.session import open_session
 from pipetrace.tui.stats_data import stats_tables
-from pipetrace.tui.lanes import (
-    BLANK, BUBBLE, CAT_B, CAT_DIM, CAT_F, CAT_RECV, CAT_SEND, COMM, MAIN, NONE, PLAN, STEPS, Lane,
-)  # fmt: skip
 from pipetrace.tui.viewport import History, Viewport
 
 
@@ -22,9 +34,20 @@ def _lane(begin, end, cat, role=MAIN, spans=None) -> Lane:
     order = np.argsort(begin, kind="stable")
     n = len(begin)
     kw = {"iter_spans": spans} if spans is not None else {}
-    return Lane(0, role, "main", STEPS, np.arange(n, dtype=np.int64)[order], begin[order], end[order],
-                np.zeros(n, bool), np.zeros(n, np.int32), np.zeros(n, np.int32),
-                np.asarray(cat, np.int8)[order], **kw)  # fmt: skip
+    return Lane(
+        0,
+        role,
+        "main",
+        STEPS,
+        np.arange(n, dtype=np.int64)[order],
+        begin[order],
+        end[order],
+        np.zeros(n, bool),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.int32),
+        np.asarray(cat, np.int8)[order],
+        **kw,
+    )
 
 
 def _brute(begin, end, cat, t0, dt, width):
@@ -139,10 +162,16 @@ def test_filter_dims_and_navigation_skips(synthetic_run):
     assert (lane.cat != CAT_DIM).all()
 
 
-@pytest.mark.parametrize("text, message", [
-    ("rank", "expected rank="), ("rank=", "no value"), ("kind=Q", "unknown kind"),
-    ("stage=a", "not a number"), ("colour=red", "expected rank="),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("rank", "expected rank="),
+        ("rank=", "no value"),
+        ("kind=Q", "unknown kind"),
+        ("stage=a", "not a number"),
+        ("colour=red", "expected rank="),
+    ],
+)
 def test_filter_errors_say_what_to_type(text, message):
     with pytest.raises(FilterError, match=message):
         parse_filter(text)
@@ -210,7 +239,9 @@ def test_a_stalled_chain_also_shows_where_its_last_rank_is_stuck(crash_run):
     assert set(stalled.finding.ranks) <= ranks  # the crashed rank at the end of the chain too
     crashed = [(lane, i) for lane, i in stalled.items if index.lanes[lane].rank == 2]
     assert crashed and all(index.lanes[lane].open[i] for lane, i in crashed)
-    assert session.run.catalog.texts[int(index.lanes[crashed[0][0]].code[crashed[0][1]])] == "2RECV_F2"
+    assert (
+        session.run.catalog.texts[int(index.lanes[crashed[0][0]].code[crashed[0][1]])] == "2RECV_F2"
+    )
 
 
 def test_describe_ops_steps_and_plan(synthetic_run):

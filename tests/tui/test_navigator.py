@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from pipetrace.tui.lanes import COMM, MAIN
 from pipetrace.tui.navigator import Navigator
 from pipetrace.tui.session import open_session
-from pipetrace.tui.lanes import COMM, MAIN
 
 
 @pytest.fixture(scope="module")

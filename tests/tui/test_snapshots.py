@@ -21,16 +21,24 @@ def test_clean_run_on_open(snap_compare, synthetic_run, size):
 
 def test_plan_vs_actual_zoomed_on_a_step(snap_compare, synthetic_run):
     keys = ["p", "right_square_bracket", "down", "down", "down", "right", "right"]
-    assert snap_compare(PipetraceApp(synthetic_run), press=keys, terminal_size=(120, 40), run_before=wait_loaded)
+    assert snap_compare(
+        PipetraceApp(synthetic_run), press=keys, terminal_size=(120, 40), run_before=wait_loaded
+    )
 
 
 def test_stats_panel(snap_compare, synthetic_run):
-    assert snap_compare(PipetraceApp(synthetic_run), press=["s"], terminal_size=(80, 24), run_before=wait_loaded)
+    assert snap_compare(
+        PipetraceApp(synthetic_run), press=["s"], terminal_size=(80, 24), run_before=wait_loaded
+    )
 
 
 def test_help_screen(snap_compare, synthetic_run):
-    assert snap_compare(PipetraceApp(synthetic_run), press=["question_mark"], terminal_size=(80, 24),
-                        run_before=wait_loaded)  # fmt: skip
+    assert snap_compare(
+        PipetraceApp(synthetic_run),
+        press=["question_mark"],
+        terminal_size=(80, 24),
+        run_before=wait_loaded,
+    )
 
 
 def _samples() -> list[str]:
@@ -43,7 +51,9 @@ def _samples() -> list[str]:
 # snapshot costs about a second)
 WIDE = ("clean-1f1b", "clean-dualpipev", "fault-crash", "fault-deadlock", "fault-hang")
 _CASES = [pytest.param(name, (80, 24), id=f"{name}-80x24") for name in _samples()]
-_CASES += [pytest.param(name, (120, 40), id=f"{name}-120x40") for name in _samples() if name in WIDE]
+_CASES += [
+    pytest.param(name, (120, 40), id=f"{name}-120x40") for name in _samples() if name in WIDE
+]
 
 
 @pytest.mark.skipif(not _CASES, reason="no sample_traces/")

@@ -21,7 +21,8 @@ MindSpore parameters carry no ``.grad``: the runner accumulates gradients per pa
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,15 +30,15 @@ from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, mindspore_recorder
 from pipetrace.runtime import fsdp
 from pipetrace.runtime.executor import Executor, StepContext
-from pipetrace.runtime.runner import RunnerBase, resolve_plan, split_batch
 from pipetrace.runtime.mindspore.p2p import MindSporeP2P, PendingRecv, TensorMeta, fix_default_group
 from pipetrace.runtime.mindspore.stage import LossFn, MindSporeStage, enable_grad_on_this_thread
+from pipetrace.runtime.runner import RunnerBase, resolve_plan, split_batch
 from pipetrace.schedule.ir import Plan
 
 if TYPE_CHECKING:
     from mindspore import Parameter, Tensor, nn
 
-__all__ = ["PipelineRunner", "StepContext", "TensorMeta", "init_cluster", "MindSporeOps"]
+__all__ = ["MindSporeOps", "PipelineRunner", "StepContext", "TensorMeta", "init_cluster"]
 
 Batch = Any  # a Tensor, a sequence of M Tensors, or None
 
@@ -120,13 +121,24 @@ class PipelineRunner(RunnerBase):
         self.recorder: RecorderHooks = recorder
         p2p = None
         if any(step.is_comm for step in self.plan.steps(self.rank)):
-            p2p = MindSporeP2P(num_stages=num_stages, recorder=recorder, overlap=overlap_p2p, known=tensor_meta)
+            p2p = MindSporeP2P(
+                num_stages=num_stages, recorder=recorder, overlap=overlap_p2p, known=tensor_meta
+            )
         self.executor = Executor(
-            plan=self.plan, rank=self.rank, stages=self.stages, p2p=p2p, recorder=recorder, ops=MindSporeOps()
+            plan=self.plan,
+            rank=self.rank,
+            stages=self.stages,
+            p2p=p2p,
+            recorder=recorder,
+            ops=MindSporeOps(),
         )
         self._failure: BaseException | None = None
         self._closed = False
-        config = {"overlap_p2p": overlap_p2p, "device": ms.get_context("device_target"), **(run_config or {})}
+        config = {
+            "overlap_p2p": overlap_p2p,
+            "device": ms.get_context("device_target"),
+            **(run_config or {}),
+        }
         recorder.begin_run(rank=self.rank, world_size=world_size, plan=self.plan, config=config)
 
     @property

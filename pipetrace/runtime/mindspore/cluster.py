@@ -26,14 +26,21 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Sequence
 
 from pipetrace.errors import EXIT_PROBLEMS, PipetraceError
 from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig
 from pipetrace.runtime.launch import (
-    _REPORT_FD_ENV, _die_with_parent, _is_consequence, _Rank, _stop, _supervise, free_port, run_reported,
+    _REPORT_FD_ENV,
+    _die_with_parent,
+    _is_consequence,
+    _Rank,
+    _stop,
+    _supervise,
+    free_port,
+    run_reported,
     worker_payload,
 )
 from pipetrace.runtime.results import LaunchResult
@@ -121,8 +128,13 @@ def _start_scheduler(env: dict[str, str], log_path: Path) -> subprocess.Popen:
 
 def _start_worker(rank: int, env: dict[str, str]) -> _Rank:
     read_fd, write_fd = os.pipe()
-    worker_env = dict(env, MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank), RANK_ID=str(rank),
-                      **{_REPORT_FD_ENV: str(write_fd)})  # fmt: skip
+    worker_env = dict(
+        env,
+        MS_ROLE="MS_WORKER",
+        MS_NODE_ID=str(rank),
+        RANK_ID=str(rank),
+        **{_REPORT_FD_ENV: str(write_fd)},
+    )
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", _BOOTSTRAP.format(entry="worker_main")],
@@ -144,7 +156,9 @@ class _SchedulerWatch:
         self.ranks = ranks
         self.failed_with: int | None = None
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pipetrace-ms-scheduler", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="pipetrace-ms-scheduler", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()

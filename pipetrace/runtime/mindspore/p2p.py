@@ -39,8 +39,20 @@ __all__ = ["MindSporeP2P", "PendingRecv", "TensorMeta", "dtype_name", "fix_defau
 _MAX_DIMS = 8
 _META_LEN = 2 + _MAX_DIMS  # dtype code, number of dims, dims
 # dtype <-> small integer for the metadata message (names as mindspore's dtype attributes).
-_DTYPE_NAMES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8",
-                "uint8", "bool_", "complex64", "complex128")  # fmt: skip
+_DTYPE_NAMES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool_",
+    "complex64",
+    "complex128",
+)
 
 
 def fix_default_group() -> None:

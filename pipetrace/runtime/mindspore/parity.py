@@ -8,7 +8,8 @@ loss. Errors are ``max|g - g_ref| / max|g_ref|`` per parameter; the demo runs in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -41,5 +41,7 @@ def split_sequential(model: nn.SequentialCell, num_stages: int) -> list[nn.Seque
 def stages_of_rank(chunks: list[nn.Cell], plan: Plan, rank: int) -> dict[int, nn.Cell]:
     """The chunks ``rank`` holds under ``plan.placement``, by stage index."""
     if len(chunks) != plan.num_stages:
-        raise ValueError(f"the plan has {plan.num_stages} stages but {len(chunks)} chunks were given")
+        raise ValueError(
+            f"the plan has {plan.num_stages} stages but {len(chunks)} chunks were given"
+        )
     return {stage: chunks[stage] for stage in plan.stages_of(rank)}

@@ -39,8 +39,9 @@ its halves on two threads, but they take turns.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mindspore import Parameter, Tensor, nn
@@ -116,17 +117,27 @@ class MindSporeStage:
         # sensitivity; the last stage differentiates its scalar (scaled) loss.
         if self.is_last:
             self._grad_dx_dw = ms.grad(self._scaled_loss, grad_position=0, weights=weights)
-            self._grad_dw = ms.grad(self._scaled_loss, grad_position=None, weights=weights) if weights else None
+            self._grad_dw = (
+                ms.grad(self._scaled_loss, grad_position=None, weights=weights) if weights else None
+            )
         else:
             if weights is None:
                 self._grad_dx_dw = ops.GradOperation(get_all=True, sens_param=True)(module)
             else:
-                self._grad_dx_dw = ops.GradOperation(get_all=True, get_by_list=True, sens_param=True)(module, weights)
-            self._grad_dw = ops.GradOperation(get_by_list=True, sens_param=True)(module, weights) if weights else None
+                self._grad_dx_dw = ops.GradOperation(
+                    get_all=True, get_by_list=True, sens_param=True
+                )(module, weights)
+            self._grad_dw = (
+                ops.GradOperation(get_by_list=True, sens_param=True)(module, weights)
+                if weights
+                else None
+            )
 
     # -- steps -----------------------------------------------------------------------------
 
-    def forward(self, mb: int, x: Tensor, target: Tensor | None = None, loss_scale: float = 1.0) -> Tensor:
+    def forward(
+        self, mb: int, x: Tensor, target: Tensor | None = None, loss_scale: float = 1.0
+    ) -> Tensor:
         """Run micro-batch ``mb`` (nothing is recorded for autodiff); returns the activation
         to pass on, or the loss on the last stage."""
         executor = self._executor
@@ -207,7 +218,9 @@ class MindSporeStage:
                     args = (saved.input, output_grad)
                 if dx or self._grad_dw is None:
                     result = self._grad_dx_dw(*args)
-                    input_grad, weight_grads = _split_result(result, self.is_last, bool(self.params))
+                    input_grad, weight_grads = _split_result(
+                        result, self.is_last, bool(self.params)
+                    )
                 else:
                     input_grad, weight_grads = None, tuple(self._grad_dw(*args))
                 executor.sync()

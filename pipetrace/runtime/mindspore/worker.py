@@ -8,7 +8,8 @@ A started rank may run several run configurations one after the other in the sam
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -34,7 +35,9 @@ def setup_mindspore(*, threads: int | None = None) -> None:
             threads_num(threads)
 
 
-def run_rank(rank: int | None, world_size: int | None, spec: WorkerSpec, on_loss: LossCallback | None = None) -> list[CaseResult]:
+def run_rank(
+    rank: int | None, world_size: int | None, spec: WorkerSpec, on_loss: LossCallback | None = None
+) -> list[CaseResult]:
     """Join the cluster, run every case, leave. Raises on any failure. ``rank`` and
     ``world_size`` (what the launcher meant) are checked against the cluster's."""
     from mindspore.communication import release
@@ -44,8 +47,10 @@ def run_rank(rank: int | None, world_size: int | None, spec: WorkerSpec, on_loss
     setup_mindspore(threads=spec.threads_per_rank)
     actual_rank, actual_size = init_cluster(timeout=max(case.timeout for case in spec.cases))
     if (rank, world_size) not in ((None, None), (actual_rank, actual_size)):
-        raise RuntimeError(f"started as rank {rank} of {world_size}, but the cluster made it rank "
-                           f"{actual_rank} of {actual_size}")  # fmt: skip
+        raise RuntimeError(
+            f"started as rank {rank} of {world_size}, but the cluster made it rank "
+            f"{actual_rank} of {actual_size}"
+        )
     results = []
     for index, case in enumerate(spec.cases):
         results.append(_run_case(index, case, actual_rank, spec, on_loss))
@@ -70,7 +75,9 @@ def _barrier(rank: int, world_size: int) -> None:
         recv_ints(0, 1)
 
 
-def _run_case(index: int, case: RunConfig, rank: int, spec: WorkerSpec, on_loss: LossCallback | None) -> CaseResult:
+def _run_case(
+    index: int, case: RunConfig, rank: int, spec: WorkerSpec, on_loss: LossCallback | None
+) -> CaseResult:
     from pipetrace.runtime.mindspore import parity
     from pipetrace.runtime.mindspore.api import PipelineRunner
     from pipetrace.runtime.mindspore.demo import build_demo_model, demo_batch, demo_loss
@@ -79,12 +86,15 @@ def _run_case(index: int, case: RunConfig, rank: int, spec: WorkerSpec, on_loss:
     plan = case.plan()
     model = build_demo_model(plan.num_stages, case.demo, seed=case.seed)
     # The reference is built again from the seed: the same weights, separate parameters.
-    reference = build_demo_model(plan.num_stages, case.demo, seed=case.seed) if case.check_parity else None
+    reference = (
+        build_demo_model(plan.num_stages, case.demo, seed=case.seed) if case.check_parity else None
+    )
     cells = stages_of_rank(split_sequential(model, plan.num_stages), plan, rank)
     recorder: RecorderHooks = (
-        spec.make_recorder(rank, case.ranks) if spec.make_recorder is not None
+        spec.make_recorder(rank, case.ranks)
+        if spec.make_recorder is not None
         else mindspore_recorder(case.record_settings())
-    )  # fmt: skip
+    )
     runner = PipelineRunner(
         cells,
         schedule=plan,
@@ -111,7 +121,9 @@ def _run_case(index: int, case: RunConfig, rank: int, spec: WorkerSpec, on_loss:
             inputs, targets = demo_batch(step, batch, case.demo, seed=case.seed)
             loss = runner.step(inputs, targets)
             if step == 0 and reference is not None:
-                ref_loss, ref_grads = parity.reference_gradients(reference, inputs, targets, demo_loss)
+                ref_loss, ref_grads = parity.reference_gradients(
+                    reference, inputs, targets, demo_loss
+                )
                 report = parity.compare(
                     rank=rank,
                     stage_gradients=runner.named_gradients(),
