@@ -14,9 +14,8 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -26,7 +25,8 @@ from pipetrace.recorder.clock import RecvInts, SendInts, align_clocks
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step
 
-RECORD_MODES = ("off", "steps", "full")
+if TYPE_CHECKING:
+    from pipetrace.recorder.setup import RecordSettings
 
 # Tuple tags on the hot path; `_encode` turns each into its documented JSON event.
 _STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER = range(5)
@@ -42,39 +42,20 @@ class ProfilerRanges(Protocol):
     def end(self, handle: Any) -> None: ...
 
 
-@dataclass
-class RecorderConfig:
-    run_dir: Path
-    """Where meta.json and the per-rank logs go; created if missing."""
-    mode: str = "steps"
-    """"steps": steps, P2P ops and lifecycle; "full": also the Python stack of each P2P post."""
-    flush_interval: float = 0.2
-    """Seconds between background flushes: the most a killed process can lose."""
-    capacity: int = 200_000
-    """Pending events before the recording thread flushes them itself (bounds memory)."""
-    stall_timeout: float = 30.0
-    """Seconds without progress inside an iteration before a stall event (0 = no watchdog)."""
-    abort_timeout: float = 30.0
-    """Further seconds after a stall before the watchdog ends the process (0 = never)."""
-
-    def __post_init__(self) -> None:
-        self.run_dir = Path(self.run_dir)
-        if self.mode not in RECORD_MODES[1:]:
-            raise ValueError(f"record mode must be 'steps' or 'full', got {self.mode!r}")
-
-
 class Recorder:
     """Implements `pipetrace.recorder.hooks.RecorderHooks` for one rank."""
 
     def __init__(
         self,
-        config: RecorderConfig,
+        config: RecordSettings,
         *,
         framework: str = "torch",
         framework_version: str = "",
         profiler: ProfilerRanges | None = None,
         clock_exchange: tuple[SendInts, RecvInts] | None = None,
     ) -> None:
+        if not config.enabled:
+            raise ValueError("a Recorder needs a run_dir and a record mode other than 'off'")
         self.config = config
         self._stacks = config.mode == "full"  # read on every P2P post: decide once
         self.framework = framework
@@ -122,7 +103,7 @@ class Recorder:
             header,
             self._encode,
             flush_interval=self.config.flush_interval,
-            capacity=self.config.capacity,
+            capacity=self.config.buffer_events,
         )
         if rank == 0:
             write_meta(

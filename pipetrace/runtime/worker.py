@@ -17,13 +17,14 @@ import click
 import torch
 import torch.distributed as dist
 
+from pipetrace.cli.run_options import run_options
 from pipetrace.recorder.format import PROFILER_DIR
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.recorder.setup import torch_recorder
 from pipetrace.runtime import faults as _faults
 from pipetrace.runtime import parity
 from pipetrace.runtime.api import PipelineRunner, init_distributed
-from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
+from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec
 from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
 from pipetrace.runtime.rank_cli import entry, run_this_rank
 from pipetrace.runtime.results import CaseResult

@@ -10,10 +10,13 @@ closes its log without run_end, as a hung process killed from outside would leav
 
 Faults (``Fault`` records, matched by rank, and by step text where given):
 
-- ``drop_recv``: the RECV step posts nothing.        - ``extra_send``: send the message twice.
-- ``wrong_shape``: the send declares another shape.  - ``swap_sends``: post this SEND after the next one.
+- ``drop_recv``: the RECV step posts nothing.
+- ``extra_send``: send the message twice.
+- ``wrong_shape``: the send declares another shape.
+- ``swap_sends``: post this SEND after the next one.
 - ``slow``: compute steps of the rank sleep ``factor`` times longer.
-- ``raise``: the step raises RuntimeError.            - ``block``: the step never returns.
+- ``raise``: the step raises RuntimeError.
+- ``block``: the step never returns.
 - ``plan``: the rank runs a plan whose steps at ``positions`` are swapped.
 """
 
@@ -25,7 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipetrace.recorder.recorder import Recorder, RecorderConfig
+from pipetrace.recorder.recorder import Recorder
+from pipetrace.recorder.setup import RecordSettings
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import Plan, Step, StepKind, format_step
 
@@ -173,7 +177,7 @@ def _rank(
 ) -> None:
     mine = [f for f in faults if f.rank == rank]
     recorder = Recorder(
-        RecorderConfig(run_dir, stall_timeout=stall_timeout, abort_timeout=0, flush_interval=0.05),
+        RecordSettings(run_dir, stall_timeout=stall_timeout, abort_timeout=0, flush_interval=0.05),
         framework="test",
         framework_version="0",
         clock_exchange=_exchange(inboxes, rank, error),

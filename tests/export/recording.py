@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipetrace.recorder.recorder import Recorder, RecorderConfig
+from pipetrace.recorder.recorder import Recorder
+from pipetrace.recorder.setup import RecordSettings
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import COMM_KINDS, RECV_KINDS, SEND_KINDS, Plan, Step, StepKind
 
@@ -74,7 +75,7 @@ def record_run(
     config = {"scenario": scenario, "p2p": "overlap" if overlap else "plain", "schedule": schedule}
     recorders = [
         Recorder(
-            RecorderConfig(run_dir, stall_timeout=0, flush_interval=0.05),
+            RecordSettings(run_dir, stall_timeout=0, flush_interval=0.05),
             framework="none",
             framework_version="0",
         )
@@ -144,7 +145,8 @@ def _rank(
                             rec.p2p_completed(ticket)
                 elif step.kind in RECV_KINDS:
                     ticket = tickets[pos] if overlap else _post(rec, step, keys[pos])
-                    # only the faulty iteration of a faulty scenario can wait in vain: elsewhere, wait long
+                    # only the faulty iteration of a faulty scenario can wait in vain:
+                    # elsewhere, wait long
                     patient = scenario == "clean" or not faulty
                     if not fabric.wait(keys[pos][3], 30.0 if patient else wait_s):
                         raise _Hang

@@ -13,7 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from pipetrace.recorder.recorder import Recorder, RecorderConfig
+from pipetrace.recorder.recorder import Recorder
+from pipetrace.recorder.setup import RecordSettings
 from pipetrace.schedule.builders import build_plan
 
 
@@ -33,7 +34,7 @@ def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> 
     plan = build_plan("1f1b", num_ranks=2, num_microbatches=2, comms=True)
     recorder = Recorder(
         # in "hang", rank 0 waits for the hung rank 1 at its end: let rank 1's watchdog act first
-        RecorderConfig(
+        RecordSettings(
             run_dir,
             mode=mode,
             stall_timeout=5 if scenario == "hang" and rank == 0 else 0.5,

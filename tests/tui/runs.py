@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipetrace.recorder.recorder import Recorder, RecorderConfig
+from pipetrace.recorder.recorder import Recorder
+from pipetrace.recorder.setup import RecordSettings
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import RECV_KINDS, SEND_KINDS, Plan, StepKind, parse_step
 
@@ -39,7 +40,7 @@ def record_plan(
     world = plan.num_ranks
     recorders = [
         Recorder(
-            RecorderConfig(run_dir, stall_timeout=stall_s, abort_timeout=0, flush_interval=0.05),
+            RecordSettings(run_dir, stall_timeout=stall_s, abort_timeout=0, flush_interval=0.05),
             framework="none",
             framework_version="0",
         )

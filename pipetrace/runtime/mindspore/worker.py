@@ -13,9 +13,10 @@ from typing import Any
 
 import click
 
+from pipetrace.cli.run_options import run_options
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import mindspore_recorder
-from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec, run_options
+from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec
 from pipetrace.runtime.rank_cli import entry, run_this_rank
 from pipetrace.runtime.results import CaseResult
 
