@@ -134,11 +134,11 @@ def at_least(low: int) -> Check:
 
 
 def positive_seconds(value: float) -> str | None:
-    return None if value > 0 else f"must be > 0 seconds, got {value}"
+    return None if value > 0 else f"must be > 0 seconds, got {value:g}"
 
 
 def seconds_or_off(value: float) -> str | None:
-    return None if value >= 0 else f"must be >= 0 seconds (0 turns it off), got {value}"
+    return None if value >= 0 else f"must be >= 0 seconds (0 turns it off), got {value:g}"
 
 
 def seconds(text: str) -> float:

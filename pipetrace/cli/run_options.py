@@ -56,7 +56,7 @@ class Flag:
         elif self.shown_default is not None:
             options.update(default=None, help=f"{self.help}  [default: {self.shown_default}]")
         elif isinstance(default, bool):
-            options["is_flag"] = True
+            options.update(is_flag=True, default=default)
         else:
             options.update(default=default, show_default=default not in (None, ()))
         if declared.choices is not None:
