@@ -1,8 +1,8 @@
-r"""Analyzer throughput and memory on a synthetic run of any size.
+"""Analyzer throughput and memory on a synthetic run of any size.
 
     .venv/bin/python bench/bench_analyze.py --ranks 1024 --events-per-rank 10000
     .venv/bin/python bench/bench_analyze.py --ranks 64 --events-per-rank 2000   # quick
-    .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 \
+    .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 \\
         --baseline HEAD~5
 
 Writes a synthetic run in the documented trace format (`pipetrace.analyze.synthetic`: a 1F1B
