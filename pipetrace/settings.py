@@ -38,6 +38,7 @@ class Setting:
     default: Any = MISSING
     """MISSING: the field is required."""
     check: Check | None = None
+    """None: any value of the field's type."""
     choices: tuple[str, ...] | None = None
     """The only values allowed (checked like ``check``; the CLI offers them as a choice)."""
     flag: str | None = None
@@ -52,6 +53,7 @@ class Setting:
         return dataclasses.field(default=self.default, metadata={_METADATA_KEY: self})
 
     def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` (see `Check`); the one place a value is judged."""
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(self.choices)}; got {value!r}"
         return self.check(value) if self.check is not None else None

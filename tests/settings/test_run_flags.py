@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import click
@@ -118,3 +120,13 @@ def test_the_docs_state_the_defaults_of_the_flags():
         else:
             expected = shown(field_default)
         assert default == expected, flag
+
+
+def test_the_settings_import_no_command_line_or_framework():
+    code = (
+        "import sys, pipetrace.runtime.config, pipetrace.recorder.setup; "
+        "print(sorted({'click', 'torch', 'mindspore'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
