@@ -288,9 +288,9 @@ Checks = dict[str, tuple[tuple[str, Callable[[Any], bool]], ...]]
 
 @cache
 def _checks(version: int) -> Checks:
-    """{event type: ((field, accepts), ...)} for the required fields of a schema version."""
+    """{event type: ((field, type check), ...)} for the required fields of a schema version."""
     return {
-        name: tuple((f.name, f.accepts) for f in event.required(version))
+        name: tuple((f.name, f.type.check) for f in event.required(version))
         for name, event in fmt.EVENTS.items()
     }
 
@@ -299,7 +299,7 @@ def _valid(d: Any, checks: Checks) -> bool:
     """An event whose type and time are usable and whose required fields have their types."""
     if type(d) is not dict or type(d.get("e")) is not str or not fmt.is_int64(d.get("t")):
         return False
-    return all(accepts(d.get(name)) for name, accepts in checks.get(d["e"], ()))
+    return all(check(d.get(name)) for name, check in checks.get(d["e"], ()))
 
 
 def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:

@@ -19,7 +19,8 @@ refuse newer ones.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,8 @@ def _is_object(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class FieldType:
-    """A JSON value type as the docs name it, with the check a reader applies to it."""
+    """A JSON value type, named as the docs (and the field tables below) write it, with the
+    check a reader applies to a value of it."""
 
     doc: str
     check: Callable[[Any], bool]
@@ -86,34 +88,43 @@ INT = FieldType("int", is_int64)
 FLOAT = FieldType("float", _is_number)
 FLOAT_OR_NULL = FieldType("float or null", lambda v: v is None or _is_number(v))
 STR = FieldType("string", _is_str)
+OP = FieldType(" or ".join(f'`"{op}"`' for op in OPS), lambda v: type(v) is str and v in OPS)
 OBJECT = FieldType("object", _is_object)
 INTS = FieldType("list of int", _list_of(is_int64))
 STRS = FieldType("list of string", _list_of(_is_str))
 STR_ROWS = FieldType("list of list of string", _list_of(_list_of(_is_str)))
 OBJECTS = FieldType("list of object", _list_of(_is_object))
+TYPES = {
+    t.doc: t for t in (INT, FLOAT, FLOAT_OR_NULL, STR, OP, OBJECT, INTS, STRS, STR_ROWS, OBJECTS)
+}
+"""The field types, by the name the field tables give them."""
+
+
+class Presence(Enum):
+    """Whether a field is written, and whether a reader can do without it."""
+
+    REQUIRED = "required"
+    """Always written; a reader counts an event without it, or with a value of another type,
+    as corrupt."""
+    ALWAYS = "always"
+    """Always written; readers do without it."""
+    SOMETIMES = "sometimes"
+    """Written only when its meaning says; readers do without it."""
 
 
 @dataclass(frozen=True)
 class Field:
-    """One field of a record.
-
-    ``required``: a reader cannot use the record without it (an event that lacks it, or holds
-    a value of another type, is counted as corrupt). ``when``: None if the recorder always
-    writes the field, else the condition under which it does (readers must tolerate its
-    absence). ``values``: the only values allowed, when the field is an enumeration.
-    ``since``: the schema version that added it.
-    """
+    """One field of a record; ``since`` is the schema version that added it."""
 
     name: str
     type: FieldType
+    presence: Presence
     meaning: str
-    required: bool = False
-    when: str | None = None
-    values: tuple[str, ...] | None = None
     since: int = 1
 
-    def accepts(self, value: Any) -> bool:
-        return self.type.check(value) and (self.values is None or value in self.values)
+    @property
+    def required(self) -> bool:
+        return self.presence is Presence.REQUIRED
 
 
 @dataclass(frozen=True)
@@ -132,10 +143,11 @@ class Record:
         return tuple(f.name for f in self.fields)
 
     def build(self, **values: Any) -> dict[str, Any]:
-        """The record as a dict in the declared key order; every field not written only
-        ``when`` something holds must be given, and no undeclared one."""
+        """The record as a dict in the declared key order. Every field written always must be
+        given, and no undeclared one."""
         unknown = values.keys() - set(self.names)
-        missing = {f.name for f in self.fields if f.when is None} - values.keys()
+        always = {f.name for f in self.fields if f.presence is not Presence.SOMETIMES}
+        missing = always - values.keys()
         if unknown or missing:
             raise ValueError(
                 f"{self.name}: undeclared fields {sorted(unknown)}, missing {sorted(missing)}"
@@ -147,214 +159,183 @@ class Record:
         return tuple(f for f in self.fields if f.required and f.since <= version)
 
 
-def _need(name: str, type_: FieldType, meaning: str, **kw: Any) -> Field:
-    """A required field (see `Field`)."""
-    return Field(name, type_, meaning, required=True, **kw)
+def record(name: str, table: str, since: int = 1) -> Record:
+    """A record from its field table: a line ``name | type | presence | meaning`` per field,
+    in the order they are written. The type is one of `TYPES`; the presence a `Presence`
+    value, followed by ``since N`` when a later schema version added the field. A line
+    without ``|`` continues the meaning of the field above."""
+    fields: list[Field] = []
+    for line in filter(None, map(str.strip, table.splitlines())):
+        if "|" not in line:
+            last = fields.pop()
+            fields.append(replace(last, meaning=f"{last.meaning} {line}"))
+            continue
+        name_, type_, presence, meaning = (cell.strip() for cell in line.split("|", 3))
+        presence, _, added = presence.partition(" since ")
+        field = Field(name_, TYPES[type_], Presence(presence), meaning, int(added or since))
+        fields.append(field)
+    return Record(name, tuple(fields), since)
 
 
-def _opt(name: str, type_: FieldType, meaning: str, **kw: Any) -> Field:
-    """A field readers do without (see `Field`)."""
-    return Field(name, type_, meaning, **kw)
-
-
-_AS_IN_STALL = "as in `stall`"
-_OPEN_STEPS = _opt(
-    "open_steps",
-    OBJECTS,
-    'steps begun and not ended: `{"id", "thread", "pos", "step"}`',
-)
-_WAITING_IN = _opt(
-    "waiting_in",
-    STR,
-    "only when the rank waits in a collective outside iterations: "
-    '`"the end-of-run clock exchange"`',
-    when="the rank waits in a collective outside iterations",
-)
-
-
-def _as_in_stall(source: Field) -> Field:
-    return Field(source.name, source.type, _AS_IN_STALL, when=source.when)
-
-
-_STACKS = _opt(
-    "stacks",
-    OBJECT,
-    "thread name -> list of frames (`file:line in function: code`), innermost last",
-)
-_INFLIGHT = _opt("inflight", OBJECTS, "P2P ops posted and not completed, each a `p2p_post` event")
-
-META = Record(
+META = record(
     "meta",
-    (
-        _need("format", STR, f'always `"{META_FORMAT}"`'),
-        _need("schema_version", INT, f"this document's version, {SCHEMA_VERSION}"),
-        _opt("pipetrace_version", STR, "version of pipetrace that wrote the run"),
-        _opt("framework", STR, '`"torch"` or `"mindspore"`'),
-        _opt("framework_version", STR, "the framework's version string"),
-        _opt("python_version", STR, 'e.g. `"3.11.7"`'),
-        _opt("world_size", INT, "number of ranks"),
-        _opt("created", INT, "wall-clock ns when meta.json was written"),
-        _opt(
-            "schedule",
-            OBJECT,
-            '`{"name": ..., "params": {...}}`: the schedule and its parameters',
-        ),
-        _opt("num_microbatches", INT, "micro-batches per iteration"),
-        _opt("placement", INTS, "`placement[stage]` is the rank that holds the stage"),
-        _opt("plan", STR_ROWS, 'every rank\'s plan as step texts; `""` is a bubble'),
-        _opt("hosts", STRS, "host name of each rank (as far as rank 0 knows them)"),
-        _opt(
-            "config",
-            OBJECT,
-            "the run configuration (schedule flags, seed, P2P mode, record settings)",
-        ),
-    ),
+    """
+    format            | string                 | required | always `"pipetrace-run"`
+    schema_version    | int                    | required | this document's version
+    pipetrace_version | string                 | always   | version of pipetrace that wrote the run
+    framework         | string                 | always   | `"torch"` or `"mindspore"`
+    framework_version | string                 | always   | the framework's version string
+    python_version    | string                 | always   | e.g. `"3.11.7"`
+    world_size        | int                    | always   | number of ranks
+    created           | int                    | always   | wall-clock ns when meta.json was written
+    schedule          | object                 | always   | `{"name": ..., "params": {...}}`:
+                                                            the schedule and its parameters
+    num_microbatches  | int                    | always   | micro-batches per iteration
+    placement         | list of int            | always   | `placement[stage]` is the rank that
+                                                            holds the stage
+    plan              | list of list of string | always   | every rank's plan as step texts;
+                                                            `""` is a bubble
+    hosts             | list of string         | always   | host name of each rank (as far as
+                                                            rank 0 knows them)
+    config            | object                 | always   | the run configuration (schedule
+                                                            flags, seed, P2P mode, record settings)
+    """,
 )
 """meta.json. ``format`` and ``schema_version`` are checked by `pipetrace.analyze.reader`."""
 
-HEADER = Record(
+HEADER = record(
     "header",
-    (
-        _need("format", STR, f'always `"{LOG_FORMAT}"`'),
-        _need("schema_version", INT, str(SCHEMA_VERSION)),
-        _opt("rank", INT, "this rank"),
-        _opt("world_size", INT, "number of ranks"),
-        _opt("pid", INT, "process id"),
-        _opt("host", STR, "host name"),
-        _opt("pipetrace_version", STR, "version of pipetrace that wrote the log"),
-        _opt("framework", STR, '`"torch"` or `"mindspore"`'),
-        _opt("framework_version", STR, "the framework's version string"),
-        _opt("record_mode", STR, '`"steps"` or `"full"`'),
-        _opt("t0", INT, "wall-clock ns of the clock anchor"),
-    ),
+    """
+    format            | string | required | always `"pipetrace-events"`
+    schema_version    | int    | required | the schema version of this log
+    rank              | int    | always   | this rank
+    world_size        | int    | always   | number of ranks
+    pid               | int    | always   | process id
+    host              | string | always   | host name
+    pipetrace_version | string | always   | version of pipetrace that wrote the log
+    framework         | string | always   | `"torch"` or `"mindspore"`
+    framework_version | string | always   | the framework's version string
+    record_mode       | string | always   | `"steps"` or `"full"`
+    t0                | int    | always   | wall-clock ns of the clock anchor
+    """,
 )
 """The first line of a rank log."""
 
 EVENTS: dict[str, Record] = {
     event.name: event
     for event in (
-        Record(
+        record(
             RUN_START,
-            (
-                _opt("config", OBJECT, "as in meta.json"),
-                _need("plan", STRS, "this rank's plan, bubbles removed"),
-                _opt("stages", INTS, "the stages this rank holds"),
-            ),
+            """
+            config | object         | always   | as in meta.json
+            plan   | list of string | required | this rank's plan, bubbles removed
+            stages | list of int    | always   | the stages this rank holds
+            """,
         ),
-        Record(
+        record(
             CLOCK,
-            (
-                _opt("phase", STR, '`"start"` or `"end"`'),
-                _need("offset_ns", INT, "this rank's clock minus rank 0's clock"),
-                _opt(
-                    "uncertainty_ns",
-                    INT,
-                    "half the best round trip: the true offset lies within ± this",
-                ),
-                _opt("reference_rank", INT, "always 0"),
-            ),
+            """
+            phase          | string | always   | `"start"` or `"end"`
+            offset_ns      | int    | required | this rank's clock minus rank 0's clock
+            uncertainty_ns | int    | always   | half the best round trip: the true offset
+                                                 lies within ± this
+            reference_rank | int    | always   | always 0
+            """,
         ),
-        Record(ITER_BEGIN, (_need("it", INT, "iteration number"),)),
-        Record(
+        record(ITER_BEGIN, "it | int | required | iteration number"),
+        record(
             ITER_END,
-            (
-                _need("it", INT, "iteration number"),
-                _opt(
-                    "loss",
-                    FLOAT_OR_NULL,
-                    "mean loss over the micro-batches on the rank that holds the last stage; "
-                    "null elsewhere",
-                ),
-            ),
+            """
+            it   | int           | required | iteration number
+            loss | float or null | always   | mean loss over the micro-batches on the rank
+                                              that holds the last stage; null elsewhere
+            """,
         ),
-        Record(
+        record(
             STEP_BEGIN,
-            (
-                _need("id", INT, "pairs it with its `step_end`"),
-                _need("it", INT, "iteration"),
-                _need("pos", INT, "plan position"),
-                _need(
-                    "step",
-                    STR,
-                    "canonical step text, e.g. `2F0`, `1I3`, `0SEND_F1`, `(0F7;7B3)OVERLAP_F_B`",
-                ),
-                _need("th", STR, 'thread: `"main"` or `"overlap"`'),
-            ),
+            """
+            id   | int    | required | pairs it with its `step_end`
+            it   | int    | required | iteration
+            pos  | int    | required | plan position
+            step | string | required | canonical step text, e.g. `2F0`, `1I3`, `0SEND_F1`,
+                                       `(0F7;7B3)OVERLAP_F_B`
+            th   | string | required | thread: `"main"` or `"overlap"`
+            """,
         ),
-        Record(STEP_END, (_need("id", INT, "the `step_begin` it ends"),)),
-        Record(
+        record(STEP_END, "id | int | required | the `step_begin` it ends"),
+        record(
             P2P_POST,
-            (
-                _need("id", INT, "pairs it with its `p2p_done`"),
-                _need("it", INT, "iteration"),
-                _need("op", STR, '`"send"` or `"recv"`', values=OPS),
-                _need("step", STR, "the SEND/RECV step that posted it"),
-                _need("peer", INT, "the other rank"),
-                # Not an enumeration: a reader keeps an op on an unknown channel.
-                _need("ch", STR, 'channel: `"F"` (activations) or `"B"` (gradients)'),
-                _need(
-                    "seq",
-                    INT,
-                    "sequence number per (op, peer, channel), from 0 each iteration; "
-                    "a send and the recv it matches have equal (iteration, channel, seq)",
-                ),
-                _need("bytes", INT, "payload size"),
-                _need("shape", INTS, "tensor shape"),
-                _need("dtype", STR, 'e.g. `"float32"`'),
-                _opt(
-                    "stack",
-                    STRS,
-                    "only in `full` mode: the Python stack that posted it, innermost last",
-                    when="the record mode is full",
-                ),
-            ),
+            """
+            id    | int                  | required  | pairs it with its `p2p_done`
+            it    | int                  | required  | iteration
+            op    | `"send"` or `"recv"` | required  | isend or irecv
+            step  | string               | required  | the SEND/RECV step that posted it
+            peer  | int                  | required  | the other rank
+            ch    | string               | required  | channel: `"F"` (activations) or `"B"`
+                                                       (gradients); readers keep an unknown one
+            seq   | int                  | required  | sequence number per (op, peer,
+                                                       channel), from 0 each iteration; a send
+                                                       and the recv it matches have equal
+                                                       (iteration, channel, seq)
+            bytes | int                  | required  | payload size
+            shape | list of int          | required  | tensor shape
+            dtype | string               | required  | e.g. `"float32"`
+            stack | list of string       | sometimes | only in `full` mode: the Python stack
+                                                       that posted it, innermost last
+            """,
         ),
-        Record(P2P_DONE, (_need("id", INT, "the `p2p_post` it completes"),)),
-        Record(
+        record(P2P_DONE, "id | int | required | the `p2p_post` it completes"),
+        record(
             STALL,
-            (
-                _STACKS,
-                _OPEN_STEPS,
-                _INFLIGHT,
-                _WAITING_IN,
-                _opt("idle_s", FLOAT, "seconds since the last event"),
-            ),
+            """
+            stacks     | object         | always    | thread name -> list of frames
+                                                      (`file:line in function: code`), innermost
+                                                      last
+            open_steps | list of object | always    | steps begun and not ended:
+                                                      `{"id", "thread", "pos", "step"}`
+            inflight   | list of object | always    | P2P ops posted and not completed, each a
+                                                      `p2p_post` event
+            waiting_in | string         | sometimes | only when the rank waits in a collective
+                                                      outside iterations: `"the end-of-run clock
+                                                      exchange"`
+            idle_s     | float          | always    | seconds since the last event
+            """,
         ),
-        Record(
+        record(
             DUMP,
-            (
-                _as_in_stall(_STACKS),
-                _as_in_stall(_OPEN_STEPS),
-                _as_in_stall(_INFLIGHT),
-                _as_in_stall(_WAITING_IN),
-                _opt("reason", STR, '`"SIGUSR1"`'),
-            ),
+            """
+            stacks     | object         | always    | as in `stall`
+            open_steps | list of object | always    | as in `stall`
+            inflight   | list of object | always    | as in `stall`
+            waiting_in | string         | sometimes | as in `stall`
+            reason     | string         | always    | `"SIGUSR1"`
+            """,
         ),
-        Record(
+        record(
             SIGNAL,
-            (
-                _opt("signal", STR, 'e.g. `"SIGTERM"`, `"SIGINT"`'),
-                _as_in_stall(_OPEN_STEPS),
-            ),
+            """
+            signal     | string         | always | e.g. `"SIGTERM"`, `"SIGINT"`
+            open_steps | list of object | always | as in `stall`
+            """,
         ),
-        Record(
+        record(
             EXCEPTION,
-            (
-                _opt("type", STR, "exception class name"),
-                _opt("message", STR, "`str(exception)`"),
-                _opt("traceback", STR, "the formatted traceback"),
-                _as_in_stall(_OPEN_STEPS),
-            ),
+            """
+            type       | string         | always | exception class name
+            message    | string         | always | `str(exception)`
+            traceback  | string         | always | the formatted traceback
+            open_steps | list of object | always | as in `stall`
+            """,
         ),
-        Record(
+        record(
             ABORT,
-            (
-                _opt("idle_s", FLOAT, "seconds since the last progress"),
-                _opt("message", STR, "what was printed to stderr"),
-                _as_in_stall(_WAITING_IN),
-            ),
+            """
+            idle_s     | float  | always    | seconds since the last progress
+            message    | string | always    | what was printed to stderr
+            waiting_in | string | sometimes | as in `stall`
+            """,
         ),
-        Record(RUN_END, ()),
+        record(RUN_END, ""),
     )
 }
 """Every event type, by name."""
@@ -365,16 +346,16 @@ EVENT_TYPES = tuple(EVENTS)
 def line_template(event: Record) -> bytes:
     """A ``%`` template of the line orjson writes for ``event``, for writers that skip building
     a dict. Its values are ``t`` and then the required fields in declared order: an int field
-    takes an int, any other a JSON literal (bytes from ``orjson.dumps``). The optional fields,
-    which must come last, are left out: a writer inserts ``,"name":<JSON>`` before the final
-    ``}`` of the line for each one it writes."""
+    takes an int, any other a JSON literal (bytes from ``orjson.dumps``). The fields readers do
+    without, which must come last, are left out: a writer inserts ``,"name":<JSON>`` before
+    the final ``}`` of the line for each one it writes."""
     parts = [b'{"e":"%s"' % event.name.encode(), b'"t":%d']
     fields = list(event.fields)
     while fields and not fields[-1].required:
         fields.pop()
     for f in fields:
         if not f.required:
-            raise ValueError(f"{event.name}.{f.name}: an optional field before a required one")
+            raise ValueError(f"{event.name}.{f.name}: a field readers do without comes first")
         parts.append(b'"%s":%s' % (f.name.encode(), b"%d" if f.type is INT else b"%s"))
     return b",".join(parts) + b"}\n"
 

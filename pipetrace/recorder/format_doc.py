@@ -23,11 +23,10 @@ def table(record: fmt.Record) -> list[str]:
     """The markdown table of a record's fields (none for a record without fields)."""
     if not record.fields:
         return []
-    rows = ["| field | type | required | meaning |", "|---|---|---|---|"]
+    rows = ["| field | type | presence | meaning |", "|---|---|---|---|"]
     for f in record.fields:
-        meaning = f.meaning + (f" (since version {f.since})" if f.since > 1 else "")
-        required = "yes" if f.required else ""
-        rows.append(f"| `{f.name}` | {f.type.doc} | {required} | {meaning} |")
+        presence = f.presence.value + (f" since {f.since}" if f.since > 1 else "")
+        rows.append(f"| `{f.name}` | {f.type.doc} | {presence} | {f.meaning} |")
     return rows
 
 

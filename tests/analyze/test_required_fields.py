@@ -18,8 +18,9 @@ GOOD = {
     fmt.FLOAT: 0.5,
     fmt.OBJECT: {},
     fmt.OBJECTS: [],
+    fmt.OP: "send",
 }
-WRONG = {fmt.INT: "3", fmt.STR: 3, fmt.INTS: [2.5], fmt.STRS: [0]}
+WRONG = {fmt.INT: "3", fmt.STR: 3, fmt.INTS: [2.5], fmt.STRS: [0], fmt.OP: "broadcast"}
 REQUIRED = [
     (name, f) for name, event in fmt.EVENTS.items() for f in event.required(fmt.SCHEMA_VERSION)
 ]
@@ -27,7 +28,7 @@ REQUIRED = [
 
 def example(name: str) -> dict:
     """A valid event of type ``name`` with every declared field."""
-    fields = {f.name: f.values[0] if f.values else GOOD[f.type] for f in fmt.EVENTS[name].fields}
+    fields = {f.name: GOOD[f.type] for f in fmt.EVENTS[name].fields}
     return {"e": name, "t": 1_000, **fields}
 
 
@@ -58,9 +59,3 @@ def test_an_event_without_a_usable_required_field_is_corrupt(tmp_path, name, fie
     raw = parse_rank_file(tmp_path / "log.ndjson")
     assert raw.problems.corrupt_lines == 1
     assert len(raw.steps["begin"]) == 1 and len(raw.p2p["post"]) == 1
-
-
-def test_an_op_outside_its_declared_values_is_corrupt(tmp_path):
-    broken = {**example(fmt.P2P_POST), "op": "broadcast"}
-    write_log(tmp_path / "log.ndjson", [example(fmt.P2P_POST), broken])
-    assert parse_rank_file(tmp_path / "log.ndjson").problems.corrupt_lines == 1

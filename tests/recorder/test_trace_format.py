@@ -23,7 +23,7 @@ from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")
-EXAMPLES = {fmt.INT: -7, fmt.STR: 'a "quoted" \\ text', fmt.INTS: [4, 0, 2]}
+EXAMPLES = {fmt.INT: -7, fmt.STR: 'a "quoted" \\ text', fmt.INTS: [4, 0, 2], fmt.OP: "recv"}
 
 
 def run_session(run_dir: Path, scenario: str, mode: str = "steps", **popen) -> subprocess.Popen:
@@ -69,12 +69,12 @@ def test_the_recorder_writes_what_the_declaration_says(tmp_path):
             assert not undeclared, f"{name}: written but not declared: {sorted(undeclared)}"
             order = [f for f in declared if f in record]
             assert list(record) == order, f"{name}: written in another order than declared"
-            wrong = [f for f, value in record.items() if not declared[f].accepts(value)]
+            wrong = [f for f, value in record.items() if not declared[f].type.check(value)]
             assert not wrong, f"{name}: values not of their declared types: {wrong}"
             seen[name] |= record.keys()
     assert set(seen) == set(RECORDS), "some records were never written"
     for name, record in RECORDS.items():
-        always = {f.name for f in record.fields if f.when is None}
+        always = {f.name for f in record.fields if f.presence is not fmt.Presence.SOMETIMES}
         assert always <= seen[name], f"{name}: declared but never written: {always - seen[name]}"
     assert "stack" in seen[fmt.P2P_POST]  # the full-mode run
 
@@ -92,11 +92,25 @@ def test_the_doc_tables_are_the_declared_ones():
 def test_a_line_template_writes_what_orjson_writes(name):
     event = fmt.EVENTS[name]
     required = event.required(fmt.SCHEMA_VERSION)
-    values = {f.name: f.values[0] if f.values else EXAMPLES[f.type] for f in required}
+    values = {f.name: EXAMPLES[f.type] for f in required}
     slots = [v if type(v) is int else orjson.dumps(v) for v in values.values()]
     line = fmt.line_template(event) % (1_700_000_000_000_000_000, *slots)
     expected = {"e": name, "t": 1_700_000_000_000_000_000, **values}
     assert line == orjson.dumps(expected, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def test_a_field_added_by_a_later_version_is_required_from_that_version_on():
+    declared = fmt.record(
+        "example",
+        """
+        a | int    | required         | there from the start
+        b | string | required since 2 | added later,
+                                        and explained on two lines
+        """,
+    )
+    assert [f.name for f in declared.required(1)] == ["a"]
+    assert [f.name for f in declared.required(2)] == ["a", "b"]
+    assert declared.fields[1].meaning == "added later, and explained on two lines"
 
 
 def test_a_record_is_built_in_declared_order_and_only_from_declared_fields():
