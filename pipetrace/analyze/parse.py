@@ -21,6 +21,7 @@ import numpy as np
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS, parse_texts
 from pipetrace.analyze.reader import SKIP, LogProblems, TraceFormatError, event_batches, open_log
 from pipetrace.gc_pause import gc_paused
+from pipetrace.interning import Interner
 from pipetrace.recorder import format as fmt
 
 _END_EVENTS = frozenset({fmt.STEP_END, fmt.P2P_DONE})
@@ -66,9 +67,9 @@ class _Columns:
         for name in self.names:
             self.parts[name].append(columns[name])
 
-    def result(self, dtypes: dict[str, Any]) -> dict[str, np.ndarray]:
+    def result(self) -> dict[str, np.ndarray]:
         return {
-            n: np.concatenate(p).astype(dtypes[n], copy=False) if p else np.empty(0, dtypes[n])
+            n: np.concatenate(p).astype(_dtype(n), copy=False) if p else np.empty(0, _dtype(n))
             for n, p in self.parts.items()
         }
 
@@ -77,21 +78,15 @@ _STEP_COLS = ("t", "id", "it", "pos", "code", "thread")
 _P2P_COLS = ("t", "id", "it", "op", "peer", "ch", "seq", "nbytes", "shape", "dtype", "code")
 _END_COLS = ("id", "t")
 _I64 = np.int64
+_NARROW = {
+    **dict.fromkeys(("code", "thread", "shape", "dtype"), np.int32),
+    **dict.fromkeys(("op", "ch"), np.int8),
+}
 
 
-class _Interner:
-    """Codes for values: ``values[code]``, appended to as new values are met."""
-
-    def __init__(self, values: list) -> None:
-        self.values = values
-        self.codes: dict[Any, int] = {v: i for i, v in enumerate(values)}
-
-    def get(self, value: Any) -> int:
-        code = self.codes.get(value)
-        if code is None:
-            code = self.codes[value] = len(self.values)
-            self.values.append(value)
-        return code
+def _dtype(column: str) -> Any:
+    """The dtype of a column: interned codes and enumerations narrow, the rest int64."""
+    return _NARROW.get(column, _I64)
 
 
 def parse_rank_file(path: str | Path) -> RawRank:
@@ -108,9 +103,9 @@ def _parse(path: str | Path) -> RawRank:
         raw.error = str(exc)
         return raw
     raw.header = header
-    texts, threads = _Interner(raw.texts), _Interner(raw.threads)
+    texts, threads = Interner(raw.texts), Interner(raw.threads)
     threads.get("main")
-    shapes, dtypes = _Interner(raw.shapes), _Interner(raw.dtypes)
+    shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
     steps, p2p, ends = _Columns(_STEP_COLS), _Columns(_P2P_COLS), _Columns(_END_COLS)
     interners = (texts, threads, shapes, dtypes)
     try:
@@ -121,7 +116,7 @@ def _parse(path: str | Path) -> RawRank:
                 _check_new_values(interners, marks)
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
                 for interner, mark in zip(interners, marks):
-                    _truncate(interner, mark)
+                    interner.truncate(mark)
                 columns = _slow_batch(items, first_line, raw, interners)
             sb, pp, en, other = columns
             steps.add(sb)
@@ -136,13 +131,7 @@ def _parse(path: str | Path) -> RawRank:
     return raw
 
 
-def _truncate(interner: _Interner, mark: int) -> None:
-    for value in interner.values[mark:]:
-        del interner.codes[value]
-    del interner.values[mark:]
-
-
-def _check_new_values(interners: tuple[_Interner, ...], marks: list[int]) -> None:
+def _check_new_values(interners: tuple[Interner, ...], marks: list[int]) -> None:
     texts, threads, shapes, dtypes = interners
     for interner, mark in ((texts, marks[0]), (threads, marks[1]), (dtypes, marks[3])):
         for value in interner.values[mark:]:
@@ -154,7 +143,7 @@ def _check_new_values(interners: tuple[_Interner, ...], marks: list[int]) -> Non
                 raise TypeError
 
 
-def _codes(interner: _Interner, values: Any, count: int) -> np.ndarray:
+def _codes(interner: Interner, values: Any, count: int) -> np.ndarray:
     """Intern an iterable of hashable values; returns their codes."""
     values = list(values)
     codes = interner.codes
@@ -166,7 +155,7 @@ def _codes(interner: _Interner, values: Any, count: int) -> np.ndarray:
         return np.fromiter(map(codes.__getitem__, values), np.int32, count)
 
 
-def _fast_batch(items: list, raw: RawRank, interners: tuple[_Interner, ...]):
+def _fast_batch(items: list, raw: RawRank, interners: tuple[Interner, ...]):
     """Columns of one chunk, trusting types (any surprise raises; the caller falls back)."""
     texts, threads, shapes, dtypes = interners
     sb: list = []
@@ -217,7 +206,7 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[_Interner, ...]):
     return step_cols, p2p_cols, end_cols, other
 
 
-def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_Interner, ...]):
+def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Interner, ...]):
     """Columns of one chunk, checking every event; invalid events are counted as corrupt."""
     texts, threads, _, _ = interners
     sb: dict[str, list] = {n: [] for n in _STEP_COLS}
@@ -236,14 +225,15 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_In
             en["id"].append(d["id"])
             en["t"].append(d["t"])
         elif e == fmt.STEP_BEGIN:
-            for name, value in (
-                ("t", d["t"]),
-                ("id", d["id"]),
-                ("it", d["it"]),
-                ("pos", d["pos"]),
-                ("code", texts.get(d["step"])),
-                ("thread", threads.get(d["th"])),
-            ):
+            values = (
+                d["t"],
+                d["id"],
+                d["it"],
+                d["pos"],
+                texts.get(d["step"]),
+                threads.get(d["th"]),
+            )
+            for name, value in zip(_STEP_COLS, values):
                 sb[name].append(value)
         elif e == fmt.P2P_POST:
             values = _p2p_values(d, interners)
@@ -251,22 +241,14 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_In
                 pp[name].append(value)
         else:
             other.append(d)
-    dtypes_of = {
-        "code": np.int32,
-        "thread": np.int32,
-        "op": np.int8,
-        "ch": np.int8,
-        "shape": np.int32,
-        "dtype": np.int32,
-    }
 
     def arrays(cols: dict[str, list]) -> dict[str, np.ndarray]:
-        return {n: np.array(v, dtypes_of.get(n, _I64)) for n, v in cols.items()}
+        return {n: np.array(v, _dtype(n)) for n, v in cols.items()}
 
     return arrays(sb), arrays(pp), arrays(en), other
 
 
-def _p2p_values(d: dict[str, Any], interners: tuple[_Interner, ...]) -> tuple:
+def _p2p_values(d: dict[str, Any], interners: tuple[Interner, ...]) -> tuple:
     texts, _, shapes, dtypes = interners
     return (
         d["t"],
@@ -328,20 +310,7 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
 
 
 def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> None:
-    sb = steps.result({n: np.int32 if n in ("code", "thread") else _I64 for n in _STEP_COLS})
-    pp = p2p.result(
-        {
-            n: (
-                np.int8
-                if n in ("op", "ch")
-                else np.int32
-                if n in ("shape", "dtype", "code")
-                else _I64
-            )
-            for n in _P2P_COLS
-        }
-    )
-    en = ends.result({"id": _I64, "t": _I64})
+    sb, pp, en = steps.result(), p2p.result(), ends.result()
     _add_listed_open(raw, sb, pp)
     raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
     end_ids, end_t = en["id"], en["t"]
@@ -388,7 +357,7 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
         return
     _, t, fields = listing[-1]
     known_steps = set(sb["id"].tolist())
-    texts, threads = _Interner(raw.texts), _Interner(raw.threads)
+    texts, threads = Interner(raw.texts), Interner(raw.threads)
     add_steps = []
     for item in fields.get("open_steps") or ():
         if (
@@ -406,7 +375,7 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
         for name, values in zip(_STEP_COLS, zip(*add_steps)):
             sb[name] = np.concatenate([sb[name], np.array(values, sb[name].dtype)])
     known_ops = set(pp["id"].tolist())
-    shapes, dtypes = _Interner(raw.shapes), _Interner(raw.dtypes)
+    shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
     checks = _checks(raw.header["schema_version"])
     add_ops = []
     for item in fields.get("inflight") or ():
