@@ -11,9 +11,11 @@ reader derives its required-field and type checks, and the field tables of
 docs/trace-format.md are generated from it (`pipetrace.recorder.format_doc`). It imports
 nothing of the recorder's writing code, so the analyzer can import it.
 
-Bump ``SCHEMA_VERSION`` whenever a field changes meaning or a required field is added (give
-that field ``since=`` the new version); readers accept every version up to their own and
-refuse newer ones.
+To add a field: add a line to its record's table below (at the end, unless it is required
+and the writer formats that event from a template), then regenerate the doc tables. Bump
+``SCHEMA_VERSION`` whenever a field changes meaning or a required field is added (mark that
+field ``required since N``); readers accept every version up to their own and refuse newer
+ones, and check each log only for the fields its version requires.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ class Field:
 class Record:
     """meta.json, a log header, or one event type (whose lines also carry ``e`` and ``t``).
 
-    ``fields`` are in the order they are written: the order of keys on disk.
+    ``fields`` are in the order they are written: the order of keys on disk. ``since`` is the
+    schema version that added the record.
     """
 
     name: str
