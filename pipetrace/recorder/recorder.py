@@ -95,7 +95,7 @@ class Recorder:
         self.open_steps: dict[int, tuple[str, int, Step]] = {}  # id -> (thread, position, step)
         self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
         self._texts: dict[int, bytes] = {}
-        self._literals: dict[str | tuple[int, ...], bytes] = {}
+        self._literals = _JsonLiterals()
         self._watchdog = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -319,14 +319,6 @@ class Recorder:
             text = self._texts[key] = orjson.dumps(format_step(step))
         return text
 
-    def _literal(self, value: str | tuple[int, ...]) -> bytes:
-        """A thread name, op, channel, dtype or shape as JSON, computed once per value (a run
-        has few distinct ones)."""
-        literal = self._literals.get(value)
-        if literal is None:
-            literal = self._literals[value] = orjson.dumps(value)
-        return literal
-
     def _encode(self, record: tuple) -> bytes:
         """One event line. The hot event types are formatted from the byte templates that
         `fmt.line_template` derives from their declarations (about 3x cheaper than building a
@@ -336,26 +328,26 @@ class Recorder:
         t = self._epoch_anchor + (record[1] - self._perf_anchor)
         if tag == _STEP_BEGIN:
             _, _, sid, it, pos, step, thread = record
-            return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literal(thread))
+            return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literals[thread])
         if tag == _STEP_END:
             return _STEP_END_LINE % (t, record[2])
         if tag == _P2P_DONE:
             return _P2P_DONE_LINE % (t, record[2])
         if tag == _P2P_POST:
             _, _, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
-            literal = self._literal
+            literal = self._literals
             line = _P2P_POST_LINE % (
                 t,
                 pid,
                 it,
-                literal(op),
+                literal[op],
                 self._text(step),
                 peer,
-                literal(channel),
+                literal[channel],
                 seq,
                 nbytes,
-                literal(tuple(shape)),
-                literal(dtype),
+                literal[tuple(shape)],
+                literal[dtype],
             )
             if stack is None:
                 return line
@@ -369,6 +361,15 @@ _STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
 _P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
 _P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
 _DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+class _JsonLiterals(dict):
+    """Thread names, ops, channels, dtypes and shapes as JSON bytes, encoded once per value
+    (a run has few distinct ones); a hit is a plain dict lookup, cheaper than ``str.encode``."""
+
+    def __missing__(self, value: str | tuple[int, ...]) -> bytes:
+        literal = self[value] = orjson.dumps(value)
+        return literal
 
 
 def _short_stack(limit: int = 8) -> list[str]:
