@@ -363,7 +363,7 @@ _P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the opti
 _DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
-class _JsonLiterals(dict):
+class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
     """Thread names, ops, channels, dtypes and shapes as JSON bytes, encoded once per value
     (a run has few distinct ones); a hit is a plain dict lookup, cheaper than ``str.encode``."""
 
