@@ -271,7 +271,7 @@ EVENTS: dict[str, Record] = {
             """
             id    | int                  | required  | pairs it with its `p2p_done`
             it    | int                  | required  | iteration
-            op    | `"send"` or `"recv"` | required  | isend or irecv
+            op    | `"send"` or `"recv"` | required  | the operation posted
             step  | string               | required  | the SEND/RECV step that posted it
             peer  | int                  | required  | the other rank
             ch    | string               | required  | channel: `"F"` (activations) or `"B"`
