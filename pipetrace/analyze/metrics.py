@@ -1,5 +1,5 @@
-"""Timing metrics: iteration time, per-rank busy / P2P wait / bubble, per-stage step costs,
-the ideal bubble from the simulator, and exposed communication.
+"""Timing metrics: iteration time, per-rank busy / P2P wait / bubble, per-stage step costs
+and exposed communication, per iteration (`pipetrace.analyze.summary` reduces them).
 
 Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
 
@@ -10,8 +10,7 @@ Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
   drain of sends.
 - *bubble*: iteration time minus busy (as the simulator counts it: waiting is idle).
   ``bubble_ratio`` = bubble / busy, the simulator's definition, so it compares directly with
-  the ideal: `pipetrace.schedule.simulate.simulate` fed this run's mean per-stage F/B/I/W
-  costs, with free communication.
+  the ideal (`pipetrace.analyze.ideal`, fed `Metrics.mean_costs`).
 - *exposed comm*: in overlap mode, the part of a wait after the peer had already posted its
   side: transfer time that the schedule meant to hide behind compute.
 """
@@ -19,8 +18,7 @@ Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,7 +67,6 @@ class Metrics:
     complete: np.ndarray  # bool: every present rank began and ended it
     per_rank: dict[int, RankIterations]
     stage_costs: dict[tuple[int, str], np.ndarray]  # (stage, kind[+OVERLAPPED]) -> durations (ns)
-    ideal: dict[str, Any] = field(default_factory=dict)
     overlap_mode: bool = False
 
     @property
@@ -150,9 +147,7 @@ def compute_metrics(run: Run) -> Metrics:
         for key, values in costs.items():
             stage_costs.setdefault(key, []).append(values)
     merged = {k: np.concatenate(v) for k, v in sorted(stage_costs.items())}
-    metrics = Metrics(its, start, end, complete, per_rank, merged, overlap_mode=overlap)
-    metrics.ideal = ideal_timeline(run, metrics.mean_costs())
-    return metrics
+    return Metrics(its, start, end, complete, per_rank, merged, overlap_mode=overlap)
 
 
 def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.ndarray):
@@ -312,46 +307,3 @@ def _consumer_key(
 ) -> np.ndarray:
     """(iteration, stage, micro-batch, forward or backward) as one int64."""
     return ((it.astype(np.int64) * 65536 + stage) * 1048576 + mb) * 2 + backward
-
-
-def ideal_timeline(
-    run: Run,
-    costs: dict[tuple[int, str], float],
-    *,
-    override: dict[tuple[int, str], float] | None = None,
-) -> dict[str, Any]:
-    """The simulator's timeline for this run's plan with these per-stage costs (ns)."""
-    if run.plan is None or not costs:
-        return {"available": False, "reason": "no plan" if run.plan is None else "no measured step"}
-    try:
-        from pipetrace.schedule.simulate import Costs, simulate
-    except ImportError:  # pragma: no cover - the simulator ships with pipetrace
-        return {"available": False, "reason": "simulator unavailable"}
-    per_stage = dict(costs)
-    if override:
-        per_stage.update(override)
-    by_kind = {}
-    for kind in ("F", "B", "I", "W"):
-        values = [c for (s, k), c in per_stage.items() if k == kind]
-        by_kind[kind] = float(np.mean(values)) if values else 0.0
-    try:
-        result = simulate(
-            run.plan,
-            Costs(
-                F=by_kind["F"], B=by_kind["B"], I=by_kind["I"], W=by_kind["W"], per_stage=per_stage
-            ),
-            semantics="eager",
-        )
-    except Exception as exc:
-        return {"available": False, "reason": f"simulation failed: {exc}"}
-    return {
-        "available": True,
-        "makespan_ns": float(result.makespan),
-        "bubble_ratio": _finite(result.bubble_ratio),
-        "idle_fraction": float(result.idle_fraction),
-        "per_rank_bubble_ratio": [_finite(r.bubble_ratio) for r in result.per_rank],
-    }
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None
