@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 
+from . import waitfor
 from .ir import FSDP_KINDS, Plan, Step, StepKind, format_step
 
 SEMANTICS = ("eager", "rendezvous", "fifo")
@@ -360,39 +361,16 @@ class Stall:
 
 
 def stalls(outcome: Outcome) -> list[Stall]:
-    """Group the blocked ranks by what they ultimately wait on and explain each group.
-
-    Every blocked rank waits for exactly one rank, so the wait-for graph is functional:
-    each group is either a cycle (a deadlock) or a tree ending at a rank that finished.
-    """
+    """Group the blocked ranks by what they ultimately wait on (:func:`.waitfor.solve`) and
+    explain each group: a cycle is a deadlock, a chain ending at a rank that finished or at
+    a stage with no rank is stuck."""
     stuck = outcome.blocked()
     target = {r: outcome.waits_for(r) for r in stuck}
-    root: dict[int, tuple[str, int | None]] = {}
-    cycles: dict[int, list[int]] = {}
-    for r in sorted(stuck):
-        path: list[int] = []
-        x: int | None = r
-        while x in stuck and x not in root and x not in path:
-            path.append(x)
-            x = target[x]
-        if x in root:
-            found = root[x]
-        elif x in path:
-            cyc = path[path.index(x) :]
-            low = cyc.index(min(cyc))
-            cycles[min(cyc)] = cyc[low:] + cyc[:low]
-            found = ("cycle", min(cyc))
-        else:
-            found = ("end", x)
-        for y in path:
-            root[y] = found
-    groups: dict[tuple[str, int | None], list[int]] = {}
-    for r in sorted(stuck):
-        groups.setdefault(root[r], []).append(r)
     result = []
-    for (what, which), members in groups.items():
-        if what == "cycle":
-            start = which
+    for group in waitfor.solve(target, sorted(stuck)):
+        members = group.members
+        if group.kind == waitfor.CYCLE:
+            start = min(group.cycle)
             lead = f"deadlock under {outcome.semantics}: "
         else:
             depth = {r: _depth(r, target) for r in members}
@@ -404,7 +382,7 @@ def stalls(outcome: Outcome) -> list[Stall]:
             text += "; also stuck behind it: " + ", ".join(
                 f"rank {r} in {outcome.step_text(r)} waiting for rank {target[r]}" for r in others
             )
-        kind = "deadlock" if what == "cycle" else "stuck"
+        kind = "deadlock" if group.kind == waitfor.CYCLE else "stuck"
         result.append(Stall(kind, chain, members, lead + text))
     return result
 
