@@ -24,7 +24,7 @@ where, and every step's start and end time) does not depend on the worklist orde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 
@@ -247,79 +247,144 @@ def execute(
     """
     if semantics not in SEMANTICS:
         raise ValueError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    keys, peers = program.keys, program.peers
-    num_ranks = len(keys)
-    if durations is None:
-        durations = [[0.0] * len(row) for row in keys]
-    start = [[0.0] * len(row) for row in keys]
-    end = [[0.0] * len(row) for row in keys]
-    cursor = [0] * num_ranks
-    clock = [0.0] * num_ranks
-    lengths = [len(row) for row in keys]
-    eager, fifo = semantics == "eager", semantics == "fifo"
-    in_flight: dict[int, float] = {}  # eager: send key -> time the message is available
-    extra: dict[int, list[float]] = {}  # eager: further copies of a duplicated message
-    waiting: dict[int, int] = {}  # eager: send key -> the rank blocked receiving it
-    mismatches: list[tuple[int, int, int, int]] = []
-    work = list(range(num_ranks - 1, -1, -1))
+    state = _State.new(program, durations, transfer)
+    if semantics == "eager":
+        _run_eager(state)
+    else:
+        _run_paired(state, fifo=semantics == "fifo")
+    return Outcome(program, semantics, state.cursor, state.start, state.end, state.mismatches)
 
+
+@dataclass(slots=True)
+class _State:
+    """The executor's progress: per rank its cursor and clock, each step's start and end,
+    messages in flight (eager) and the worklist of ranks that may advance."""
+
+    keys: list[list[int]]
+    peers: list[list[int]]
+    durations: list[list[float]]
+    transfer: float
+    start: list[list[float]]
+    end: list[list[float]]
+    cursor: list[int]
+    clock: list[float]
+    work: list[int]
+    in_flight: dict[int, float] = field(default_factory=dict)  # send key -> when receivable
+    extra: dict[int, list[float]] = field(default_factory=dict)  # duplicated messages' copies
+    waiting: dict[int, int] = field(default_factory=dict)  # send key -> the rank receiving it
+    mismatches: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def new(cls, program: Program, durations: list[list[float]] | None, transfer: float) -> _State:
+        keys = program.keys
+        n = len(keys)
+        return cls(
+            keys,
+            program.peers,
+            durations if durations is not None else [[0.0] * len(row) for row in keys],
+            transfer,
+            [[0.0] * len(row) for row in keys],
+            [[0.0] * len(row) for row in keys],
+            [0] * n,
+            [0.0] * n,
+            list(range(n - 1, -1, -1)),
+        )
+
+
+def _run_eager(s: _State) -> None:
+    """Advance each rank until it blocks in a recv whose message was not sent yet, or ends.
+    A send never blocks; it wakes the rank waiting for its message."""
+    keys, durations, start, end, cursor, clock = (
+        s.keys,
+        s.durations,
+        s.start,
+        s.end,
+        s.cursor,
+        s.clock,
+    )
+    in_flight, extra, waiting, transfer, work = s.in_flight, s.extra, s.waiting, s.transfer, s.work
+    while work:
+        rank = work.pop()
+        keys_r, dur_r, start_r, end_r = keys[rank], durations[rank], start[rank], end[rank]
+        t, n = clock[rank], len(keys_r)
+        for i in range(cursor[rank], n):
+            key = keys_r[i]
+            if key < 0:  # compute or FSDP: never blocks here
+                start_r[i] = t
+                t += dur_r[i]
+            elif key & 1:
+                ready = in_flight.pop(key - 1, None)
+                if ready is None:
+                    waiting[key - 1] = rank
+                    break
+                if extra and key - 1 in extra:
+                    _next_copy(in_flight, extra, key - 1)
+                start_r[i] = t
+                if ready > t:
+                    t = ready
+            else:
+                start_r[i] = t
+                ready = t + transfer
+                if in_flight.setdefault(key, ready) is not ready:  # a duplicate
+                    extra.setdefault(key, []).append(ready)
+                woken = waiting.pop(key, -1)
+                if woken >= 0:
+                    work.append(woken)
+            end_r[i] = t
+        else:
+            i = n  # ran to the end of its plan
+        cursor[rank], clock[rank] = i, t
+
+
+def _run_paired(s: _State, *, fifo: bool) -> None:
+    """Advance each rank until it blocks in a SEND or RECV whose peer is not at the other
+    end (rendezvous, fifo), or ends. A pair completes both ends at once and wakes the peer."""
+    keys, peers, durations, start, end = s.keys, s.peers, s.durations, s.start, s.end
+    cursor, clock, transfer, work = s.cursor, s.clock, s.transfer, s.work
     while work:
         rank = work.pop()
         keys_r, peers_r, dur_r = keys[rank], peers[rank], durations[rank]
         start_r, end_r = start[rank], end[rank]
-        t, n = clock[rank], lengths[rank]
+        t, n = clock[rank], len(keys_r)
         for i in range(cursor[rank], n):
             key = keys_r[i]
             if key < 0:  # compute or FSDP: never blocks here
                 start_r[i] = t
                 t += dur_r[i]
                 end_r[i] = t
-            elif eager:
-                if key & 1:
-                    ready = in_flight.pop(key - 1, None)
-                    if ready is None:
-                        waiting[key - 1] = rank
-                        break
-                    if extra and key - 1 in extra:
-                        _next_copy(in_flight, extra, key - 1)
-                    start_r[i] = t
-                    if ready > t:
-                        t = ready
-                    end_r[i] = t
-                else:
-                    start_r[i] = end_r[i] = t
-                    ready = t + transfer
-                    if in_flight.setdefault(key, ready) is not ready:  # a duplicate
-                        extra.setdefault(key, []).append(ready)
-                    woken = waiting.pop(key, -1)
-                    if woken >= 0:
-                        work.append(woken)
-            else:
-                peer = peers_r[i]
-                if peer == NO_PEER or peer == rank:
+                continue
+            peer = peers_r[i]
+            if peer in (NO_PEER, rank):
+                break
+            j = cursor[peer]
+            if j >= len(keys[peer]):
+                break
+            if fifo:
+                if not _fifo_pairs(s, rank, i, peer, j):
                     break
-                j = cursor[peer]
-                if j >= lengths[peer]:
-                    break
-                other_key = keys[peer][j]
-                if fifo:  # any recv from this rank pairs with any send to it
-                    if other_key < 0 or (other_key ^ key) & 1 == 0 or peers[peer][j] != rank:
-                        break
-                    if other_key != key ^ 1:
-                        mismatches.append((peer, j, rank, i) if key & 1 else (rank, i, peer, j))
-                elif other_key != key ^ 1:
-                    break
-                other = clock[peer]
-                done = (t if t > other else other) + transfer
-                start_r[i], end_r[i] = t, done
-                start[peer][j], end[peer][j] = other, done
-                cursor[peer], clock[peer] = j + 1, done
-                work.append(peer)
-                t = done
+            elif keys[peer][j] != key ^ 1:
+                break
+            other = clock[peer]
+            done = (t if t > other else other) + transfer
+            start_r[i], end_r[i] = t, done
+            start[peer][j], end[peer][j] = other, done
+            cursor[peer], clock[peer] = j + 1, done
+            work.append(peer)
+            t = done
         else:
             i = n  # ran to the end of its plan
         cursor[rank], clock[rank] = i, t
-    return Outcome(program, semantics, cursor, start, end, mismatches)
+
+
+def _fifo_pairs(s: _State, rank: int, i: int, peer: int, j: int) -> bool:
+    """Under ``fifo`` (no tags) any recv from this rank pairs with any send to it: whether
+    the peer's step ``j`` is one, recording a pair that names different messages."""
+    key, other_key = s.keys[rank][i], s.keys[peer][j]
+    if other_key < 0 or (other_key ^ key) & 1 == 0 or s.peers[peer][j] != rank:
+        return False
+    if other_key != key ^ 1:
+        s.mismatches.append((peer, j, rank, i) if key & 1 else (rank, i, peer, j))
+    return True
 
 
 def _next_copy(in_flight: dict[int, float], extra: dict[int, list[float]], key: int) -> None:
