@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 ERROR, WARNING, INFO = "error", "warning", "info"
@@ -46,18 +46,19 @@ class StepRef:
     note: str | None = None  # e.g. "blocked in recv from rank 2"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "step": self.step,
-            "iteration": self.iteration,
-            "position": self.position,
-            "time_ns": self.time_ns,
-            "note": self.note,
-        }
+        return asdict(self)
 
 
 @dataclass
 class Finding:
+    """What went wrong in a recorded run, where and when, and its likely cause.
+
+    The static verifier has its own `pipetrace.schedule.verify.Finding`, on purpose: it is
+    about a plan, not a run, so it has no cause, time, iteration or details, and its step
+    positions count the plan's bubbles while these (`StepRef.position`) do not. Each is a
+    documented JSON contract (docs/schedules.md, docs/analyze.md); one type for both would
+    give a field two meanings depending on who made it. They share the severity words."""
+
     kind: str
     severity: str
     message: str  # one line: what happened

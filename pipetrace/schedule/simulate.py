@@ -16,7 +16,7 @@ forward is counted first, so the peak includes both.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import accumulate
 from numbers import Integral
 
@@ -154,14 +154,7 @@ class RankStats:
     peak_inflight_activations: int
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "rank": self.rank,
-            "busy": self.busy,
-            "idle": self.idle,
-            "idle_fraction": self.idle_fraction,
-            "bubble_ratio": _finite(self.bubble_ratio),
-            "peak_inflight_activations": self.peak_inflight_activations,
-        }
+        return {**asdict(self), "bubble_ratio": _finite(self.bubble_ratio)}
 
 
 @dataclass

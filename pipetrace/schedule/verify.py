@@ -79,6 +79,9 @@ _KIND_NAMES = ("F", "B", "I", "W", "RECV_F", "RECV_B", "SEND_F", "SEND_B")  # by
 
 @dataclass(frozen=True, slots=True)
 class StepRef:
+    """A step of the plan, by its position with bubbles (see `Finding` on why this is not
+    `pipetrace.analyze.findings.StepRef`)."""
+
     rank: int
     position: int  # index into plan.ranks[rank], bubbles included
     text: str
@@ -89,6 +92,14 @@ class StepRef:
 
 @dataclass(slots=True)
 class Finding:
+    """A problem of a plan, found without running it.
+
+    Not `pipetrace.analyze.findings.Finding` (a problem of a recorded run): a plan has no
+    times, iterations or likely causes to report, its step positions count bubbles where
+    the run's do not, and the two JSON forms are separate documented contracts
+    (docs/schedules.md, docs/analyze.md). The kinds differ too (`FINDING_KINDS` here); the
+    severity words are the same."""
+
     kind: str
     severity: str  # "error" | "warning"
     message: str
@@ -359,7 +370,7 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
         get = first.get
         for i, k in chain(enumerate(ids), leaves):
             code = k & 7
-            if k < 0 or code == CODE_RECV_F or code == CODE_RECV_B:
+            if k < 0 or code in (CODE_RECV_F, CODE_RECV_B):
                 continue  # not checked here, or needs nothing
             if code == CODE_SEND_F:
                 if not get(k - CODE_SEND_F, never) < i:
