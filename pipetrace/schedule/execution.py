@@ -24,6 +24,7 @@ where, and every step's start and end time) does not depend on the worklist orde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -247,11 +248,8 @@ def execute(
     """
     if semantics not in SEMANTICS:
         raise ValueError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    state = _State.new(program, durations, transfer)
-    if semantics == "eager":
-        _run_eager(state)
-    else:
-        _run_paired(state, fifo=semantics == "fifo")
+    state = _State.new(program, durations, transfer, fifo=semantics == "fifo")
+    _run(state, _eager_step if semantics == "eager" else _paired_step)
     return Outcome(program, semantics, state.cursor, state.start, state.end, state.mismatches)
 
 
@@ -264,6 +262,7 @@ class _State:
     peers: list[list[int]]
     durations: list[list[float]]
     transfer: float
+    fifo: bool  # untagged pairing (see `_fifo_pairs`)
     start: list[list[float]]
     end: list[list[float]]
     cursor: list[int]
@@ -275,7 +274,9 @@ class _State:
     mismatches: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @classmethod
-    def new(cls, program: Program, durations: list[list[float]] | None, transfer: float) -> _State:
+    def new(
+        cls, program: Program, durations: list[list[float]] | None, transfer: float, fifo: bool
+    ) -> _State:
         keys = program.keys
         n = len(keys)
         return cls(
@@ -283,6 +284,7 @@ class _State:
             program.peers,
             durations if durations is not None else [[0.0] * len(row) for row in keys],
             transfer,
+            fifo,
             [[0.0] * len(row) for row in keys],
             [[0.0] * len(row) for row in keys],
             [0] * n,
@@ -291,89 +293,82 @@ class _State:
         )
 
 
-def _run_eager(s: _State) -> None:
-    """Advance each rank until it blocks in a recv whose message was not sent yet, or ends.
-    A send never blocks; it wakes the rank waiting for its message."""
-    keys, durations, start, end, cursor, clock = (
-        s.keys,
-        s.durations,
-        s.start,
-        s.end,
-        s.cursor,
-        s.clock,
-    )
-    in_flight, extra, waiting, transfer, work = s.in_flight, s.extra, s.waiting, s.transfer, s.work
+_BLOCKED = -1.0  # what a comm step function returns when the rank cannot go on (times >= 0)
+
+
+def _run(s: _State, comm_step: Callable[[_State, int, int, int, float], float]) -> None:
+    """Advance each rank on the worklist until it blocks or ends. Compute and FSDP steps
+    never block; ``comm_step(state, rank, index, key, t)`` runs a SEND or RECV begun at
+    ``t`` and returns when it ended, or ``_BLOCKED``."""
+    keys, durations, start, end = s.keys, s.durations, s.start, s.end
+    cursor, clock, work = s.cursor, s.clock, s.work
     while work:
         rank = work.pop()
         keys_r, dur_r, start_r, end_r = keys[rank], durations[rank], start[rank], end[rank]
         t, n = clock[rank], len(keys_r)
         for i in range(cursor[rank], n):
             key = keys_r[i]
-            if key < 0:  # compute or FSDP: never blocks here
-                start_r[i] = t
-                t += dur_r[i]
-            elif key & 1:
-                ready = in_flight.pop(key - 1, None)
-                if ready is None:
-                    waiting[key - 1] = rank
+            if key >= 0:
+                done = comm_step(s, rank, i, key, t)
+                if done == _BLOCKED:
                     break
-                if extra and key - 1 in extra:
-                    _next_copy(in_flight, extra, key - 1)
-                start_r[i] = t
-                if ready > t:
-                    t = ready
-            else:
-                start_r[i] = t
-                ready = t + transfer
-                if in_flight.setdefault(key, ready) is not ready:  # a duplicate
-                    extra.setdefault(key, []).append(ready)
-                woken = waiting.pop(key, -1)
-                if woken >= 0:
-                    work.append(woken)
+                t = done
+                continue
+            start_r[i] = t
+            t += dur_r[i]
             end_r[i] = t
         else:
             i = n  # ran to the end of its plan
         cursor[rank], clock[rank] = i, t
 
 
-def _run_paired(s: _State, *, fifo: bool) -> None:
-    """Advance each rank until it blocks in a SEND or RECV whose peer is not at the other
-    end (rendezvous, fifo), or ends. A pair completes both ends at once and wakes the peer."""
-    keys, peers, durations, start, end = s.keys, s.peers, s.durations, s.start, s.end
-    cursor, clock, transfer, work = s.cursor, s.clock, s.transfer, s.work
-    while work:
-        rank = work.pop()
-        keys_r, peers_r, dur_r = keys[rank], peers[rank], durations[rank]
-        start_r, end_r = start[rank], end[rank]
-        t, n = clock[rank], len(keys_r)
-        for i in range(cursor[rank], n):
-            key = keys_r[i]
-            if key < 0:  # compute or FSDP: never blocks here
-                start_r[i] = t
-                t += dur_r[i]
-                end_r[i] = t
-                continue
-            peer = peers_r[i]
-            if peer in (NO_PEER, rank):
-                break
-            j = cursor[peer]
-            if j >= len(keys[peer]):
-                break
-            if fifo:
-                if not _fifo_pairs(s, rank, i, peer, j):
-                    break
-            elif keys[peer][j] != key ^ 1:
-                break
-            other = clock[peer]
-            done = (t if t > other else other) + transfer
-            start_r[i], end_r[i] = t, done
-            start[peer][j], end[peer][j] = other, done
-            cursor[peer], clock[peer] = j + 1, done
-            work.append(peer)
-            t = done
-        else:
-            i = n  # ran to the end of its plan
-        cursor[rank], clock[rank] = i, t
+def _eager_step(s: _State, rank: int, i: int, key: int, t: float) -> float:
+    """A send never blocks and wakes the rank waiting for its message; a recv waits until
+    its message was sent and has spent ``transfer`` on the wire."""
+    in_flight, extra = s.in_flight, s.extra
+    if key & 1:
+        ready = in_flight.pop(key - 1, None)
+        if ready is None:
+            s.waiting[key - 1] = rank
+            return _BLOCKED
+        if extra and key - 1 in extra:
+            _next_copy(in_flight, extra, key - 1)
+        s.start[rank][i] = t
+        if ready > t:
+            t = ready
+    else:
+        s.start[rank][i] = t
+        ready = t + s.transfer
+        if in_flight.setdefault(key, ready) is not ready:  # a duplicate
+            extra.setdefault(key, []).append(ready)
+        woken = s.waiting.pop(key, -1)
+        if woken >= 0:
+            s.work.append(woken)
+    s.end[rank][i] = t
+    return t
+
+
+def _paired_step(s: _State, rank: int, i: int, key: int, t: float) -> float:
+    """Rendezvous and fifo: the step waits until the peer is at the other end; the pair
+    completes both ends at once, ``transfer`` after the later arrived, and wakes the peer."""
+    peer = s.peers[rank][i]
+    if peer in (NO_PEER, rank):
+        return _BLOCKED
+    j = s.cursor[peer]
+    if j >= len(s.keys[peer]):
+        return _BLOCKED
+    if s.fifo:
+        if not _fifo_pairs(s, rank, i, peer, j):
+            return _BLOCKED
+    elif s.keys[peer][j] != key ^ 1:
+        return _BLOCKED
+    other = s.clock[peer]
+    done = (t if t > other else other) + s.transfer
+    s.start[rank][i], s.end[rank][i] = t, done
+    s.start[peer][j], s.end[peer][j] = other, done
+    s.cursor[peer], s.clock[peer] = j + 1, done
+    s.work.append(peer)
+    return done
 
 
 def _fifo_pairs(s: _State, rank: int, i: int, peer: int, j: int) -> bool:
