@@ -12,7 +12,7 @@ it. Time strictly decreases at each step, so the walk ends.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,19 +27,17 @@ from pipetrace.analyze.model import (
     SEND_CODES,
     Run,
 )
+from pipetrace.records import JsonRecord
 
 
 @dataclass
-class Segment:
+class Segment(JsonRecord):
     rank: int
     start_ns: int
     end_ns: int
     what: str  # "compute", "p2p", "idle", "other"
     step: str | None  # step text (compute / p2p in a step)
     kind: str | None  # F, B, I, W, OVERLAP_F_B, SEND_F, ... or None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass

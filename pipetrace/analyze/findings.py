@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from pipetrace.records import JsonRecord, record_json
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITIES = (ERROR, WARNING, INFO)
@@ -35,7 +37,7 @@ KINDS = (
 
 
 @dataclass(frozen=True)
-class StepRef:
+class StepRef(JsonRecord):
     """One step on one rank: what a finding points at."""
 
     rank: int
@@ -44,9 +46,6 @@ class StepRef:
     position: int | None = None  # index in the rank's plan (bubbles excluded)
     time_ns: int | None = None  # when it began (ns since Run.t0_ns)
     note: str | None = None  # e.g. "blocked in recv from rank 2"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -76,18 +75,11 @@ class Finding:
         self.iterations = sorted({int(i) for i in self.iterations})
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "severity": self.severity,
-            "message": self.message,
-            "cause": self.cause,
-            "ranks": self.ranks,
-            "steps": [s.to_json() for s in self.steps],
-            "microbatches": self.microbatches,
-            "iterations": self.iterations,
-            "time_ns": list(self.time_ns) if self.time_ns else None,
-            "details": self.details,
-        }
+        return record_json(
+            self,
+            steps=[s.to_json() for s in self.steps],
+            time_ns=list(self.time_ns) if self.time_ns else None,
+        )
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

@@ -8,7 +8,7 @@ p95) has one definition. Means are over the steady iterations (`Metrics.steady`)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,10 +17,11 @@ from pipetrace.analyze.critical import CriticalPath
 from pipetrace.analyze.ideal import IdealTimeline
 from pipetrace.analyze.metrics import OVERLAPPED, Metrics, reduce_groups
 from pipetrace.analyze.model import Run
+from pipetrace.records import JsonRecord, record_json
 
 
 @dataclass
-class Stats:
+class Stats(JsonRecord):
     """Count, mean, median, 95th percentile, min and max of some durations (ns; None
     without any)."""
 
@@ -31,20 +32,14 @@ class Stats:
     min_ns: float | None = None
     max_ns: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass
-class IterationSpan:
+class IterationSpan(JsonRecord):
     iteration: int
     start_ns: int
     end_ns: int
     time_ns: int
     complete: bool  # every present rank began and ended it
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -64,7 +59,7 @@ class IterationTime:
 
 
 @dataclass
-class RankBubble:
+class RankBubble(JsonRecord):
     """One rank's mean time per steady iteration; ``bubble_ratio`` = bubble / busy."""
 
     rank: int
@@ -74,9 +69,6 @@ class RankBubble:
     bubble_ratio: float | None
     exposed_comm_ns: float | None
     blocking_transfer_ns: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -89,12 +81,9 @@ class StageCost:
     stats: Stats
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "kind": self.kind,
-            "overlapped": self.overlapped,
-            **self.stats.to_json(),
-        }
+        out = record_json(self)
+        out.update(out.pop("stats").to_json())  # flat: the stats beside the stage and kind
+        return out
 
 
 @dataclass

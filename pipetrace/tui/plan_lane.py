@@ -72,7 +72,7 @@ def _lane(
     makespan: float,
 ) -> Lane:
     """One rank's planned steps (offsets ``b``..``e``) repeated from every iteration start."""
-    code = np.array([run.catalog.code(s.step_text) for s in sim], np.int32)
+    code = np.array([run.catalog.code(s.step) for s in sim], np.int32)
     cat = np.array([category_of_kind(s.kind) for s in sim], np.int8)
     n, k = len(sim), len(starts)
     begin = (starts[:, None] + np.rint(b)[None, :]).astype(np.int64).ravel()

@@ -12,7 +12,7 @@ def test_planned_lanes_use_the_ideal_simulation(synthetic_run):
     ideal = session.analysis.summary.bubble.ideal
     assert session.planned is not None and session.plan_note == ""
     assert session.planned.makespan_ns == ideal.makespan_ns
-    simulated = {(s.rank, s.step_text) for s in ideal.simulation.timeline}
+    simulated = {(s.rank, s.step) for s in ideal.simulation.timeline}
     assert set(session.planned.lanes) == {rank for rank, _ in simulated}
 
 
