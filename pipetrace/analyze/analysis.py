@@ -30,7 +30,7 @@ from pipetrace.analyze.metrics import Metrics, compute_metrics
 from pipetrace.analyze.model import RankTimeline, Run
 from pipetrace.analyze.performance import find_exposed_comm, find_stragglers
 from pipetrace.analyze.summary import MetricsSummary, summarize
-from pipetrace.schedule.lowering import gc_paused
+from pipetrace.gc_pause import gc_paused
 
 ANALYSIS_FORMAT = "pipetrace-analysis"
 ANALYSIS_VERSION = 1

@@ -192,7 +192,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
     """
     if semantics not in SEMANTICS:
         raise ScheduleError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    from .lowering import gc_paused  # lazy, like every use of lowering
+    from pipetrace.gc_pause import gc_paused
 
     with gc_paused():
         comms = plan.has_comms()
