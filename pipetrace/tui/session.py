@@ -2,9 +2,10 @@
 
     session = open_session("runs/demo", progress=lambda phase, done, total: ...)
 
-Loading is the run model's (`load_run`), findings and metrics are the analyzers'
-(`analyze`); this module only adds what a timeline needs on top: the lanes index, the
-planned lanes, each finding's steps resolved to timeline items, and the stats as plain rows.
+Loading is the run model's (`load_run`), findings, metrics and the ideal timeline are the
+analyzers' (`analyze`, read from `Session.analysis`); this module only adds what a timeline
+needs on top: the lanes index, the planned lanes, and each finding's steps resolved to
+timeline items.
 """
 
 from __future__ import annotations
