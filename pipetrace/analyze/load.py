@@ -45,6 +45,7 @@ from pipetrace.analyze.model import (
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
@@ -105,8 +106,8 @@ class _Parsing:
         self.paths, self.progress = paths, progress
         if workers is None:
             size = sum(p.stat().st_size for p in paths if p.exists())
-            workers = min(os.cpu_count() or 1, len(paths)) if size >= _PARALLEL_MIN_BYTES else 0
-        self.workers = workers
+            workers = len(paths) if size >= _PARALLEL_MIN_BYTES else 0
+        self.workers = worker_count(workers, len(paths))
         self._pool: ProcessPoolExecutor | None = None
         self._futures: list[Future[RawRank]] = []
 
@@ -117,13 +118,22 @@ class _Parsing:
                 threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
             )
             context = multiprocessing.get_context("fork" if fork else "spawn")
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=context,
+                initializer=exit_with_parent,
+                initargs=(os.getpid(),),
+            )
             self._futures = [self._pool.submit(parse_rank_file, p) for p in self.paths]
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if self._pool is None:
+            return
+        if exc_type is None:
             self._pool.shutdown(cancel_futures=True)
+        else:  # interrupted (Ctrl-C, SIGTERM turned into an exception) or failed
+            stop_workers(self._pool)
 
     def in_rank_order(self) -> Iterator[RawRank]:
         for done, path in enumerate(self.paths, 1):
