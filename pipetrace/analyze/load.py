@@ -392,7 +392,7 @@ class _Assembly:
         ]
         self.texts.extend(extra)
         texts = self.texts.values
-        # the ranks' texts come parsed by the workers; the plans' extra ones are parsed by build (-2)
+        # the ranks' texts come parsed by the workers; build parses the plans' extra ones (-2)
         kind = np.full(len(texts), -2, np.int32)
         stage, mb = np.full(len(texts), -1, np.int32), np.full(len(texts), -1, np.int32)
         for column, parts in zip((kind, stage, mb), zip(*self.text_parts)):
