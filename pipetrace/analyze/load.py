@@ -552,6 +552,15 @@ def _status(rank: RankTimeline, catalog: StepCatalog) -> RankStatus:
         )
     if rank.last_of(fmt.RUN_END) is not None:
         return RankStatus(RankState.FINISHED, "finished cleanly", last_step, last_it)
+    if any(ev.fields.get("phase") == "end" for ev in rank.events_of(fmt.CLOCK)):
+        # only a rank that ends cleanly records the end-of-run clock exchange: its run_end was
+        # lost after it (a torn last line, a kill during the last write)
+        return RankStatus(
+            RankState.FINISHED,
+            "finished (its end-of-run clock exchange completed; run_end lost)",
+            last_step,
+            last_it,
+        )
     if rank.last_of(fmt.STALL) is not None:
         return RankStatus(
             RankState.STALLED, "stalled (watchdog) and the log ends there", last_step, last_it
