@@ -40,11 +40,11 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     for rank in run.ranks:
         state = rank.status.state
         if state == RankState.FAILED:
-            findings.append(_raised(run, rank, first, rank.rank in hung))
+            findings.append(_raised(run, rank, endings[rank.rank], first, rank.rank in hung))
         elif state == RankState.SIGNALED:
-            findings.append(_signaled(run, rank, first))
+            findings.append(_signaled(run, rank, endings[rank.rank], first))
         elif state == RankState.MISSING:
-            findings.append(_missing(rank))
+            findings.append(_missing(rank, endings[rank.rank]))
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
             findings.append(_died_silently(run, rank, endings[rank.rank]))
     return findings
@@ -66,7 +66,9 @@ def _first_failure(run: Run, endings: dict[int, en.Ending]) -> _FirstFailure | N
     return _FirstFailure(*min(times)) if times else None
 
 
-def _raised(run: Run, rank: RankTimeline, first: _FirstFailure | None, hung: bool) -> Finding:
+def _raised(
+    run: Run, rank: RankTimeline, ending: en.Ending, first: _FirstFailure | None, hung: bool
+) -> Finding:
     st = rank.status
     exc = rank.last_of(fmt.EXCEPTION)
     tb = str(exc.fields.get("traceback", "")) if exc else ""
@@ -92,11 +94,18 @@ def _raised(run: Run, rank: RankTimeline, first: _FirstFailure | None, hung: boo
         steps=[at.ref] if at.ref else [],
         iterations=at.iterations,
         time_ns=(exc.t, exc.t) if exc else None,
-        details={"error": st.error, "traceback": tb, "last_step": at.step},
+        details={
+            "error": st.error,
+            "traceback": tb,
+            "last_step": at.step,
+            "ending": ending.state,
+        },
     )
 
 
-def _signaled(run: Run, rank: RankTimeline, first: _FirstFailure | None) -> Finding:
+def _signaled(
+    run: Run, rank: RankTimeline, ending: en.Ending, first: _FirstFailure | None
+) -> Finding:
     st = rank.status
     sig = rank.last_of(fmt.SIGNAL)
     at = en.where(run, rank)
@@ -117,18 +126,18 @@ def _signaled(run: Run, rank: RankTimeline, first: _FirstFailure | None) -> Find
         steps=[at.ref] if at.ref else [],
         iterations=at.iterations,
         time_ns=(sig.t, sig.t) if sig else None,
-        details={"signal": st.error, "last_step": at.step},
+        details={"signal": st.error, "last_step": at.step, "ending": ending.state},
     )
 
 
-def _missing(rank: RankTimeline) -> Finding:
+def _missing(rank: RankTimeline, ending: en.Ending) -> Finding:
     return Finding(
         fk.RANK_FAILED,
         fk.WARNING,
         f"rank {rank.rank} has no usable log ({rank.status.detail})",
         "the rank never started recording (it crashed at start) or its file was lost",
         ranks=[rank.rank],
-        details={"last_step": None},
+        details={"last_step": None, "ending": ending.state},
     )
 
 
@@ -154,7 +163,7 @@ def _died_silently(run: Run, rank: RankTimeline, ending: en.Ending) -> Finding:
         steps=[at.ref] if at.ref else [],
         iterations=at.iterations,
         time_ns=(ending.last_alive_ns, ending.last_alive_ns),
-        details={"last_step": at.step},
+        details={"last_step": at.step, "ending": ending.state},
     )
 
 

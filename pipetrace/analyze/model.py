@@ -396,6 +396,20 @@ class Run:
         return str(schedule.get("name", "?")) if isinstance(schedule, dict) else "?"
 
     @property
+    def p2p_mode(self) -> str | None:
+        """ "plain" or "overlap", as meta.json's config says (the runtime's ``overlap_p2p``
+        flag, or a ``p2p`` string); None when it does not say. `metrics.overlap_mode` is the
+        mode measured from the ops themselves."""
+        config = self.meta.get("config")
+        if not isinstance(config, dict):
+            return None
+        if isinstance(config.get("p2p"), str):
+            return config["p2p"]
+        if isinstance(config.get("overlap_p2p"), bool):
+            return "overlap" if config["overlap_p2p"] else "plain"
+        return None
+
+    @property
     def num_microbatches(self) -> int | None:
         value = self.meta.get("num_microbatches")
         return value if isinstance(value, int) else None
