@@ -402,7 +402,8 @@ def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Fi
 
 
 def _end_of_log(run: Run) -> int:
-    return max((ev.t for r in run.present_ranks for ev in r.lifecycle), default=0)
+    """The last moment any log shows its rank alive: where a hang's time span ends."""
+    return max((en.last_alive(r) for r in run.present_ranks), default=0)
 
 
 def _deadlock(run: Run, blocked: dict[int, Blocked], cycle: list[int]) -> Finding:
