@@ -110,8 +110,7 @@ def failed_first_hand(run: Run) -> set[int]:
 
 def last_alive(rank: RankTimeline) -> int:
     """The last moment the rank's log shows it alive."""
-    columns = (rank.steps.begin, rank.steps.end, rank.p2p.post, rank.p2p.done, rank.iterations.end)
-    times = [int(c.max()) for c in columns if len(c)]
+    times = [int(c.max()) for c in rank.time_columns() if len(c)]
     times += [ev.t for ev in rank.lifecycle]
     return max(times, default=0)
 

@@ -85,22 +85,9 @@ def _raised(
     elif timed_out and hung:
         severity = fk.WARNING
         cause = "a P2P wait gave up: a symptom of the hang reported as deadlock / rank_stalled"
-    return Finding(
-        fk.RANK_FAILED,
-        severity,
-        f"rank {rank.rank} raised {_one_line(st.error)} {at.phrase}",
-        cause,
-        ranks=[rank.rank],
-        steps=[at.ref] if at.ref else [],
-        iterations=at.iterations,
-        time_ns=(exc.t, exc.t) if exc else None,
-        details={
-            "error": st.error,
-            "traceback": tb,
-            "last_step": at.step,
-            "ending": ending.state,
-        },
-    )
+    message = f"rank {rank.rank} raised {_one_line(st.error)} {at.phrase}"
+    details = {"error": st.error, "traceback": tb}
+    return _told(rank, ending, at, exc.t if exc else None, severity, message, cause, details)
 
 
 def _signaled(
@@ -117,17 +104,9 @@ def _signaled(
     if sig and first and first.explains(rank.rank, sig.t):
         severity = fk.WARNING
         cause = first.follows(sig.t, "the launcher ended the ranks left behind")
-    return Finding(
-        fk.RANK_FAILED,
-        severity,
-        f"rank {rank.rank} was ended by {st.error} {at.phrase}",
-        cause,
-        ranks=[rank.rank],
-        steps=[at.ref] if at.ref else [],
-        iterations=at.iterations,
-        time_ns=(sig.t, sig.t) if sig else None,
-        details={"signal": st.error, "last_step": at.step, "ending": ending.state},
-    )
+    message = f"rank {rank.rank} was ended by {st.error} {at.phrase}"
+    details = {"signal": st.error}
+    return _told(rank, ending, at, sig.t if sig else None, severity, message, cause, details)
 
 
 def _missing(rank: RankTimeline, ending: en.Ending) -> Finding:
@@ -154,16 +133,31 @@ def _died_silently(run: Run, rank: RankTimeline, ending: en.Ending) -> Finding:
     if ending.state == en.CRASHED:
         cause = f"the process died without a trace (SIGKILL, the OOM killer, a segfault): {cause}"
     stops = f"inside {at.step}" if at.open else at.phrase
+    message = f"rank {rank.rank}'s log stops {stops} with no run_end and no error"
+    return _told(rank, ending, at, ending.last_alive_ns, fk.ERROR, message, cause, {})
+
+
+def _told(
+    rank: RankTimeline,
+    ending: en.Ending,
+    at: en.Where,
+    t: int | None,
+    severity: str,
+    message: str,
+    cause: str,
+    details: dict[str, object],
+) -> Finding:
+    """The rank_failed finding of a rank whose end was recorded at ``t`` (None: unknown)."""
     return Finding(
         fk.RANK_FAILED,
-        fk.ERROR,
-        f"rank {rank.rank}'s log stops {stops} with no run_end and no error",
+        severity,
+        message,
         cause,
         ranks=[rank.rank],
         steps=[at.ref] if at.ref else [],
         iterations=at.iterations,
-        time_ns=(ending.last_alive_ns, ending.last_alive_ns),
-        details={"last_step": at.step, "ending": ending.state},
+        time_ns=(t, t) if t is not None else None,
+        details={**details, "last_step": at.step, "ending": ending.state},
     )
 
 

@@ -487,18 +487,6 @@ def _missing(rank: int, raw: RawRank) -> RankTimeline:
     )
 
 
-def _time_columns(rank: RankTimeline) -> tuple[np.ndarray, ...]:
-    """The rank's time columns (`_shift_times` shifts them in place)."""
-    return (
-        rank.steps.begin,
-        rank.steps.end,
-        rank.p2p.post,
-        rank.p2p.done,
-        rank.iterations.begin,
-        rank.iterations.end,
-    )
-
-
 def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn]) -> int:
     """Put every time on rank 0's clock (chosen offset, then correction) and make it
     relative to the earliest event; returns that event's time (t0, epoch ns)."""
@@ -506,7 +494,7 @@ def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn])
     for rank in present:
         fn = offsets[rank.rank]
         correction = rank.clock.correction_ns
-        for arr in _time_columns(rank):
+        for arr in rank.time_columns():
             ended = arr != OPEN
             if ended.all():
                 arr += correction - fn(arr)
@@ -525,7 +513,7 @@ def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn])
         firsts.extend(ev.t for ev in rank.lifecycle)
     t0 = min(firsts) if firsts else 0
     for rank in present:
-        for arr in _time_columns(rank):
+        for arr in rank.time_columns():
             np.subtract(arr, t0, out=arr, where=arr != OPEN)
         for ev in rank.lifecycle:
             ev.t -= t0

@@ -345,6 +345,17 @@ class RankTimeline:
     events: int = 0  # event lines read
     path: Path | None = None
 
+    def time_columns(self) -> tuple[np.ndarray, ...]:
+        """Every time column of its tables (steps, P2P ops, iterations); OPEN where none."""
+        return (
+            self.steps.begin,
+            self.steps.end,
+            self.p2p.post,
+            self.p2p.done,
+            self.iterations.begin,
+            self.iterations.end,
+        )
+
     def events_of(self, e: str) -> list[LifecycleEvent]:
         return [ev for ev in self.lifecycle if ev.e == e]
 
