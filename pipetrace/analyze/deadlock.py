@@ -257,16 +257,18 @@ def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str,
             f"rank {rank_id} {how} {at.phrase}",
             f"rank {rank_id} failed before reaching {wanted}",
         )
-    if ending.state == en.COMPUTING and at.open:
-        begun = _open_since(run, rank, at.step) or ending.last_alive_ns
+    if ending.state == en.COMPUTING:
+        text = at.step if at.open else run.catalog.texts[rank.steps.code[_open_rows(rank)[-1]]]
+        begun = _open_since(run, rank, text)
+        begun = ending.last_alive_ns if begun is None else begun
         return (
             en.COMPUTING,
-            f"rank {rank_id} is still in {at.step} (begun {_fmt_s(begun)}, open for at least "
+            f"rank {rank_id} is still in {text} (begun {_fmt_s(begun)}, open for at least "
             f"{max(0, ending.last_alive_ns - begun) / 1e9:.3g} s); {never}",
-            f"step {at.step} on rank {rank_id} never returns (an infinite loop, a lock, or a "
+            f"step {text} on rank {rank_id} never returns (an infinite loop, a lock, or a "
             "very slow step)",
         )
-    if ending.state in (en.COMPUTING, en.HUNG):
+    if ending.state == en.HUNG:
         return (
             en.HUNG,
             f"rank {rank_id} stalled {at.phrase} ({ending.evidence}); {never}",
@@ -382,8 +384,7 @@ def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Fi
         r.rank for r in run.ranks if r.rank not in waiting and r.status.state != RankState.FINISHED
     ]
     who = f"rank(s) {', '.join(map(str, absent))}" if absent else "a peer"
-    terminal = {"terminal_rank": absent[0]} if absent else {}
-    state = en.rank_endings(run)[absent[0]].state if absent else en.UNKNOWN
+    terminal = absent[0] if absent else rank.rank  # no absent rank known: its own end
     return Finding(
         fk.RANK_STALLED,
         fk.ERROR,
@@ -394,8 +395,8 @@ def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Fi
         ranks=[rank.rank, *absent],
         details={
             "chain": [rank.rank, *absent],
-            **terminal,
-            "terminal_state": state,
+            "terminal_rank": terminal,
+            "terminal_state": en.rank_endings(run)[terminal].state,
             "waiting_in": waiting[rank.rank],
         },
     )
