@@ -165,6 +165,16 @@ def waiting_outside_iterations(run: Run) -> dict[int, str]:
     return waiting
 
 
+def failure_events(run: Run) -> list[tuple[int, int]]:
+    """(time, rank) of every recorded failure (exception, watchdog abort, signal), in order."""
+    return sorted(
+        (ev.t, r.rank)
+        for r in run.present_ranks
+        for name in (fmt.EXCEPTION, fmt.ABORT, fmt.SIGNAL)
+        for ev in r.events_of(name)
+    )
+
+
 class _PeerEvidence:
     """What the other ranks' logs say after a given moment: failures, lost connections, ends."""
 
@@ -172,12 +182,7 @@ class _PeerEvidence:
         ranks = run.present_ranks
         self.waiting = waiting_outside_iterations(run)
         self.finished = [r.rank for r in ranks if r.status.state == RankState.FINISHED]
-        self.ended = sorted(
-            (ev.t, r.rank)
-            for r in ranks
-            for name in (fmt.EXCEPTION, fmt.ABORT, fmt.SIGNAL)
-            for ev in r.events_of(name)
-        )
+        self.ended = failure_events(run)
         self.closed = sorted(
             (ev.t, r.rank)
             for r in ranks
@@ -186,7 +191,7 @@ class _PeerEvidence:
         )
 
     def closed_after(self, rank: int, t: int) -> tuple[int, int] | None:
-        """The first peer whose connection closed after ``t``: (its rank, seconds later)."""
+        """The first peer whose connection closed after ``t``: (its rank, ns later)."""
         return next(((r, when - t) for when, r in self.closed if when > t and r != rank), None)
 
     def went_on(self, rank: int, t: int) -> list[int]:

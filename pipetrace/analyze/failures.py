@@ -52,12 +52,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
 
 def _first_failure(run: Run, endings: dict[int, en.Ending]) -> _FirstFailure | None:
     """The earliest exception, abort or signal, or silent death (at its last sign of life)."""
-    times = [
-        (ev.t, r.rank)
-        for r in run.present_ranks
-        for name in (fmt.EXCEPTION, fmt.ABORT, fmt.SIGNAL)
-        for ev in r.events_of(name)
-    ]
+    times = en.failure_events(run)
     times += [
         (e.last_alive_ns, r)
         for r, e in endings.items()
