@@ -25,7 +25,7 @@ from pipetrace.analyze.messages import find_message_problems
 from pipetrace.analyze.metrics import OVERLAPPED, Metrics, compute_metrics, reduce_groups
 from pipetrace.analyze.model import Run
 from pipetrace.analyze.performance import find_exposed_comm, find_stragglers
-from pipetrace.schedule.lowering import gc_paused
+from pipetrace.gc_pause import gc_paused
 
 ANALYSIS_FORMAT = "pipetrace-analysis"
 ANALYSIS_VERSION = 1

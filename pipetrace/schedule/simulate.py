@@ -221,7 +221,7 @@ def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager"
     ScheduleError naming the blocked ranks (``verify`` explains every problem)."""
     if semantics not in SEMANTICS:
         raise ScheduleError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    from .lowering import gc_paused  # lazy, like every use of lowering
+    from pipetrace.gc_pause import gc_paused
 
     costs = costs if costs is not None else Costs()
     with gc_paused():

@@ -191,7 +191,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
     """
     if semantics not in SEMANTICS:
         raise ScheduleError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    from .lowering import gc_paused  # lazy, like every use of lowering
+    from pipetrace.gc_pause import gc_paused
 
     with gc_paused():
         comms = plan.has_comms()
@@ -359,7 +359,7 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
         get = first.get
         for i, k in chain(enumerate(ids), leaves):
             code = k & 7
-            if k < 0 or code == CODE_RECV_F or code == CODE_RECV_B:
+            if k < 0 or code in (CODE_RECV_F, CODE_RECV_B):
                 continue  # not checked here, or needs nothing
             if code == CODE_SEND_F:
                 if not get(k - CODE_SEND_F, never) < i:
