@@ -1,6 +1,6 @@
 """What the torch and MindSpore P2P classes share: the bookkeeping of a rank's messages and
 what the recorder is told about them. Framework-free; a backend supplies the wire (posting
-an isend / irecv, its work handle's ``wait``) and the metadata encoding.
+an isend / irecv, its work handle's ``wait``) and its tensors of the header's integers.
 
 Per (channel, sending stage) stream, the first message is preceded by its shape and dtype
 (or they are given up front) and later messages must match them. Each data message is
@@ -16,6 +16,25 @@ from typing import Any, Protocol
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.schedule.ir import Step
+
+# The stream header, the metadata message that precedes a stream's first message: the dtype's
+# code (its index here, by the trace's dtype names), the number of dims, the dims, zero-padded.
+DTYPE_NAMES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+)
+MAX_DIMS = 8
+HEADER_LEN = 2 + MAX_DIMS
 
 
 class Work(Protocol):
@@ -41,6 +60,24 @@ class StreamMeta:
     @property
     def dtype_name(self) -> str:
         raise NotImplementedError
+
+
+def encode_header(meta: StreamMeta) -> list[int]:
+    """The ``HEADER_LEN`` integers announcing ``meta``'s stream (sent as an int64 tensor)."""
+    if len(meta.shape) > MAX_DIMS:
+        raise RuntimeError(f"cannot send a {len(meta.shape)}-dim tensor; at most {MAX_DIMS} dims")
+    if meta.dtype_name not in DTYPE_NAMES:
+        raise RuntimeError(
+            f"cannot send dtype {meta.dtype_name}; supported: {', '.join(DTYPE_NAMES)}"
+        )
+    values = [DTYPE_NAMES.index(meta.dtype_name), len(meta.shape), *meta.shape]
+    return values + [0] * (HEADER_LEN - len(values))
+
+
+def decode_header(values: list[int]) -> tuple[str, tuple[int, ...]]:
+    """(dtype name, shape) from a received header."""
+    ndim = values[1]
+    return DTYPE_NAMES[values[0]], tuple(values[2 : 2 + ndim])
 
 
 class PendingRecv:

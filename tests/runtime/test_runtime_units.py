@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 from runtime_helpers import ListRecorder
@@ -15,11 +16,13 @@ from pipetrace.runtime import parity
 from pipetrace.runtime.config import DemoConfig, RunConfig
 from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
 from pipetrace.runtime.executor import Executor, StepContext
-from pipetrace.runtime.split import split_sequential, stages_of_rank
+from pipetrace.runtime.split import stages_of_rank
 from pipetrace.runtime.stage import PipelineStage
+from pipetrace.runtime.torch_backend import TorchBackend, split_sequential
 from pipetrace.schedule.ir import B, F, I, Plan, Step, StepKind, W, format_step, overlap
 
 DEMO = DemoConfig(width=16, microbatch_size=4)
+TORCH = TorchBackend()
 
 
 def make_stages(
@@ -42,10 +45,9 @@ def make_stages(
 
 def reference_step(
     model: torch.nn.Module, num_microbatches: int
-) -> tuple[float, dict[str, torch.Tensor]]:
+) -> tuple[float, dict[str, np.ndarray]]:
     inputs, targets = demo_batch(0, num_microbatches * DEMO.microbatch_size, DEMO, seed=0)
-    loss, grads = parity.reference_gradients(model, inputs, targets, demo_loss)
-    return loss.item(), grads
+    return TORCH.reference_gradients(model, inputs, targets, demo_loss)
 
 
 def run_plan(
@@ -70,9 +72,9 @@ def assert_matches_reference(
     assert loss == pytest.approx(ref_loss, rel=1e-12)
     report = parity.compare(
         rank=0,
-        stage_modules={s: st.module for s, st in executor.stages.items()},
+        gradients=TORCH.stage_gradients(executor.stages),
         loss=loss,
-        reference_loss=torch.tensor(ref_loss, dtype=torch.float64),
+        reference_loss=ref_loss,
         reference_grads=ref_grads,
         tolerance=1e-12,
     )
@@ -267,7 +269,7 @@ def test_a_plan_that_leaves_work_undone_is_an_error_and_stops_the_executor():
 def test_parity_compare_names_the_parameter_and_error():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3, dtype=torch.float64))
     inputs, targets = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
-    ref_loss, ref_grads = parity.reference_gradients(
+    ref_loss, ref_grads = TORCH.reference_gradients(
         copy.deepcopy(model), inputs, targets, demo_loss
     )
     loss = demo_loss(model(inputs), targets)
@@ -275,7 +277,7 @@ def test_parity_compare_names_the_parameter_and_error():
     model[0].bias.grad[1] += 1e-3 * model[0].bias.grad.abs().max()
     report = parity.compare(
         rank=3,
-        stage_modules={1: model},
+        gradients=TORCH.stage_gradients({1: PipelineStage(model, stage_index=1, num_stages=3)}),
         loss=loss.item(),
         reference_loss=ref_loss,
         reference_grads=ref_grads,
