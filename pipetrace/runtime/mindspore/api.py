@@ -24,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from pipetrace.runtime import runner
 from pipetrace.runtime.executor import StepContext
-from pipetrace.runtime.mindspore.backend import MindSporeBackend, init_cluster
+from pipetrace.runtime.mindspore.backend import (
+    MindSporeBackend,
+    accumulated_gradients,
+    init_cluster,
+)
 from pipetrace.runtime.mindspore.p2p import TensorMeta
 
 if TYPE_CHECKING:
@@ -44,13 +48,7 @@ class PipelineRunner(runner.PipelineRunner):
 
     def gradients(self) -> tuple[Tensor, ...]:
         """The accumulated gradients, aligned with `parameters` (zeros where none yet)."""
-        from mindspore import ops
-
-        return tuple(
-            ops.zeros_like(param) if grad is None else grad
-            for stage in self.stages.values()
-            for param, grad in zip(stage.params, stage.grads)  # type: ignore[attr-defined]
-        )
+        return accumulated_gradients(self.stages.values())  # type: ignore[arg-type]
 
     def named_gradients(self) -> dict[int, list[tuple[Parameter, Tensor | None]]]:
         """Stage -> (parameter, accumulated gradient or None) pairs."""

@@ -242,18 +242,32 @@ class MindSporeDemo:
         yield  # --torch-profiler is refused for MindSpore (support.py)
 
 
+def accumulated_gradients(stages: Iterable[MindSporeStage]) -> tuple[Tensor, ...]:
+    """The stages' accumulated gradients, aligned with their parameters (zeros where none
+    yet)."""
+    from mindspore import ops
+
+    return tuple(
+        ops.zeros_like(param) if grad is None else grad
+        for stage in stages
+        for param, grad in zip(stage.params, stage.grads)
+    )
+
+
 class MindSporeSGD:
     """Plain SGD (MindSpore's nn.SGD takes float16/float32 parameters only; the demo is
     float64) over a runner's parameters and accumulated gradients."""
 
     def __init__(self, runner: Any, learning_rate: float) -> None:
-        self.runner = runner
+        self.stages: list[MindSporeStage] = list(runner.stages.values())
         self.learning_rate = learning_rate
 
     def step(self) -> None:
-        for param, grad in zip(self.runner.parameters(), self.runner.gradients()):
+        params = [param for stage in self.stages for param in stage.params]
+        for param, grad in zip(params, accumulated_gradients(self.stages)):
             param.set_data(param - grad * self.learning_rate)
-        self.runner.zero_grad()
+        for stage in self.stages:
+            stage.zero_grad()
 
 
 BACKEND = MindSporeBackend
