@@ -23,7 +23,7 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,46 +54,75 @@ class Stage(Protocol):
     def parameters(self) -> Iterable[Any]: ...
 
 
-class Backend(Protocol):
-    """What `pipetrace.runtime.runner.PipelineRunner` and the parity check need."""
+class Backend:
+    """What `pipetrace.runtime.runner.PipelineRunner` and the parity check need from a
+    framework. A backend subclasses this and implements every method that raises
+    NotImplementedError; stages and P2P are made from its ``stage_type`` and ``p2p_type``,
+    whose constructors take the same arguments in every framework (plus `p2p_options`)."""
 
-    name: str
+    name: ClassVar[str]
     """The framework: the value of ``--backend`` and of the trace header's ``framework``."""
-    sequential_name: str
+    sequential_name: ClassVar[str]
     """What a whole model is called in messages ("nn.Sequential")."""
-    module_word: str
+    module_word: ClassVar[str]
     """What one stage's module is called in messages ("module", "cell")."""
-    tensor_type: type
-    """The framework's tensor class (a batch of this type is split into micro-batches)."""
+    stage_type: ClassVar[type]
+    """The stage class (a `Stage`, built as `pipetrace.runtime.stage_base.StageBase` is)."""
+    p2p_type: ClassVar[type]
+    """The P2P class (a `pipetrace.runtime.p2p_common.P2PBookkeeping`)."""
+    pending_type: ClassVar[type]
+    """The class of the posted-recv handles the P2P returns in overlap mode."""
+
+    @property
+    def tensor_type(self) -> type:
+        """The framework's tensor class (a batch of this type is split into micro-batches)."""
+        raise NotImplementedError
 
     # -- the executor's framework calls (`pipetrace.runtime.executor.FrameworkOps`) --------
-    @property
-    def pending_type(self) -> type: ...
-    def mean_loss(self, losses: Iterable[Any]) -> float: ...
-    def thread_initializer(self) -> Callable[[], None]: ...
-    def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps: ...
+
+    def mean_loss(self, losses: Iterable[Any]) -> float:
+        """The mean of the last stage's micro-batch losses, as a float."""
+        raise NotImplementedError
+
+    def thread_initializer(self) -> Callable[[], None]:
+        """What a new compute thread runs first (per-thread framework state)."""
+        raise NotImplementedError
+
+    def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
+        """The handlers of the FSDP steps over ``stages``."""
+        raise NotImplementedError
 
     # -- the process group -----------------------------------------------------------------
+
     def join(self, timeout: float) -> tuple[int, int]:
         """Join the pipeline's group unless the script did; returns (rank, world size)."""
+        raise NotImplementedError
 
     def device_name(self) -> str:
         """Where compute runs, for the run header."""
+        raise NotImplementedError
 
-    # -- the model -------------------------------------------------------------------------
+    # -- the model, stages and messages ----------------------------------------------------
+
     def is_sequential(self, model: Any) -> bool:
         """Whether ``model`` is a whole model to split (`split_model`)."""
+        raise NotImplementedError
 
     def is_module(self, model: Any) -> bool:
         """Whether ``model`` is one module (a model that is not a sequential one)."""
+        raise NotImplementedError
 
     def split_model(self, model: Any, num_stages: int) -> list[Any]:
         """``model`` cut into ``num_stages`` chunks (`pipetrace.runtime.split.chunk_bounds`),
         keeping the full model's parameter names."""
+        raise NotImplementedError
 
     def make_stage(
         self, module: Any, *, stage_index: int, num_stages: int, loss_fn: LossFn | None
-    ) -> Stage: ...
+    ) -> Stage:
+        return self.stage_type(
+            module, stage_index=stage_index, num_stages=num_stages, loss_fn=loss_fn
+        )
 
     def make_p2p(
         self,
@@ -102,26 +131,43 @@ class Backend(Protocol):
         recorder: RecorderHooks,
         overlap: bool,
         known: Mapping[tuple[str, int], StreamMeta] | None,
-    ) -> P2PBookkeeping: ...
+    ) -> P2PBookkeeping:
+        return self.p2p_type(
+            num_stages=num_stages,
+            recorder=recorder,
+            overlap=overlap,
+            known=dict(known) if known else None,
+            **self.p2p_options(),
+        )
+
+    def p2p_options(self) -> dict[str, Any]:
+        """Keyword arguments of ``p2p_type`` beyond those every backend's takes."""
+        return {}
 
     def split_tensor(self, tensor: Any, size: int) -> Sequence[Any]:
         """``tensor`` cut along dim 0 into pieces of ``size`` rows."""
+        raise NotImplementedError
 
     def make_recorder(self, settings: RecordSettings) -> RecorderHooks:
         """The recorder of a rank (profiler ranges and clock alignment of this framework)."""
+        raise NotImplementedError
 
     # -- numbers (the parity check) --------------------------------------------------------
+
     def to_numpy(self, tensor: Any) -> np.ndarray:
         """``tensor`` as a float64 numpy array (on the host)."""
+        raise NotImplementedError
 
     def stage_gradients(self, stages: Mapping[int, Stage]) -> Gradients:
         """Each stage's accumulated gradients as numpy, by parameter name (None: missing)."""
+        raise NotImplementedError
 
     def reference_gradients(
         self, model: Any, inputs: Any, targets: Any, loss_fn: LossFn
     ) -> tuple[float, dict[str, np.ndarray]]:
         """The loss and every parameter's gradient (numpy, by name) of one single-process
         step of ``model`` on the whole batch."""
+        raise NotImplementedError
 
 
 @dataclass

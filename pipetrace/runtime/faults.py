@@ -452,9 +452,7 @@ class SwapOrder(_OneMessage):
 
     def pair(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
         """(first, second): the first runs right after the second."""
-        return next(
-            p for p in self.pairs(plan, overlap=overlap) if p[0].microbatch == self.microbatch
-        )
+        return _of_microbatch(self.pairs(plan, overlap=overlap), self.microbatch)
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         a, b = self.pair(plan, overlap=overlap)
@@ -555,9 +553,8 @@ class Deadlock(Fault):
         return out
 
     def hold(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
-        return next(
-            h for h in self.holds(plan, overlap=overlap) if h[0].microbatch == self.microbatch
-        )
+        """(held send, the recv it waits for) of the fault's micro-batch."""
+        return _of_microbatch(self.holds(plan, overlap=overlap), self.microbatch)
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         send, recv = self.hold(plan, overlap=overlap)
@@ -698,6 +695,11 @@ def _microbatch(fault: Fault, plan: Plan) -> int:
         fault, "microbatch", mb, plan.num_microbatches, f"--microbatches {plan.num_microbatches}"
     )
     return mb
+
+
+def _of_microbatch(pairs: list[tuple[Step, Step]], mb: int | None) -> tuple[Step, Step]:
+    """The first pair whose first step is of micro-batch ``mb``."""
+    return next(pair for pair in pairs if pair[0].microbatch == mb)
 
 
 def _mode(overlap: bool) -> str:

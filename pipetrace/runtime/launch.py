@@ -73,27 +73,44 @@ def launch(
     on_loss: LossCallback | None = None,
     kill_grace: float = 5.0,
 ) -> LaunchResult:
-    """Run ``cases`` one after the other on ``cases[0].world_size`` local ranks.
+    """Run ``cases`` one after the other on ``cases[0].world_size`` local ranks of their
+    backend: torch ranks in a gloo group, or MindSpore workers with their scheduler
+    (`pipetrace.runtime.mindspore.cluster`; ``result.pids`` then also lists the scheduler).
 
     ``make_recorder`` and ``custom_functions`` go to every rank (see `WorkerSpec`; they
     must be picklable). ``on_loss`` is called here as the reporting rank finishes each step.
     """
-    world_size, payload = worker_payload(cases, make_recorder, custom_functions, "process group")
+    backend = cases[0].backend
+    if any(case.backend != backend for case in cases):
+        raise ValueError(f"cases in one launch share one backend: {[c.backend for c in cases]}")
+    world_size, payload = worker_payload(cases, make_recorder, custom_functions)
+    result = LaunchResult(world_size)
+    if backend == "mindspore":
+        from pipetrace.runtime.mindspore.cluster import run_workers
+
+        run_workers(cases, payload, result, on_loss, kill_grace)
+    else:
+        _run_ranks(payload, result, on_loss, kill_grace)
+    return result
+
+
+def _run_ranks(
+    payload: bytes, result: LaunchResult, on_loss: LossCallback | None, kill_grace: float
+) -> None:
+    """Start torch ranks joined through env:// on a free port, and supervise them."""
     env = dict(launcher_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     command = bootstrap("pipetrace.runtime.launch", "rank_main")
+    world_size = result.world_size
     ranks: list[RankProcess] = []
-    result = LaunchResult(world_size)
     try:
         for rank in range(world_size):
-            ranks.append(
-                RankProcess.start(rank, command, dict(env, **_torch_rank_env(rank, world_size)))
-            )
+            rank_env = dict(env, **_torch_rank_env(rank, world_size))
+            ranks.append(RankProcess.start(rank, command, rank_env))
             result.pids.append(ranks[-1].process.pid)
             ranks[-1].send_spec(payload)
         supervise(ranks, result, on_loss, kill_grace)
     finally:
         stop(ranks)
-    return result
 
 
 def _torch_rank_env(rank: int, world_size: int) -> dict[str, str]:
@@ -225,14 +242,14 @@ def worker_payload(
     cases: Sequence[RunConfig],
     make_recorder: RecorderFactory | None,
     custom_functions: Sequence[tuple[StepKind | str, CustomFunction]],
-    group: str,
 ) -> tuple[int, bytes]:
-    """The world size of ``cases`` (one for all: they share one ``group``) and the pickled
-    `WorkerSpec` every rank reads from its stdin."""
+    """The world size of ``cases`` (one for all: they share one process group) and the
+    pickled `WorkerSpec` every rank reads from its stdin."""
     world_size = cases[0].world_size
     if any(case.world_size != world_size for case in cases):
         raise ValueError(
-            f"cases in one launch share one {group}: {[c.world_size for c in cases]} processes"
+            f"cases in one launch share one process group: {[c.world_size for c in cases]} "
+            "processes"
         )
     spec = WorkerSpec(
         tuple(cases),

@@ -33,14 +33,7 @@ import torch
 import torch.distributed as dist
 
 from pipetrace.recorder.hooks import RecorderHooks
-from pipetrace.runtime.p2p_common import (
-    HEADER_LEN,
-    P2PBookkeeping,
-    PendingRecv,
-    StreamMeta,
-    decode_header,
-    encode_header,
-)
+from pipetrace.runtime.p2p_common import HEADER_LEN, P2PBookkeeping, PendingRecv, StreamMeta
 from pipetrace.schedule.ir import Step
 
 __all__ = ["P2P", "PendingRecv", "TensorMeta", "WireFault"]
@@ -57,6 +50,10 @@ class TensorMeta(StreamMeta):
     @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
+
+    @classmethod
+    def dtype_named(cls, name: str) -> torch.dtype:
+        return getattr(torch, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +118,7 @@ class P2P(P2PBookkeeping):
         meta = self._meta.get(key)
         if meta is None:
             meta = self._meta[key] = sent
-            header = torch.tensor(encode_header(meta), dtype=torch.int64, device=self.device)
+            header = torch.tensor(meta.header(), dtype=torch.int64, device=self.device)
             self._post_send(header, peer, self._tag(channel, src_stage, mb, True), None)
         elif wire is not None and wire.unchecked:
             meta = sent
@@ -159,8 +156,7 @@ class P2P(P2PBookkeeping):
             header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
             tag = self._tag(channel, src_stage, mb, True)
             dist.irecv(header, group=self.group, group_src=peer, tag=tag).wait()
-            dtype_name, shape = decode_header(header.tolist())
-            meta = self._meta[key] = TensorMeta(shape, getattr(torch, dtype_name))
+            meta = self._meta[key] = TensorMeta.from_header(header.tolist())
         buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
         token = self._posted("recv", step, peer, channel, meta)
         work = dist.irecv(

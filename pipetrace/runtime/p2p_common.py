@@ -61,23 +61,29 @@ class StreamMeta:
     def dtype_name(self) -> str:
         raise NotImplementedError
 
+    @classmethod
+    def dtype_named(cls, name: str) -> Any:
+        """The backend's dtype that the trace calls ``name``."""
+        raise NotImplementedError
 
-def encode_header(meta: StreamMeta) -> list[int]:
-    """The ``HEADER_LEN`` integers announcing ``meta``'s stream (sent as an int64 tensor)."""
-    if len(meta.shape) > MAX_DIMS:
-        raise RuntimeError(f"cannot send a {len(meta.shape)}-dim tensor; at most {MAX_DIMS} dims")
-    if meta.dtype_name not in DTYPE_NAMES:
-        raise RuntimeError(
-            f"cannot send dtype {meta.dtype_name}; supported: {', '.join(DTYPE_NAMES)}"
-        )
-    values = [DTYPE_NAMES.index(meta.dtype_name), len(meta.shape), *meta.shape]
-    return values + [0] * (HEADER_LEN - len(values))
+    def header(self) -> list[int]:
+        """The ``HEADER_LEN`` integers announcing this stream (sent as an int64 tensor)."""
+        if len(self.shape) > MAX_DIMS:
+            raise RuntimeError(
+                f"cannot send a {len(self.shape)}-dim tensor; at most {MAX_DIMS} dims"
+            )
+        if self.dtype_name not in DTYPE_NAMES:
+            raise RuntimeError(
+                f"cannot send dtype {self.dtype_name}; supported: {', '.join(DTYPE_NAMES)}"
+            )
+        values = [DTYPE_NAMES.index(self.dtype_name), len(self.shape), *self.shape]
+        return values + [0] * (HEADER_LEN - len(values))
 
-
-def decode_header(values: list[int]) -> tuple[str, tuple[int, ...]]:
-    """(dtype name, shape) from a received header."""
-    ndim = values[1]
-    return DTYPE_NAMES[values[0]], tuple(values[2 : 2 + ndim])
+    @classmethod
+    def from_header(cls, values: list[int]) -> StreamMeta:
+        """The stream a received `header` announces."""
+        ndim = values[1]
+        return cls(tuple(values[2 : 2 + ndim]), cls.dtype_named(DTYPE_NAMES[values[0]]))
 
 
 class PendingRecv:

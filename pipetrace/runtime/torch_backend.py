@@ -23,9 +23,9 @@ import torch.distributed as dist
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.runtime import demo, fsdp
-from pipetrace.runtime.backend import Gradients, LossFn, Replicas, Stage
+from pipetrace.runtime.backend import Backend, Gradients, LossFn, Replicas, Stage
 from pipetrace.runtime.config import DemoConfig, RunConfig, WorkerSpec
-from pipetrace.runtime.p2p import P2P, PendingRecv, TensorMeta
+from pipetrace.runtime.p2p import P2P, PendingRecv
 from pipetrace.runtime.split import chunk_bounds
 from pipetrace.runtime.stage import PipelineStage
 
@@ -52,7 +52,7 @@ def split_sequential(model: torch.nn.Sequential, num_stages: int) -> list[torch.
 
 
 @dataclass(frozen=True)
-class TorchBackend:
+class TorchBackend(Backend):
     """Stages on ``device``, messages within ``group`` (None: the default group)."""
 
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
@@ -63,6 +63,8 @@ class TorchBackend:
     module_word: ClassVar[str] = "module"
     tensor_type: ClassVar[type] = torch.Tensor
     pending_type: ClassVar[type] = PendingRecv
+    stage_type: ClassVar[type] = PipelineStage
+    p2p_type: ClassVar[type] = P2P
 
     # -- the executor's framework calls ----------------------------------------------------
 
@@ -97,29 +99,8 @@ class TorchBackend:
     def split_model(self, model: torch.nn.Sequential, num_stages: int) -> list[Any]:
         return split_sequential(model, num_stages)
 
-    def make_stage(
-        self, module: Any, *, stage_index: int, num_stages: int, loss_fn: LossFn | None
-    ) -> PipelineStage:
-        return PipelineStage(
-            module, stage_index=stage_index, num_stages=num_stages, loss_fn=loss_fn
-        )
-
-    def make_p2p(
-        self,
-        *,
-        num_stages: int,
-        recorder: RecorderHooks,
-        overlap: bool,
-        known: Mapping[tuple[str, int], TensorMeta] | None,
-    ) -> P2P:
-        return P2P(
-            num_stages=num_stages,
-            device=self.device,
-            recorder=recorder,
-            overlap=overlap,
-            group=self.group,
-            known=dict(known) if known else None,
-        )
+    def p2p_options(self) -> dict[str, Any]:
+        return {"device": self.device, "group": self.group}
 
     def split_tensor(self, tensor: torch.Tensor, size: int) -> Sequence[torch.Tensor]:
         return tensor.split(size)

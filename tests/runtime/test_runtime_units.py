@@ -262,7 +262,9 @@ def test_a_plan_that_leaves_work_undone_is_an_error_and_stops_the_executor():
         RuntimeError, match=r"stage 0 has 1 micro-batch\(es\) without a finished backward"
     ):
         executor.run_iteration([inputs], [targets])
-    with pytest.raises(RuntimeError, match="iteration 0 failed .RuntimeError.; build a new runner"):
+    with pytest.raises(
+        RuntimeError, match=r"iteration 0 failed \(RuntimeError\); build a new runner"
+    ):
         executor.run_iteration([inputs], [targets])
 
 

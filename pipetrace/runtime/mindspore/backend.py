@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from pipetrace.runtime import fsdp
-from pipetrace.runtime.backend import Gradients, LossFn, Replicas, Stage
+from pipetrace.runtime.backend import Backend, Gradients, LossFn, Replicas, Stage
 from pipetrace.runtime.mindspore import demo
 from pipetrace.runtime.mindspore.p2p import MindSporeP2P, PendingRecv, fix_default_group
 from pipetrace.runtime.mindspore.stage import MindSporeStage, enable_grad_on_this_thread
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from pipetrace.recorder.hooks import RecorderHooks
     from pipetrace.recorder.setup import RecordSettings
     from pipetrace.runtime.config import DemoConfig, RunConfig, WorkerSpec
-    from pipetrace.runtime.mindspore.p2p import TensorMeta
 
 TIMEOUT_ENV = "MS_CPU_COMM_OP_TIMEOUT"
 
@@ -56,13 +55,15 @@ def split_sequential(model: nn.SequentialCell, num_stages: int) -> list[nn.Seque
     return [nn.SequentialCell(OrderedDict(children[start:end])) for start, end in bounds]
 
 
-class MindSporeBackend:
+class MindSporeBackend(Backend):
     """The pipeline is the whole MindSpore world: plan ranks are MindSpore ranks."""
 
     name: ClassVar[str] = "mindspore"
     sequential_name: ClassVar[str] = "nn.SequentialCell"
     module_word: ClassVar[str] = "cell"
     pending_type: ClassVar[type] = PendingRecv
+    stage_type: ClassVar[type] = MindSporeStage
+    p2p_type: ClassVar[type] = MindSporeP2P
 
     @property
     def tensor_type(self) -> type:
@@ -103,28 +104,6 @@ class MindSporeBackend:
 
     def split_model(self, model: nn.SequentialCell, num_stages: int) -> list[Any]:
         return split_sequential(model, num_stages)
-
-    def make_stage(
-        self, module: Any, *, stage_index: int, num_stages: int, loss_fn: LossFn | None
-    ) -> MindSporeStage:
-        return MindSporeStage(
-            module, stage_index=stage_index, num_stages=num_stages, loss_fn=loss_fn
-        )
-
-    def make_p2p(
-        self,
-        *,
-        num_stages: int,
-        recorder: RecorderHooks,
-        overlap: bool,
-        known: Mapping[tuple[str, int], TensorMeta] | None,
-    ) -> MindSporeP2P:
-        return MindSporeP2P(
-            num_stages=num_stages,
-            recorder=recorder,
-            overlap=overlap,
-            known=dict(known) if known else None,
-        )
 
     def split_tensor(self, tensor: Tensor, size: int) -> Sequence[Tensor]:
         from mindspore import ops

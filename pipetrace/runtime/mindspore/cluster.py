@@ -10,7 +10,8 @@ by MindSpore's environment variables: ``MS_ROLE`` (MS_SCHED or MS_WORKER), ``MS_
 ``--timeout`` (a P2P wait on a peer, and joining the cluster, fail after about that many
 seconds).
 
-Workers are supervised exactly as torch ranks are (`pipetrace.runtime.launch`: the same
+`pipetrace.runtime.launch.launch` starts MindSpore cases here (`run_workers`). Workers are
+supervised exactly as torch ranks are (`pipetrace.runtime.launch`: the same
 report pipe, the same grace after a first failure, then SIGTERM and SIGKILL; every process
 asks Linux to kill it if the launcher dies). The scheduler is not a rank: it is stopped once
 the workers are gone (it would otherwise wait for their unregistration), and if it dies while
@@ -30,42 +31,41 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pipetrace.errors import EXIT_PROBLEMS, PipetraceError
-from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig
+from pipetrace.runtime.config import LossCallback, RunConfig
 from pipetrace.runtime.launch import (
     RankProcess,
     bootstrap,
     die_with_parent,
     free_port,
+    launch,
     launcher_env,
     run_reported,
     stop,
     supervise,
-    worker_payload,
 )
 from pipetrace.runtime.results import LaunchResult
-from pipetrace.schedule.ir import StepKind
+
+# `launch` (from pipetrace.runtime.launch, which comes here for MindSpore cases) is what
+# `pipetrace run --backend mindspore` calls.
+__all__ = ["launch", "run_workers", "scheduler_main", "worker_main"]
 
 # MindSpore logs every cluster-building retry as a WARNING; keep errors unless the user chose.
 _QUIET_LOGS = {"GLOG_v": "3"}
 _EXIT_DEADLINE = 60  # seconds a worker may take to leave the cluster after it reported
 
 
-def launch(
+def run_workers(
     cases: Sequence[RunConfig],
-    *,
-    make_recorder: RecorderFactory | None = None,
-    custom_functions: Sequence[tuple[StepKind | str, CustomFunction]] = (),
-    on_loss: LossCallback | None = None,
-    kill_grace: float = 5.0,
-) -> LaunchResult:
-    """Run ``cases`` one after the other on ``cases[0].ranks`` local MindSpore workers.
-
-    Same contract as `pipetrace.runtime.launch.launch`; ``result.pids`` also lists the
-    scheduler. Raises PipetraceError (exit 1) if the scheduler fails while workers run.
-    """
-    world_size, payload = worker_payload(cases, make_recorder, custom_functions, "cluster")
+    payload: bytes,
+    result: LaunchResult,
+    on_loss: LossCallback | None,
+    kill_grace: float,
+) -> None:
+    """Start the scheduler and one worker per rank, and supervise them (for
+    `pipetrace.runtime.launch.launch`). Raises PipetraceError (exit 1) if the scheduler fails
+    while workers run."""
+    world_size = result.world_size
     env = _cluster_env(world_size, free_port(), max(case.timeout for case in cases))
-    result = LaunchResult(world_size)
     ranks: list[RankProcess] = []
     with tempfile.TemporaryDirectory(prefix="pipetrace-ms-") as scratch:
         log_path = Path(scratch) / "scheduler.log"
@@ -75,9 +75,8 @@ def launch(
         try:
             for rank in range(world_size):
                 worker_env = dict(env, MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank), RANK_ID=str(rank))
-                ranks.append(
-                    RankProcess.start(rank, bootstrap(__name__, "worker_main"), worker_env)
-                )
+                command = bootstrap(__name__, "worker_main")
+                ranks.append(RankProcess.start(rank, command, worker_env))
                 result.pids.append(ranks[-1].process.pid)
                 ranks[-1].send_spec(payload)
             watch.start()
@@ -92,7 +91,6 @@ def launch(
                 f"running: {_tail(log_path)}",
                 exit_code=EXIT_PROBLEMS,
             )
-    return result
 
 
 def _cluster_env(world_size: int, port: int, timeout: float) -> dict[str, str]:

@@ -28,14 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.runtime.mindspore.stage import COMPUTE_LOCK, pynative_executor
-from pipetrace.runtime.p2p_common import (
-    HEADER_LEN,
-    P2PBookkeeping,
-    PendingRecv,
-    StreamMeta,
-    decode_header,
-    encode_header,
-)
+from pipetrace.runtime.p2p_common import HEADER_LEN, P2PBookkeeping, PendingRecv, StreamMeta
 from pipetrace.schedule.ir import Step
 
 if TYPE_CHECKING:
@@ -79,6 +72,12 @@ class TensorMeta(StreamMeta):
     @property
     def dtype_name(self) -> str:
         return dtype_name(self.dtype)
+
+    @classmethod
+    def dtype_named(cls, name: str) -> Any:
+        import mindspore as ms
+
+        return getattr(ms, "bool_" if name == "bool" else name)
 
 
 def _itemsize(dtype: Any) -> int:
@@ -136,7 +135,7 @@ class MindSporeP2P(P2PBookkeeping):
         meta = self._meta.get(key)
         if meta is None:
             meta = self._meta[key] = sent
-            self._post_send(_int64_tensor(encode_header(meta)), peer, None)
+            self._post_send(_int64_tensor(meta.header()), peer, None)
         else:
             self._check_stream(step, channel, sent, meta)
         self._post_send(tensor, peer, self._posted("send", step, peer, channel, meta))
@@ -158,18 +157,11 @@ class MindSporeP2P(P2PBookkeeping):
 
             header = ops.zeros((HEADER_LEN,), ms.int64)
             _Work(self._comm.irecv(header, src=peer), self._sync).wait()
-            name, shape = decode_header([int(v) for v in header.asnumpy().tolist()])
-            meta = self._meta[key] = TensorMeta(shape, mindspore_dtype(name))
+            values = [int(v) for v in header.asnumpy().tolist()]
+            meta = self._meta[key] = TensorMeta.from_header(values)
         buffer = ops.zeros(meta.shape, meta.dtype)
         token = self._posted("recv", step, peer, channel, meta)
         return self._received(_Work(self._comm.irecv(buffer, src=peer), self._sync), buffer, token)
-
-
-def mindspore_dtype(name: str) -> Any:
-    """The MindSpore dtype the trace calls ``name`` ("bool" is ``mindspore.bool_``)."""
-    import mindspore as ms
-
-    return getattr(ms, "bool_" if name == "bool" else name)
 
 
 def _int64_tensor(values: list[int]) -> Tensor:
