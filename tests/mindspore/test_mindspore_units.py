@@ -185,3 +185,17 @@ def test_other_verbs_never_import_mindspore():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--backend [torch|mindspore]" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["float64", "bfloat16", "bool", "int8"])
+def test_stream_header_round_trips_with_the_torch_codes(ms, name):
+    """A MindSpore stream header says what the torch one would for the same dtype name."""
+    import torch
+
+    from pipetrace.runtime.mindspore.p2p import TensorMeta
+    from pipetrace.runtime.p2p import TensorMeta as TorchMeta
+
+    meta = TensorMeta((4, 7), TensorMeta.dtype_named(name))
+    assert meta.dtype_name == name
+    assert TensorMeta.from_header(meta.header()) == meta
+    assert meta.header() == TorchMeta((4, 7), getattr(torch, name)).header()

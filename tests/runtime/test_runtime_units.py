@@ -5,6 +5,8 @@ stages, the recorder calls, parity comparison and run configuration checks."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,9 +15,11 @@ from runtime_helpers import ListRecorder
 
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime import parity
+from pipetrace.runtime.backend import backend_module
 from pipetrace.runtime.config import DemoConfig, RunConfig
 from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
 from pipetrace.runtime.executor import Executor, StepContext
+from pipetrace.runtime.p2p import TensorMeta
 from pipetrace.runtime.split import stages_of_rank
 from pipetrace.runtime.stage import PipelineStage
 from pipetrace.runtime.torch_backend import TorchBackend, split_sequential
@@ -309,3 +313,51 @@ def test_run_config_plan_errors_are_usage_errors():
     assert info.value.exit_code == 2
     plan = RunConfig(schedule="ScheduleZBVZeroBubble", ranks=2, microbatches=4).plan()
     assert plan.name == "zbv" and plan.placement == (0, 1, 1, 0) and plan.has_comms()
+
+
+def test_parity_compare_reports_a_missing_gradient_and_a_wrong_shape():
+    report = parity.compare(
+        rank=1,
+        gradients={0: [("0.weight", None), ("0.bias", np.zeros(3))]},
+        loss=None,
+        reference_loss=1.0,
+        reference_grads={"0.weight": np.ones((3, 3)), "0.bias": np.ones(2)},
+    )
+    assert [m.what for m in report.mismatches] == [
+        "gradient of 0.weight (stage 0) (missing)",
+        "gradient of 0.bias (stage 0)",
+    ]
+    assert all(m.relative_error == float("inf") for m in report.mismatches)
+    assert report.tolerance == parity.TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.bool, torch.int8])
+def test_stream_header_round_trips(dtype):
+    meta = TensorMeta((4, 1, 7), dtype)
+    assert TensorMeta.from_header(meta.header()) == meta
+
+
+def test_stream_header_refuses_what_it_cannot_describe():
+    with pytest.raises(RuntimeError, match="at most 8 dims"):
+        TensorMeta((1,) * 9, torch.float32).header()
+    with pytest.raises(RuntimeError, match="cannot send dtype float8_e4m3fn"):
+        TensorMeta((2,), torch.float8_e4m3fn).header()
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="unknown backend 'jax'; choose from torch, mindspore"):
+        backend_module("jax")
+
+
+def test_framework_neutral_modules_import_no_framework():
+    """The runner, the demo worker, the parity check, the launchers and the seam itself are
+    written against the backend seam: importing them loads neither torch nor MindSpore."""
+    code = (
+        "import sys; import pipetrace.runtime.runner, pipetrace.runtime.worker, "
+        "pipetrace.runtime.parity, pipetrace.runtime.launch, pipetrace.runtime.backend, "
+        "pipetrace.runtime.mindspore.cluster; "
+        "print(sorted(m for m in ('torch', 'mindspore') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
