@@ -200,6 +200,8 @@ class DemoKit(Protocol):
 
     launcher: str
     """What starts ranks by hand ("torchrun", "msrun"), for messages."""
+    launcher_env: str
+    """The variables that launcher sets ("RANK and WORLD_SIZE"), for messages."""
     loss_fn: LossFn
 
     def launched(self) -> tuple[int | None, int] | None:

@@ -175,6 +175,7 @@ class TorchDemo:
     """The torch side of the demo run (`pipetrace.runtime.demo_run.DemoKit`)."""
 
     launcher = "torchrun"
+    launcher_env = "RANK and WORLD_SIZE"
     loss_fn = staticmethod(demo.demo_loss)
 
     def __init__(self) -> None:

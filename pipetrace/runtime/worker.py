@@ -155,7 +155,7 @@ def main(make_config: Callable[..., RunConfig]) -> None:
     launched = kit.launched()
     if launched is None:
         raise click.UsageError(
-            f"not started by {kit.launcher}: start this under {kit.launcher}, or use "
+            f"{kit.launcher_env} not set: start this under {kit.launcher}, or use "
             f"`pipetrace run{'' if probe.backend == 'torch' else ' --backend ' + probe.backend}`"
         )
     rank, world_size = launched

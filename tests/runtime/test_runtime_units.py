@@ -361,3 +361,15 @@ def test_framework_neutral_modules_import_no_framework():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_demo_worker_outside_its_launcher_names_what_is_missing(monkeypatch):
+    from click.testing import CliRunner
+
+    from pipetrace.runtime.worker import main
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(main, ["--schedule", "1f1b"])
+    assert result.exit_code == 2
+    assert "RANK and WORLD_SIZE not set: start this under torchrun" in result.output

@@ -163,6 +163,7 @@ class MindSporeDemo:
     """The MindSpore side of the demo run (`pipetrace.runtime.backend.DemoKit`)."""
 
     launcher = "msrun"
+    launcher_env = "MS_WORKER_NUM"
     loss_fn = staticmethod(demo.demo_loss)
 
     def __init__(self) -> None:
