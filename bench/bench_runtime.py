@@ -160,8 +160,8 @@ def main() -> None:
     rows = results.get()
     print(
         f"{args.ranks} ranks, M={args.microbatches}, width {args.width}, "
-        f"micro-batch {args.microbatch_size}, {args.iterations} timed iterations "
-        "(median step time, ms)"
+        f"micro-batch {args.microbatch_size}, "
+        f"{args.iterations} timed iterations (median step time, ms)"
     )
     print(
         f"{'schedule':18} {'torch class':26} {'torch':>8} {'plain':>8} {'overlap':>8} "

@@ -94,8 +94,10 @@ def main() -> int:
                     tolerance=1e-4,  # float32
                 )
                 verdict = "match" if report.ok else f"DIFFER: {report.mismatches}"
-                stages = sorted(runner.stages)
-                say(f"rank {rank}: stages {stages}: {report.compared} checked, {verdict}")
+                say(
+                    f"rank {rank}: stages {sorted(runner.stages)}: "
+                    f"{report.compared} checked, {verdict}"
+                )
                 status |= not report.ok
                 reference = None
             optimizer.step()

@@ -20,6 +20,7 @@ from pipetrace.analyze.derive import counterpart_text, message_identity
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
+from pipetrace.schedule import waitfor
 
 _ALIVE_STATES = (
     RankState.STALLED,
@@ -287,41 +288,20 @@ def _fmt_s(t: int) -> str:
 
 def find_hangs(run: Run) -> list[Finding]:
     blocked = blocked_ranks(run)
-    findings: list[Finding] = []
-    seen_cycle: set[int] = set()
-    terminal_groups: dict[int, list[int]] = {}
-    stuck_transfers: list[Blocked] = []
-    for start in blocked:
-        path, on_path = [], set()
-        node = start
-        while node in blocked and node not in on_path:
-            path.append(node)
-            on_path.add(node)
-            nxt = blocked[node].waits_for
-            if nxt is None:
-                node = -1
-                break
-            node = nxt
-        if node in on_path:  # a cycle
-            cycle = path[path.index(node) :]
-            if not seen_cycle.intersection(cycle):
-                seen_cycle.update(cycle)
-                findings.append(_deadlock(run, blocked, cycle))
-        elif node == -1:
-            stuck_transfers.append(blocked[path[-1]])
-        else:
-            terminal_groups.setdefault(node, []).append(start)
-    for terminal, starts in sorted(terminal_groups.items()):
-        findings.append(_stalled(run, blocked, terminal, starts))
-    for b in {x.rank: x for x in stuck_transfers}.values():
+    groups = waitfor.solve({r: b.waits_for for r, b in blocked.items()}, blocked)
+    by_kind = {kind: [g for g in groups if g.kind == kind] for kind in waitfor.KINDS}
+    findings = [_deadlock(run, blocked, g.cycle, g.members) for g in by_kind[waitfor.CYCLE]]
+    for g in sorted(by_kind[waitfor.ENDS_AT], key=lambda g: g.end):
+        findings.append(_stalled(run, blocked, g.end, g.members))
+    for b in (blocked[g.end] for g in by_kind[waitfor.DEAD_END]):
         findings.append(
             Finding(
                 fk.RANK_STALLED,
                 fk.ERROR,
-                f"{_describe_blocked(b)} never completed although rank {b.peer} posted the counterpart "
-                f"{b.counterpart} ({b.counterpart_state})",
-                "the transfer itself is stuck: the two sides disagree on the message (size, tag) or the "
-                "transport lost it",
+                f"{_describe_blocked(b)} never completed although rank {b.peer} posted the "
+                f"counterpart {b.counterpart} ({b.counterpart_state})",
+                "the transfer itself is stuck: the two sides disagree on the message (size, "
+                "tag) or the transport lost it",
                 ranks=[b.rank, b.peer],
                 steps=[_ref(run, b, "blocked")],
                 iterations=[b.iteration],
@@ -391,10 +371,10 @@ def _end_of_log(run: Run) -> int:
     return max((ev.t for r in run.present_ranks for ev in r.lifecycle), default=0)
 
 
-def _deadlock(run: Run, blocked: dict[int, Blocked], cycle: list[int]) -> Finding:
-    feeders = sorted(
-        r for r, b in blocked.items() if r not in cycle and _reaches(blocked, r, set(cycle))
-    )
+def _deadlock(
+    run: Run, blocked: dict[int, Blocked], cycle: list[int], members: list[int]
+) -> Finding:
+    feeders = sorted(r for r in members if r not in cycle)
     parts = [_describe_blocked(blocked[r]) for r in cycle]
     steps = [_ref(run, blocked[r], f"waits for rank {blocked[r].waits_for}") for r in cycle]
     steps += [_ref(run, blocked[r], "blocked behind the cycle") for r in feeders]
@@ -428,19 +408,6 @@ def _deadlock(run: Run, blocked: dict[int, Blocked], cycle: list[int]) -> Findin
             "blocked": {str(r): _blocked_json(blocked[r]) for r in list(cycle) + feeders},
         },
     )
-
-
-def _reaches(blocked: dict[int, Blocked], start: int, targets: set[int]) -> bool:
-    node, seen = start, set()
-    while node in blocked and node not in seen:
-        if node in targets:
-            return True
-        seen.add(node)
-        nxt = blocked[node].waits_for
-        if nxt is None:
-            return False
-        node = nxt
-    return node in targets
 
 
 def _stalled(run: Run, blocked: dict[int, Blocked], terminal: int, starts: list[int]) -> Finding:

@@ -46,9 +46,9 @@ from pipetrace.analyze.model import (
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
 from pipetrace.errors import PipetraceError
+from pipetrace.gc_pause import gc_paused
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
-from pipetrace.schedule.lowering import gc_paused
 
 Progress = Callable[[int, int], None]
 """Called as ``progress(files_done, files_total)`` while logs are parsed."""
@@ -382,7 +382,8 @@ class _Assembly:
         ]
         self.texts.extend(extra)
         texts = self.texts.values
-        # the ranks' texts come parsed by the workers; the plans' extra ones are parsed by build (-2)
+        # the ranks' texts come parsed by the workers; the plans' extra ones are parsed by
+        # build (-2)
         kind = np.full(len(texts), -2, np.int32)
         stage, mb = np.full(len(texts), -1, np.int32), np.full(len(texts), -1, np.int32)
         for column, parts in zip((kind, stage, mb), zip(*self.text_parts)):

@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.recorder.format import CHANNELS as CHANNELS  # re-exported for the views
+from pipetrace.recorder.format import OPS as OPS
 from pipetrace.schedule.ir import COMPUTE_KINDS, Plan, Step, StepKind, parse_step
 
 OPEN = -1
-"""The end time of a span that never ended."""
+"""The end time of a span that never ended (the only definition: parse and views import it)."""
 
 KINDS: tuple[StepKind, ...] = tuple(StepKind)
 """``catalog.kind`` values index this tuple; -1 is a text that does not parse."""
@@ -64,8 +66,7 @@ _SIMPLE = re.compile(
 )
 
 OP_SEND, OP_RECV = 0, 1
-OPS = ("send", "recv")
-CHANNELS = ("F", "B")
+"""``p2p.op`` codes: indexes into `OPS` (the trace's values of ``p2p_post.op``)."""
 MAIN_THREAD = 0
 
 
