@@ -14,7 +14,7 @@ needs none of the stage/P2P half: it takes `Backend.make_recorder` and calls the
 ``end_step``, ``p2p_posted`` / ``p2p_completed``, ``exception``, ``end_run``) from its own
 loop, as `pipetrace.runtime.executor.Executor` and `pipetrace.runtime.p2p_common` do.
 
-This module imports no framework: `backend_named` imports a backend module on first use.
+This module imports no framework: `backend_module` imports a backend module on first use.
 """
 
 from __future__ import annotations
