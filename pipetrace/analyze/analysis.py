@@ -96,9 +96,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "framework": run.meta.get("framework"),
         "framework_version": run.meta.get("framework_version"),
         "pipetrace_version": run.meta.get("pipetrace_version"),
-        "p2p": (run.meta.get("config") or {}).get("p2p")
-        if isinstance(run.meta.get("config"), dict)
-        else None,
+        "p2p": run.p2p_mode,
         "iterations": len(run.iterations()),
         "events": run.num_events,
         "t0_ns": run.t0_ns,

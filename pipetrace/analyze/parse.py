@@ -347,6 +347,13 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     }
 
 
+def _open_iteration(raw: RawRank) -> int:
+    """The iteration the rank began last and never ended, -1 if none (for an open step listed
+    without its iteration, as logs written before `open_steps` carried `it`)."""
+    begun = [it for it, (_, end, _) in raw.iterations.items() if end == OPEN]
+    return max(begun, default=-1)
+
+
 def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.ndarray]) -> None:
     """Steps and ops that the last stall/dump/signal/exception lists as open but whose begin
     is not in the log (lost with a damaged chunk): add them, begun at that event's time."""
@@ -368,8 +375,9 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
             and isinstance(item.get("step"), str)
         ):
             thread = item.get("thread") if isinstance(item.get("thread"), str) else "main"
+            it = item["it"] if fmt.is_int64(item.get("it")) else _open_iteration(raw)
             add_steps.append(
-                (t, item["id"], -1, item["pos"], texts.get(item["step"]), threads.get(thread))
+                (t, item["id"], it, item["pos"], texts.get(item["step"]), threads.get(thread))
             )
     if add_steps:
         for name, values in zip(_STEP_COLS, zip(*add_steps)):

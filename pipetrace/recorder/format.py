@@ -295,7 +295,11 @@ EVENTS: dict[str, Record] = {
                                                       (`file:line in function: code`), innermost
                                                       last
             open_steps | list of object | always    | steps begun and not ended:
-                                                      `{"id", "thread", "pos", "step"}`
+                                                      `{"id", "thread", "pos", "step", "it"}`;
+                                                      `it` (the iteration, as in `step_begin`)
+                                                      is optional: older logs lack it, and
+                                                      readers then take the iteration begun
+                                                      and not ended, if any
             inflight   | list of object | always    | P2P ops posted and not completed, each a
                                                       `p2p_post` event
             waiting_in | string         | sometimes | only when the rank waits in a collective

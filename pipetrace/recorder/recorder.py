@@ -73,7 +73,7 @@ class Recorder:
         self._epoch_anchor = time.time_ns()
         self._perf_anchor = time.perf_counter_ns()
         self.last_progress = self._perf_anchor
-        self.open_steps: dict[int, tuple[str, int, Step]] = {}  # id -> (thread, position, step)
+        self.open_steps: dict[int, tuple[str, int, Step, int]] = {}  # id -> (thread, pos, step, it)
         self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
         self._texts: dict[int, bytes] = {}
         self._literals = _JsonLiterals()
@@ -191,7 +191,7 @@ class Recorder:
         t = time.perf_counter_ns()
         self.last_progress = t
         sid = next(self._ids)
-        self.open_steps[sid] = (thread, position, step)
+        self.open_steps[sid] = (thread, position, step, self._iteration)
         self._writer.append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
         profiler = self._profiler
         if profiler is not None and profiler.active():
@@ -271,8 +271,8 @@ class Recorder:
 
     def describe_open_steps(self) -> list[dict[str, Any]]:
         return [
-            {"id": sid, "thread": thread, "pos": pos, "step": format_step(step)}
-            for sid, (thread, pos, step) in list(self.open_steps.items())
+            {"id": sid, "thread": thread, "pos": pos, "step": format_step(step), "it": it}
+            for sid, (thread, pos, step, it) in list(self.open_steps.items())
         ]
 
     def describe_inflight(self) -> list[dict[str, Any]]:
