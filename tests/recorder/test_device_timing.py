@@ -214,3 +214,11 @@ def test_timing_before_the_first_anchor_is_refused():
     timer = DeviceTimer(device, now_ns=clock.now_ns, on_span=lambda span: None)
     with pytest.raises(RuntimeError, match="before start"):
         timer.begin(0, "0F0", FakeStream(device))
+
+
+def test_a_rate_is_measured_only_over_a_long_enough_interval():
+    session = Session(drift_ppm=50.0)
+    assert session.timer.reanchor().rate == 1.0  # microseconds after the first: too uncertain
+    session.clock.advance(S)
+    rate = session.timer.reanchor().rate
+    assert abs(rate - 1 / (1 + 50e-6)) < 1e-6

@@ -26,8 +26,9 @@ anchor uncertainties (a few µs each on an idle stream) plus well under 1 µs fo
 whose drift changes slowly. Until the first re-anchor the rate is taken as 1, so that first
 interval adds ``|drift| * R`` (0.5 ms for 50 ppm over 10 s); without re-anchoring the
 error grows as ``|drift| * t``.
-A rate further than `MAX_DRIFT` from 1 is a bad measurement (an anchor event delayed behind
-other device work), and the previous rate is kept.
+The previous rate is kept when a new one would be too uncertain (two anchors so close that
+their uncertainties exceed `RATE_PRECISION` of the interval) or is unbelievable (further than
+`MAX_DRIFT` from 1: an anchor event delayed behind other device work).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from pipetrace.recorder.device.protocol import DeviceBackend, DeviceEvent
 
 MAX_DRIFT = 1e-3
 """Largest believable |rate - 1| (1000 ppm); crystal oscillators stay within ~100 ppm."""
+
+RATE_PRECISION = 1e-6
+"""Largest rate measurement error accepted: (sum of both anchors' uncertainties) / interval."""
 
 _NS_PER_MS = 1_000_000
 
@@ -87,14 +91,15 @@ def take_anchor(
             best = (t1 - t0, (t0 + t1) // 2, event)
     assert best is not None, "rounds must be at least 1"
     wait, host_ns, event = best
-    rate = 1.0 if previous is None else _rate(previous, event, host_ns)
+    rate = 1.0 if previous is None else _rate(previous, event, host_ns, wait // 2)
     index = 0 if previous is None else previous.index + 1
     return Anchor(event, host_ns, wait // 2, rate, index)
 
 
-def _rate(previous: Anchor, event: DeviceEvent, host_ns: int) -> float:
+def _rate(previous: Anchor, event: DeviceEvent, host_ns: int, uncertainty_ns: int) -> float:
+    """Host ns per device ns since ``previous``, or the previous rate (see the docstring)."""
     device_ns = previous.event.elapsed_time(event) * _NS_PER_MS
-    if device_ns <= 0:
+    if device_ns * RATE_PRECISION < previous.uncertainty_ns + uncertainty_ns:
         return previous.rate
     rate = (host_ns - previous.host_ns) / device_ns
     return rate if abs(rate - 1.0) <= MAX_DRIFT else previous.rate
