@@ -10,6 +10,7 @@ import pytest
 from fake_device import NEVER, FakeClock, FakeDevice, FakeStream, ShiftedClock
 
 from pipetrace.recorder.clock import align_clocks
+from pipetrace.recorder.device.anchor import Anchor
 from pipetrace.recorder.device.classify import Boundness, classify
 from pipetrace.recorder.device.spans import DeviceSpan
 from pipetrace.recorder.device.timer import DeviceTimer, TimerSettings
@@ -29,10 +30,12 @@ class Session:
         self.compute = self.device.new_stream()
         self.p2p = self.device.new_stream()
         self.spans: list[DeviceSpan] = []
+        self.anchors: list[Anchor] = []
         self.timer = DeviceTimer(
             self.device,
             now_ns=self.clock.now_ns,
             on_span=self.spans.append,
+            on_anchor=self.anchors.append,
             settings=TimerSettings(**settings),
         )
         self.timer.start()
@@ -222,3 +225,4 @@ def test_a_rate_is_measured_only_over_a_long_enough_interval():
     session.clock.advance(S)
     rate = session.timer.reanchor().rate
     assert abs(rate - 1 / (1 + 50e-6)) < 1e-6
+    assert [anchor.index for anchor in session.anchors] == [0, 1, 2]

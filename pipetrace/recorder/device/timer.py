@@ -82,6 +82,8 @@ class DeviceTimer:
         on_anchor: AnchorSink | None = None,
         settings: TimerSettings = TimerSettings(),
     ) -> None:
+        """Makes nothing on the device yet: `start` does, once, before training (its one
+        device-wide sync must not fall inside an iteration)."""
         self.backend = backend
         self.settings = settings
         self._now_ns = now_ns
