@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import queue
+import subprocess
+import sys
 import threading
 import time
 
@@ -226,3 +228,14 @@ def test_a_rate_is_measured_only_over_a_long_enough_interval():
     rate = session.timer.reanchor().rate
     assert abs(rate - 1 / (1 + 50e-6)) < 1e-6
     assert [anchor.index for anchor in session.anchors] == [0, 1, 2]
+
+
+def test_the_device_package_imports_torch_only_when_a_cuda_backend_is_asked_for():
+    modules = ("anchor", "classify", "cuda", "pool", "protocol", "spans", "timer")
+    code = (
+        "import sys\n"
+        + "".join(f"import pipetrace.recorder.device.{name}\n" for name in modules)
+        + "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
