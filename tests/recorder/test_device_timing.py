@@ -121,11 +121,11 @@ def test_the_training_thread_never_synchronizes():
 
 def test_drift_is_corrected_within_the_stated_bound():
     drift_ppm = 50.0
-    corrected = Session(drift_ppm=drift_ppm)
-    uncorrected = Session(drift_ppm=drift_ppm)
+    corrected = Session(drift_ppm=drift_ppm, reanchor_s=1.0)
+    uncorrected = Session(drift_ppm=drift_ppm, reanchor_s=1.0)
     worst = {id(corrected): 0, id(uncorrected): 0}
     for second in range(60):
-        corrected.timer.reanchor()  # what the poller does every reanchor_s (here 1 s)
+        corrected.timer.reanchor()  # what the poller does every reanchor_s
         for session in (corrected, uncorrected):
             session.clock.advance(S - 2 * MS)
             begin, end = session.step(second, f"0F{second}", kernel_ns=1 * MS)
@@ -221,12 +221,14 @@ def test_timing_before_the_first_anchor_is_refused():
         timer.begin(0, "0F0", FakeStream(device))
 
 
-def test_a_rate_is_measured_only_over_a_long_enough_interval():
-    session = Session(drift_ppm=50.0)
-    assert session.timer.reanchor().rate == 1.0  # microseconds after the first: too uncertain
+def test_a_rate_is_measured_only_over_at_least_half_the_reanchor_interval():
+    session = Session(drift_ppm=50.0, reanchor_s=1.0)
+    session.clock.advance(S // 4)
+    assert session.timer.reanchor().rate == 1.0
     session.clock.advance(S)
-    rate = session.timer.reanchor().rate
-    assert abs(rate - 1 / (1 + 50e-6)) < 1e-6
+    previous, anchor = session.anchors[-1], session.timer.reanchor()
+    measurement_error = (previous.uncertainty_ns + anchor.uncertainty_ns) / S
+    assert abs(anchor.rate - 1 / (1 + 50e-6)) <= measurement_error
     assert [anchor.index for anchor in session.anchors] == [0, 1, 2]
 
 

@@ -17,18 +17,18 @@ event timed from anchor k at host time t is off by at most
     uncertainty_k + |true rate - rate_k| * (t - host_ns_k) + 2**-24 * (t - host_ns_k)
 
 the last term being the float32 resolution of ``elapsed_time``. The rate error has two
-parts: the measurement, at most ``(uncertainty_k-1 + uncertainty_k) / R`` over an interval of
-R seconds between anchors, and the change of the true rate since it was measured. Events are
-timed from the newest anchor, so ``t - host_ns_k`` stays under R (``reanchor_s``, 10 s by
-default) while the timer re-anchors, and the error stays under
-``uncertainty_k + uncertainty_k-1 + uncertainty_k + (rate change) * R + 0.6 µs``: about three
-anchor uncertainties (a few µs each on an idle stream) plus well under 1 µs for a crystal
-whose drift changes slowly. Until the first re-anchor the rate is taken as 1, so that first
-interval adds ``|drift| * R`` (0.5 ms for 50 ppm over 10 s); without re-anchoring the
-error grows as ``|drift| * t``.
-The previous rate is kept when a new one would be too uncertain (two anchors so close that
-their uncertainties exceed `RATE_PRECISION` of the interval) or is unbelievable (further than
-`MAX_DRIFT` from 1: an anchor event delayed behind other device work).
+parts: the measurement, at most ``(uncertainty_k-1 + uncertainty_k) / I`` over the interval I
+between the two anchors, and the change of the true rate since it was measured. The timer
+re-anchors every R = ``reanchor_s`` seconds (10 s by default) and times each event from the
+newest anchor, so ``t - host_ns_k`` stays under R; a rate is measured only over an interval of
+at least R / 2 (an earlier anchor, taken by hand, keeps the previous rate). So the error stays
+under ``uncertainty_k + 2 * (uncertainty_k-1 + uncertainty_k) + (rate change) * R + 0.6 µs``
+(three anchor uncertainties when anchors are R apart, as the poller takes them): a few tens
+of µs at most, plus well under 1 µs for a crystal whose drift changes slowly. Until the first
+re-anchor the rate is taken as 1, so that first interval adds ``|drift| * R`` (0.5 ms for
+50 ppm over 10 s); without re-anchoring the error grows as ``|drift| * t``. A rate further
+than `MAX_DRIFT` from 1 is a bad measurement (an anchor event delayed behind other device
+work), and the previous rate is kept.
 """
 
 from __future__ import annotations
@@ -41,9 +41,6 @@ from pipetrace.recorder.device.protocol import DeviceBackend, DeviceEvent
 
 MAX_DRIFT = 1e-3
 """Largest believable |rate - 1| (1000 ppm); crystal oscillators stay within ~100 ppm."""
-
-RATE_PRECISION = 1e-6
-"""Largest rate measurement error accepted: (sum of both anchors' uncertainties) / interval."""
 
 _NS_PER_MS = 1_000_000
 
@@ -74,8 +71,10 @@ def take_anchor(
     *,
     rounds: int,
     previous: Anchor | None,
+    min_rate_interval_ns: int,
 ) -> Anchor:
-    """Best of ``rounds`` anchor measurements on ``stream`` (the timer's idle stream).
+    """Best of ``rounds`` anchor measurements on ``stream`` (the timer's idle stream); its
+    rate is measured from ``previous`` when at least ``min_rate_interval_ns`` separate them.
 
     Blocks the calling thread until each anchor event completes: the timer calls it once at
     start and then from its poller thread, never from the training thread.
@@ -91,15 +90,15 @@ def take_anchor(
             best = (t1 - t0, (t0 + t1) // 2, event)
     assert best is not None, "rounds must be at least 1"
     wait, host_ns, event = best
-    rate = 1.0 if previous is None else _rate(previous, event, host_ns, wait // 2)
+    rate = 1.0 if previous is None else _rate(previous, event, host_ns, min_rate_interval_ns)
     index = 0 if previous is None else previous.index + 1
     return Anchor(event, host_ns, wait // 2, rate, index)
 
 
-def _rate(previous: Anchor, event: DeviceEvent, host_ns: int, uncertainty_ns: int) -> float:
+def _rate(previous: Anchor, event: DeviceEvent, host_ns: int, min_interval_ns: int) -> float:
     """Host ns per device ns since ``previous``, or the previous rate (see the docstring)."""
     device_ns = previous.event.elapsed_time(event) * _NS_PER_MS
-    if device_ns * RATE_PRECISION < previous.uncertainty_ns + uncertainty_ns:
+    if device_ns < max(min_interval_ns, 1):
         return previous.rate
     rate = (host_ns - previous.host_ns) / device_ns
     return rate if abs(rate - 1.0) <= MAX_DRIFT else previous.rate

@@ -115,6 +115,7 @@ class DeviceTimer:
             self._now_ns,
             rounds=self.settings.anchor_rounds,
             previous=self._anchor,
+            min_rate_interval_ns=int(self.settings.reanchor_s * 1e9 / 2),
         )
         self._anchor = anchor
         if self._on_anchor is not None:
