@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipetrace.analyze.synthetic import write_synthetic_run
+from pipetrace.testing.synthetic import write_synthetic_run
 
 RANKS, MICROBATCHES = 8, 32
 EVENTS_PER_ITERATION = 4624  # 1F1B, 8 ranks, 32 micro-batches, plain P2P (measured)

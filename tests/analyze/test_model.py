@@ -7,7 +7,7 @@ import numpy as np
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import OP_SEND, OPEN
-from pipetrace.analyze.synthetic import write_synthetic_run
+from pipetrace.testing.synthetic import write_synthetic_run
 
 from .driver import record_run
 

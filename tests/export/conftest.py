@@ -10,7 +10,7 @@ from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import Run
-from pipetrace.analyze.synthetic import write_synthetic_run
+from pipetrace.testing.synthetic import write_synthetic_run
 from pipetrace.export.chrome_json import write_chrome_json
 from pipetrace.export.layout import Layout, build_layout
 from pipetrace.export.perfetto import write_perfetto

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipetrace.analyze.synthetic import write_synthetic_run
+from pipetrace.testing.synthetic import write_synthetic_run
 
 from .runs import clean_plan, deadlock_plan, record_plan
 
