@@ -46,6 +46,7 @@ from pipetrace.runtime.faults import (
     Straggler,
     SwapOrder,
 )
+from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.execution import Outcome, compile_plan, execute
 from pipetrace.schedule.ir import Plan, Step, format_step
 from pipetrace.testing.replay import (
@@ -108,6 +109,26 @@ class FakeCluster:
     config: dict[str, Any] | None = None
     """The run's config as recorded (default: schedule, P2P mode, synthetic)."""
     framework: str = "synthetic"
+
+    @classmethod
+    def of(
+        cls,
+        schedule: str = "1f1b",
+        *,
+        ranks: int = 4,
+        microbatches: int = 4,
+        stages_per_rank: int | None = None,
+        **options: Any,
+    ) -> FakeCluster:
+        """A cluster running a built-in schedule (``options``: the other fields)."""
+        plan = build_plan(
+            schedule,
+            num_ranks=ranks,
+            num_microbatches=microbatches,
+            stages_per_rank=stages_per_rank,
+            comms=True,
+        )
+        return cls(plan, **options)
 
     def __post_init__(self) -> None:
         for fault in self.faults:

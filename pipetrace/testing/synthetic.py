@@ -16,7 +16,6 @@ import os
 import time
 from pathlib import Path
 
-from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import Plan
 from pipetrace.testing.cluster import DEFAULT_COSTS_NS, Costs, FakeCluster
 
@@ -44,15 +43,11 @@ def write_synthetic_run(
     is rank r's true clock offset to rank 0, ``clock_errors_ns[r]`` the error of the offset it
     records (so that raw alignment can put a recv before its send).
     """
-    plan = build_plan(
+    cluster = FakeCluster.of(
         schedule,
-        num_ranks=num_ranks,
-        num_microbatches=num_microbatches,
+        ranks=num_ranks,
+        microbatches=num_microbatches,
         stages_per_rank=stages_per_rank,
-        comms=True,
-    )
-    cluster = FakeCluster(
-        plan,
         iterations=iterations,
         costs=Costs(
             compute_ns=dict(DEFAULT_COSTS_NS if costs_ns is None else costs_ns),

@@ -7,9 +7,8 @@ import numpy as np
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import OP_SEND, OPEN
+from pipetrace.testing.cluster import FakeCluster
 from pipetrace.testing.synthetic import write_synthetic_run
-
-from .driver import record_run
 
 
 def matched_slack(run):
@@ -28,11 +27,10 @@ def matched_slack(run):
 
 def test_clock_refinement_puts_every_recv_after_its_send(tmp_path):
     # ranks' clocks are skewed and the recorded offsets of ranks 1 and 2 are 3 ms wrong
-    record_run(
-        tmp_path,
-        clock_skew_ns=[0, 40_000_000, -25_000_000, 7_000_000],
-        clock_error_ns=[0, 3_000_000, -3_000_000, 0],
-    )
+    FakeCluster.of(
+        clock_offsets_ns=[0, 40_000_000, -25_000_000, 7_000_000],
+        clock_errors_ns=[0, 3_000_000, -3_000_000, 0],
+    ).record(tmp_path)
     run = load_run(tmp_path, workers=0)
     q = run.clock_quality
     assert q["early_receives_before"] > 0 and q["refined"] and q["min_slack_ns"] >= 0
@@ -80,9 +78,7 @@ def test_synthetic_straggler_and_clean(tmp_path):
 
 
 def test_overlapping_substeps_are_folded_into_their_composite(tmp_path):
-    record_run(
-        tmp_path, schedule="dualpipev", ranks=2, microbatches=4, stages_per_rank=2, iterations=1
-    )
+    FakeCluster.of("dualpipev", ranks=2, stages_per_rank=2, iterations=1).record(tmp_path)
     run = load_run(tmp_path, workers=0)
     assert "overlap" in run.threads
     assert [f.kind for f in analyze(run).findings if f.severity != "info"] == []
