@@ -109,6 +109,8 @@ class FakeCluster:
     config: dict[str, Any] | None = None
     """The run's config as recorded (default: schedule, P2P mode, synthetic)."""
     framework: str = "synthetic"
+    record_mode: str = "steps"
+    """The recorder's mode ("full": also the Python stack of each P2P post)."""
 
     @classmethod
     def of(
@@ -184,6 +186,7 @@ class FakeCluster:
                 substeps=self.substeps,
                 stall_after_ns=self.stall_after_ns,
                 framework=self.framework,
+                mode=self.record_mode,
                 meta_plan=self.plan if r == 0 and not self.rank_steps.get(0) else None,
             )
             for r in range(world)

@@ -106,6 +106,8 @@ class RankJob:
     substeps: bool
     stall_after_ns: int | None
     framework: str
+    mode: str = "steps"
+    """The record mode ("full": also the Python stack of each P2P post)."""
     meta_plan: Plan | None = None
     """Rank 0 only: the whole plan, for meta.json."""
 
@@ -154,7 +156,9 @@ class Player:
         self.job = job
         self.clock = VirtualClock(job.offset_ns)
         self.recorder = Recorder(
-            RecorderConfig(job.run_dir, stall_timeout=0, abort_timeout=0, flush_interval=3600),
+            RecorderConfig(
+                job.run_dir, mode=job.mode, stall_timeout=0, abort_timeout=0, flush_interval=3600
+            ),
             framework=job.framework,
             framework_version="0",
             clock=self.clock,

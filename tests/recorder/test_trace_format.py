@@ -1,5 +1,9 @@
 """The trace format doc and the recorder cannot drift apart: every field the doc names is
-written, and every field written is named in the doc."""
+written, and every field written is named in the doc.
+
+Clean, full-mode and crashed runs come from the fake cluster (real Recorders on virtual
+time); the watchdog's stall and abort and the signal events need a real process
+(tests/recorder/session.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ from pipetrace.analyze.load import load_run
 from pipetrace.analyze.reader import read_log, read_meta
 from pipetrace.recorder import format as fmt
 from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
+from pipetrace.runtime.faults import Crash
+from pipetrace.testing.cluster import FakeCluster
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")
@@ -46,8 +52,13 @@ def documented_fields() -> dict[str, set[str]]:
     return sections
 
 
-def run_session(run_dir: Path, scenario: str, mode: str = "steps", **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SESSION), str(run_dir), scenario, mode], **popen)
+def run_session(run_dir: Path, scenario: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SESSION), str(run_dir), scenario], **popen)
+
+
+def record_fake(run_dir: Path, **options) -> None:
+    """A 2-rank 1F1B run of one iteration (2 micro-batches) by the fake cluster."""
+    FakeCluster.of(ranks=2, microbatches=2, iterations=1, **options).record(run_dir)
 
 
 def recorded_fields(run_dir: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -71,9 +82,9 @@ def test_every_documented_field_is_recorded_and_vice_versa(tmp_path):
         "hang": tmp_path / "hang",
         "wait": tmp_path / "wait",
     }
-    assert run_session(runs["clean"], "clean").wait(30) == 0
-    assert run_session(runs["full"], "clean", "full").wait(30) == 0
-    assert run_session(runs["crash"], "crash").wait(30) == 0
+    record_fake(runs["clean"])
+    record_fake(runs["full"], record_mode="full")
+    record_fake(runs["crash"], faults=[Crash(rank=1, step=0, microbatch=1, phase="F")])
     assert run_session(runs["hang"], "hang").wait(30) == WATCHDOG_EXIT_CODE
     waiting = run_session(runs["wait"], "wait", stdout=subprocess.PIPE)
     assert waiting.stdout.readline().strip() == b"waiting"
@@ -140,7 +151,7 @@ def test_a_peer_that_never_ends_is_a_stall_at_the_end_of_run(tmp_path):
 
 
 def test_reader_refuses_newer_schema(tmp_path):
-    assert run_session(tmp_path, "clean").wait(30) == 0
+    record_fake(tmp_path)
     log = tmp_path / fmt.rank_log_name(0)
     lines = log.read_bytes().splitlines(keepends=True)
     header = orjson.loads(lines[0])
@@ -151,7 +162,7 @@ def test_reader_refuses_newer_schema(tmp_path):
 
 
 def test_torn_last_line_is_tolerated(tmp_path):
-    assert run_session(tmp_path, "clean").wait(30) == 0
+    record_fake(tmp_path)
     log = tmp_path / fmt.rank_log_name(0)
     data = log.read_bytes()
     log.write_bytes(data[: len(data) - 7])
