@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from pipetrace.runtime.fault_plan import consecutive_sends
+from pipetrace.runtime.fault_plan import StepOrder, consecutive_sends
 from pipetrace.runtime.faults import (
     Crash,
     Deadlock,
@@ -315,25 +315,24 @@ def _moved(
     given: Plan, rank: int, row: list[tuple[int, Step]], active: tuple[Fault, ...]
 ) -> list[tuple[int, Step]]:
     """The rank's steps in the order it runs them: a swapped or held send runs right after
-    the step it waits for."""
+    the step it waits for (``row`` itself when nothing moves)."""
+    steps = given.steps(rank)
+    order = StepOrder(steps)
     for fault in active:
         if fault.rank != rank:
             continue
         if isinstance(fault, SwapOrder):
-            moved, after = next(
+            first, second = next(
                 (a, b)
                 for a, b in consecutive_sends(given, rank, fault.channel or "F")
                 if a.microbatch == fault.microbatch
             )
+            order.move(0, first, after=second)
         elif isinstance(fault, Deadlock):
-            moved, after = fault.hold(given, overlap=False)
-        else:
-            continue
-        entry = next(e for e in row if e[1] == moved)
-        row = [e for e in row if e is not entry]
-        index = next(i for i, e in enumerate(row) if e[1] == after) + 1
-        row = row[:index] + [entry] + row[index:]
-    return row
+            send, recv = fault.hold(given, overlap=False)
+            order.move(0, send, after=recv)
+    moved = order(0)
+    return row if moved is None else [row[i] for i in moved]
 
 
 def _wire(
