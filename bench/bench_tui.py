@@ -64,7 +64,7 @@ def ensure_run(run_dir: Path, events: int) -> Path:
 
 def _stats(values: list[float]) -> str:
     values = sorted(values)
-    p95 = values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
+    p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
     return f"median {statistics.median(values) * 1e3:6.1f} ms   p95 {p95 * 1e3:6.1f} ms"
 
 
@@ -81,7 +81,8 @@ def _full_redraw(app) -> None:
 
 
 def load_outside_the_tui(run_dir: Path) -> None:
-    """The same loading work with no UI running, by phase (the floor for the first timeline frame)."""
+    """The same loading work with no UI running, by phase (the floor for the first timeline
+    frame)."""
     from pipetrace.tui.session import open_session
 
     marks: dict[str, float] = {}
@@ -96,7 +97,8 @@ def load_outside_the_tui(run_dir: Path) -> None:
     analyzing = marks.get("indexing", total) - reading
     print(
         f"load outside the TUI: {total * 1e3:.0f} ms (load_run {reading * 1e3:.0f} ms, analyze "
-        f"{analyzing * 1e3:.0f} ms, TUI index + plan lanes {(total - reading - analyzing) * 1e3:.0f} ms)"
+        f"{analyzing * 1e3:.0f} ms, "
+        f"TUI index + plan lanes {(total - reading - analyzing) * 1e3:.0f} ms)"
     )
 
 
@@ -116,8 +118,9 @@ async def bench(
         t_timeline = time.perf_counter()
         run = app.session.run
         print(
-            f"run: {run.num_events:,} events, {run.world_size} ranks, {len(run.iterations())} iterations; "
-            f"terminal {size[0]}x{size[1]}; max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+            f"run: {run.num_events:,} events, {run.world_size} ranks, "
+            f"{len(run.iterations())} iterations; terminal {size[0]}x{size[1]}; "
+            f"max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
         )
         print(f"first frame (loading view)      {(t_first - t_start) * 1e3:8.0f} ms")
         print(f"first timeline frame            {(t_timeline - t_start) * 1e3:8.0f} ms")

@@ -1,7 +1,8 @@
 """The recorder: turns runtime hooks into a per-rank event log (see docs/trace-format.md).
 
 The hot path (`begin_step`, `end_step`, `p2p_posted`, `p2p_completed`) takes one monotonic
-clock reading (from the injected `Clock`, bound once) and appends a tuple; encoding to JSON happens on the writer's flush thread.
+clock reading (from the injected `Clock`, bound once) and appends a tuple; encoding to JSON
+happens on the writer's flush thread.
 Each hook also notes progress for the watchdog and keeps the set of open steps and in-flight
 P2P ops, which is what a stall dump reports.
 """

@@ -13,6 +13,7 @@ itself (backpressure) rather than dropping events or growing without limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
@@ -111,8 +112,6 @@ class EventWriter:
         while not self._stop.is_set():
             self._wake.wait(interval)
             self._wake.clear()
-            try:
+            # The disk is full or gone: keep the run alive, the next flush retries.
+            with contextlib.suppress(OSError):
                 self.flush()
-            except OSError:
-                # The disk is full or gone: keep the run alive, the next flush retries.
-                pass

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from pipetrace.recorder import format as fmt
@@ -305,4 +304,3 @@ class Player:
             self.clock.now = last + self.job.stall_after_ns
             Watchdog(rec).dump(fmt.STALL, idle_s=round(self.job.stall_after_ns / 1e9, 3))
         rec.close()
-
