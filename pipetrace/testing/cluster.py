@@ -33,19 +33,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pipetrace.runtime import faults as ft
 from pipetrace.runtime.fault_plan import StepOrder, consecutive_sends
-from pipetrace.runtime.faults import (
-    Crash,
-    Deadlock,
-    DropRecv,
-    DropSend,
-    ExtraSend,
-    Fault,
-    Hang,
-    ShapeMismatch,
-    Straggler,
-    SwapOrder,
-)
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.execution import Outcome, compile_plan, execute
 from pipetrace.schedule.ir import Plan, Step, format_step
@@ -58,6 +47,7 @@ from pipetrace.testing.replay import (
     HUNG,
     IterationScript,
     Message,
+    Playback,
     RankJob,
     play_rank,
 )
@@ -66,7 +56,17 @@ DEFAULT_COSTS_NS = {"F": 1_000_000, "B": 2_000_000, "I": 1_000_000, "W": 1_000_0
 ITERATION_GAP_NS = 200_000
 """From the slowest rank's last step of an iteration to the next iteration's start."""
 
-_MODELLED = (Crash, Hang, DropRecv, DropSend, ExtraSend, ShapeMismatch, SwapOrder, Deadlock)
+_MODELLED = (
+    ft.Crash,
+    ft.Hang,
+    ft.DropRecv,
+    ft.DropSend,
+    ft.ExtraSend,
+    ft.ShapeMismatch,
+    ft.SwapOrder,
+    ft.Deadlock,
+    ft.Straggler,
+)
 
 
 @dataclass
@@ -92,7 +92,7 @@ class FakeCluster:
     iterations: int = 2
     costs: Costs = field(default_factory=Costs)
     semantics: str = "eager"
-    faults: Sequence[Fault] = ()
+    faults: Sequence[ft.Fault] = ()
     rank_steps: dict[int, list[Step]] = field(default_factory=dict)
     """Ranks launched with other steps than the plan gives them (a plan divergence)."""
     clock_offsets_ns: Sequence[int] | None = None
@@ -134,7 +134,7 @@ class FakeCluster:
 
     def __post_init__(self) -> None:
         for fault in self.faults:
-            if not isinstance(fault, _MODELLED + (Straggler,)):
+            if not isinstance(fault, _MODELLED):
                 raise ValueError(f"the fake cluster does not model {fault.KIND} faults")
             unset = [f.name for f in fields(fault) if getattr(fault, f.name) is None]
             if unset:
@@ -167,27 +167,30 @@ class FakeCluster:
             "p2p": "overlap" if self.overlap else "plain",
             "synthetic": True,
         }
-        texts = [[format_step(s) for s in given.steps(r)] for r in range(world)]
+        run = Playback(
+            str(run_dir),
+            world,
+            self.plan.placement,
+            self.plan.num_microbatches,
+            config,
+            period,
+            self.message,
+            self.overlap,
+            self.substeps,
+            self.stall_after_ns,
+            self.framework,
+            self.record_mode,
+        )
+        meta_plan = None if self.rank_steps.get(0) else self.plan
         return [
             RankJob(
-                run_dir=run_dir,
-                rank=r,
-                world_size=world,
-                plan_texts=texts[r],
-                placement=self.plan.placement,
-                num_microbatches=self.plan.num_microbatches,
-                config=config,
-                iterations=[scripts[r] for scripts in iterations],
-                period_ns=period,
-                offset_ns=offsets[r],
-                recorded_offset_ns=offsets[r] + errors[r],
-                message=self.message,
-                overlap=self.overlap,
-                substeps=self.substeps,
-                stall_after_ns=self.stall_after_ns,
-                framework=self.framework,
-                mode=self.record_mode,
-                meta_plan=self.plan if r == 0 and not self.rank_steps.get(0) else None,
+                run,
+                r,
+                [format_step(s) for s in given.steps(r)],
+                [scripts[r] for scripts in iterations],
+                offsets[r],
+                offsets[r] + errors[r],
+                meta_plan if r == 0 else None,
             )
             for r in range(world)
         ]
@@ -225,17 +228,17 @@ class FakeCluster:
         given: Plan,
         clean_rows: list[list[tuple[int, Step]]],
         texts: list[list[str]],
-        active: tuple[Fault, ...],
+        active: tuple[ft.Fault, ...],
         rng: random.Random,
     ) -> list[IterationScript]:
         rows = [_moved(given, r, row, active) for r, row in enumerate(clean_rows)]
-        struck = {f.rank: f for f in active if isinstance(f, (Crash, Hang))}
+        struck = {f.rank: f for f in active if isinstance(f, (ft.Crash, ft.Hang))}
         stops = {}
         for rank, fault in struck.items():
             target = fault.target(given)  # type: ignore[union-attr]
             stop = next(i for i, (_, s) in enumerate(rows[rank]) if target in s.leaves())
             rows[rank] = rows[rank][: stop + 1]
-            stops[rank] = (stop, CRASHED if isinstance(fault, Crash) else HUNG, target)
+            stops[rank] = (stop, CRASHED if isinstance(fault, ft.Crash) else HUNG, target)
         durations = self._durations(rows, active, rng)
         for rank, (stop, _, _) in stops.items():
             durations[rank][stop] = 0.0
@@ -261,11 +264,11 @@ class FakeCluster:
         return scripts
 
     def _durations(
-        self, rows: list[list[tuple[int, Step]]], active: tuple[Fault, ...], rng: random.Random
+        self, rows: list[list[tuple[int, Step]]], active: tuple[ft.Fault, ...], rng: random.Random
     ) -> list[list[float]]:
         """Each step's cost: its dearest sub-step's, by kind, stage and stragglers."""
         costs, slow, jitter = self.costs.compute_ns, self.costs.slow_stages, self.costs.jitter
-        stragglers = [f for f in active if isinstance(f, Straggler)]
+        stragglers = [f for f in active if isinstance(f, ft.Straggler)]
         out = []
         for rank, row in enumerate(rows):
             factors = {
@@ -305,14 +308,14 @@ class FakeCluster:
         return execute(program, self.semantics, durations, transfer=float(self.costs.transfer_ns))
 
 
-def _active(fault: Fault, it: int) -> bool:
-    if isinstance(fault, Straggler):
+def _active(fault: ft.Fault, it: int) -> bool:
+    if isinstance(fault, ft.Straggler):
         return it >= (fault.step or 0)
     return it == fault.step
 
 
 def _moved(
-    given: Plan, rank: int, row: list[tuple[int, Step]], active: tuple[Fault, ...]
+    given: Plan, rank: int, row: list[tuple[int, Step]], active: tuple[ft.Fault, ...]
 ) -> list[tuple[int, Step]]:
     """The rank's steps in the order it runs them: a swapped or held send runs right after
     the step it waits for (``row`` itself when nothing moves)."""
@@ -321,14 +324,14 @@ def _moved(
     for fault in active:
         if fault.rank != rank:
             continue
-        if isinstance(fault, SwapOrder):
+        if isinstance(fault, ft.SwapOrder):
             first, second = next(
                 (a, b)
                 for a, b in consecutive_sends(given, rank, fault.channel or "F")
                 if a.microbatch == fault.microbatch
             )
             order.move(0, first, after=second)
-        elif isinstance(fault, Deadlock):
+        elif isinstance(fault, ft.Deadlock):
             send, recv = fault.hold(given, overlap=False)
             order.move(0, send, after=recv)
     moved = order(0)
@@ -336,18 +339,18 @@ def _moved(
 
 
 def _wire(
-    given: Plan, rank: int, row: list[tuple[int, Step]], active: tuple[Fault, ...]
+    given: Plan, rank: int, row: list[tuple[int, Step]], active: tuple[ft.Fault, ...]
 ) -> dict[int, Any]:
     """Index in ``row`` -> what happens to that step's message."""
     out: dict[int, Any] = {}
     for fault in active:
         if fault.rank != rank:
             continue
-        if isinstance(fault, (DropRecv, DropSend)):
+        if isinstance(fault, (ft.DropRecv, ft.DropSend)):
             what: Any = DROP
-        elif isinstance(fault, ExtraSend):
+        elif isinstance(fault, ft.ExtraSend):
             what = EXTRA
-        elif isinstance(fault, ShapeMismatch):
+        elif isinstance(fault, ft.ShapeMismatch):
             what = tuple(fault.shape or ())
         else:
             continue

@@ -84,29 +84,37 @@ class IterationScript:
     """The text of the leaf a crash or hang struck (a composite's sub-step, or the step)."""
 
 
-@dataclass
-class RankJob:
-    """Everything needed to write one rank's log (plain data: cheap to send to a worker)."""
+@dataclass(frozen=True)
+class Playback:
+    """What every rank of a run is recorded with (one object shared by all the jobs)."""
 
     run_dir: str
-    rank: int
     world_size: int
-    plan_texts: list[str]
-    """The plan the rank was given (its run_start ``plan``)."""
     placement: tuple[int, ...]
     num_microbatches: int
     config: dict[str, Any]
-    iterations: list[IterationScript]
     period_ns: float
-    offset_ns: int
-    recorded_offset_ns: int
+    """From one iteration's start to the next one's."""
     message: Message
     overlap: bool
     substeps: bool
     stall_after_ns: int | None
     framework: str
-    mode: str = "steps"
+    mode: str
     """The record mode ("full": also the Python stack of each P2P post)."""
+
+
+@dataclass
+class RankJob:
+    """Everything needed to write one rank's log (plain data: cheap to send to a worker)."""
+
+    run: Playback
+    rank: int
+    plan_texts: list[str]
+    """The plan the rank was given (its run_start ``plan``)."""
+    iterations: list[IterationScript]
+    offset_ns: int
+    recorded_offset_ns: int
     meta_plan: Plan | None = None
     """Rank 0 only: the whole plan, for meta.json."""
 
@@ -115,9 +123,9 @@ class RankJob:
         holding only this rank's row (all a Recorder reads of another rank's)."""
         if self.meta_plan is not None:
             return self.meta_plan
-        rows: list[list[Step | None]] = [[] for _ in range(self.world_size)]
+        rows: list[list[Step | None]] = [[] for _ in range(self.run.world_size)]
         rows[self.rank] = list(steps)
-        return Plan(self.num_microbatches, self.placement, rows)
+        return Plan(self.run.num_microbatches, self.run.placement, rows)
 
 
 def play_rank(job: RankJob) -> None:
@@ -153,27 +161,28 @@ class Player:
 
     def __init__(self, job: RankJob) -> None:
         self.job = job
+        self.run = run = job.run
         self.clock = VirtualClock(job.offset_ns)
         self.recorder = Recorder(
             RecorderConfig(
-                job.run_dir, mode=job.mode, stall_timeout=0, abort_timeout=0, flush_interval=3600
+                run.run_dir, mode=run.mode, stall_timeout=0, abort_timeout=0, flush_interval=3600
             ),
-            framework=job.framework,
+            framework=run.framework,
             framework_version="0",
             clock=self.clock,
         )
-        self.placement = job.placement
-        self.ops = {text: _Op.of(parse_step(text), job.placement) for text in job.plan_texts}  # type: ignore[arg-type]
+        self.placement = run.placement
+        self.ops = {text: _Op.of(parse_step(text), run.placement) for text in job.plan_texts}  # type: ignore[arg-type]
         self.plan = job.rank_plan([self.ops[text].step for text in job.plan_texts])
         self.seqs: dict[tuple[str | None, int, str], int] = {}
 
     def play(self) -> None:
-        job, rec, clock = self.job, self.recorder, self.clock
-        rec.begin_run(rank=job.rank, world_size=job.world_size, plan=self.plan, config=job.config)
+        job, run, rec, clock = self.job, self.run, self.recorder, self.clock
+        rec.begin_run(rank=job.rank, world_size=run.world_size, plan=self.plan, config=run.config)
         self._clock_event("start", 1000)
         last = ORIGIN_NS
         for it, script in enumerate(job.iterations):
-            base = ORIGIN_NS + int(it * job.period_ns)
+            base = ORIGIN_NS + int(it * run.period_ns)
             clock.now = base
             rec.begin_iteration(it)
             last = self._iteration(it, script, base)
@@ -188,7 +197,7 @@ class Player:
         rec.end_run()
 
     def _clock_event(self, phase: str, at: int) -> None:
-        if self.job.world_size < 2:
+        if self.run.world_size < 2:
             return
         self.clock.now = at
         self.recorder.record_event(
@@ -201,7 +210,7 @@ class Player:
 
     def _iteration(self, it: int, script: IterationScript, base: int) -> int:
         """Play the steps; returns the virtual time of the rank's last progress."""
-        rec, clock, overlap = self.recorder, self.clock, self.job.overlap
+        rec, clock, overlap = self.recorder, self.clock, self.run.overlap
         ops = [self._op(text) for text in script.texts]
         self.seqs.clear()
         origin = base + STEP_LEAD_NS
@@ -229,7 +238,7 @@ class Player:
                         drain.append(ticket)
                     else:
                         rec.p2p_completed(ticket)
-            elif op.step.sub_steps and self.job.substeps:
+            elif op.step.sub_steps and self.run.substeps:
                 self._substeps(positions[i], op.step, start, end)
             clock.now = end
             rec.end_step(token)
@@ -251,7 +260,7 @@ class Player:
         key = op.key
         seq = self.seqs.get(key, 0)
         self.seqs[key] = seq + 1
-        message = self.job.message
+        message = self.run.message
         shape = wire if isinstance(wire, tuple) else message.shape
         return self.recorder.p2p_posted(
             op=op.kind,  # type: ignore[arg-type]
@@ -288,7 +297,7 @@ class Player:
             struck = parse_step(script.struck)
             thread = "main" if struck.kind is StepKind.F else "overlap"  # type: ignore[union-attr]
             self.recorder.begin_step(position, struck, thread)  # type: ignore[arg-type]
-        elif script.ending == BLOCKED and op.kind is not None and not self.job.overlap:
+        elif script.ending == BLOCKED and op.kind is not None and not self.run.overlap:
             self._post(op, script.wire.get(stop))
         return start
 
@@ -300,7 +309,7 @@ class Player:
                 raise RuntimeError(f"injected crash in {script.struck}")
             except RuntimeError as exc:
                 rec.exception(exc)
-        elif self.job.stall_after_ns is not None:
-            self.clock.now = last + self.job.stall_after_ns
-            Watchdog(rec).dump(fmt.STALL, idle_s=round(self.job.stall_after_ns / 1e9, 3))
+        elif self.run.stall_after_ns is not None:
+            self.clock.now = last + self.run.stall_after_ns
+            Watchdog(rec).dump(fmt.STALL, idle_s=round(self.run.stall_after_ns / 1e9, 3))
         rec.close()
