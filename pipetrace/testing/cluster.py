@@ -49,6 +49,7 @@ from pipetrace.testing.replay import (
     Message,
     Playback,
     RankJob,
+    WireFault,
     play_rank,
 )
 
@@ -158,7 +159,8 @@ class FakeCluster:
         """One job per rank, in rank order."""
         world = self.plan.num_ranks
         given = self._given_plan()
-        iterations = self._iterations(given)
+        texts = [[format_step(s) for s in given.steps(r)] for r in range(world)]
+        iterations = self._iterations(given, texts)
         period = max(_last_end(s) for scripts in iterations for s in scripts) + ITERATION_GAP_NS
         offsets = self.clock_offsets_ns or [0] * world
         errors = self.clock_errors_ns or [0] * world
@@ -186,7 +188,7 @@ class FakeCluster:
             RankJob(
                 run,
                 r,
-                [format_step(s) for s in given.steps(r)],
+                texts[r],
                 [scripts[r] for scripts in iterations],
                 offsets[r],
                 offsets[r] + errors[r],
@@ -204,11 +206,11 @@ class FakeCluster:
         rows = [self.rank_steps.get(r, plan.steps(r)) for r in range(plan.num_ranks)]
         return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))  # type: ignore[arg-type]
 
-    def _iterations(self, given: Plan) -> list[list[IterationScript]]:
-        """Per iteration, every rank's script; stops after an iteration where a rank stops."""
+    def _iterations(self, given: Plan, texts: list[list[str]]) -> list[list[IterationScript]]:
+        """Per iteration, every rank's script; stops after an iteration where a rank stops.
+        ``texts``: each rank's step texts (shared by the scripts of unchanged rows)."""
         rng = random.Random(self.costs.seed)
         clean_rows = [list(enumerate(given.steps(r))) for r in range(given.num_ranks)]
-        texts = [[format_step(s) for _, s in row] for row in clean_rows]
         result: list[list[IterationScript]] = []
         previous: tuple | None = None
         for it in range(self.iterations):
@@ -248,7 +250,7 @@ class FakeCluster:
         for r, row in enumerate(rows):
             clean = row is clean_rows[r]
             script = IterationScript(
-                positions=[p for p, _ in row] if not clean else list(range(len(row))),
+                positions=[p for p, _ in row],
                 texts=texts[r] if clean else [format_step(s) for _, s in row],
                 start=outcome.start[r],
                 end=outcome.end[r],
@@ -290,7 +292,7 @@ class FakeCluster:
         self,
         given: Plan,
         rows: list[list[tuple[int, Step]]],
-        wire: list[dict[int, Any]],
+        wire: list[dict[int, WireFault]],
         durations: list[list[float]],
     ) -> Outcome:
         ran = Plan(
@@ -340,14 +342,14 @@ def _moved(
 
 def _wire(
     given: Plan, rank: int, row: list[tuple[int, Step]], active: tuple[ft.Fault, ...]
-) -> dict[int, Any]:
+) -> dict[int, WireFault]:
     """Index in ``row`` -> what happens to that step's message."""
-    out: dict[int, Any] = {}
+    out: dict[int, WireFault] = {}
     for fault in active:
         if fault.rank != rank:
             continue
         if isinstance(fault, (ft.DropRecv, ft.DropSend)):
-            what: Any = DROP
+            what: WireFault = DROP
         elif isinstance(fault, ft.ExtraSend):
             what = EXTRA
         elif isinstance(fault, ft.ShapeMismatch):

@@ -29,8 +29,9 @@ CLOCK_UNCERTAINTY_NS = 5_000
 # How a rank's part of an iteration ends.
 FINISHED, BLOCKED, CRASHED, HUNG = "finished", "blocked", "crashed", "hung"
 
-# Wire faults on one comm step (see `IterationScript.wire`).
+# Wire faults on one comm step (see `IterationScript.wire`); a shape is the third kind.
 DROP, EXTRA = "drop", "extra"
+WireFault = str | tuple[int, ...]
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}
 _DIRECTION = {StepKind.SEND_F: 1, StepKind.RECV_F: -1, StepKind.SEND_B: -1, StepKind.RECV_B: 1}
@@ -58,10 +59,6 @@ class Message:
     shape: tuple[int, ...] = (32, 32)
     dtype: str = "float32"
 
-    @property
-    def nbytes(self) -> int:
-        return _ITEMSIZE[self.dtype] * math.prod(self.shape)
-
 
 @dataclass
 class IterationScript:
@@ -79,7 +76,7 @@ class IterationScript:
     end: list[float]
     stop: int
     ending: str = FINISHED
-    wire: dict[int, Any] = field(default_factory=dict)
+    wire: dict[int, WireFault] = field(default_factory=dict)
     struck: str | None = None
     """The text of the leaf a crash or hang struck (a composite's sub-step, or the step)."""
 
@@ -185,7 +182,7 @@ class Player:
             base = ORIGIN_NS + int(it * run.period_ns)
             clock.now = base
             rec.begin_iteration(it)
-            last = self._iteration(it, script, base)
+            last = self._iteration(script, base)
             if script.ending != FINISHED:
                 self._stop(script, last)
                 return
@@ -208,7 +205,7 @@ class Player:
             reference_rank=0,
         )
 
-    def _iteration(self, it: int, script: IterationScript, base: int) -> int:
+    def _iteration(self, script: IterationScript, base: int) -> int:
         """Play the steps; returns the virtual time of the rank's last progress."""
         rec, clock, overlap = self.recorder, self.clock, self.run.overlap
         ops = [self._op(text) for text in script.texts]
@@ -256,7 +253,7 @@ class Player:
             op = self.ops[text] = _Op.of(parse_step(text), self.placement)  # type: ignore[arg-type]
         return op
 
-    def _post(self, op: _Op, wire: Any) -> Any:
+    def _post(self, op: _Op, wire: WireFault | None) -> Any:
         key = op.key
         seq = self.seqs.get(key, 0)
         self.seqs[key] = seq + 1
