@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_analyze.py --ranks 1024 --events-per-rank 10000
     .venv/bin/python bench/bench_analyze.py --ranks 64 --events-per-rank 2000   # quick
-    .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 \
+    .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 \\
         --baseline HEAD~5
 
 Writes a synthetic run in the documented trace format (`pipetrace.testing.synthetic`: a 1F1B
@@ -164,8 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"{side}: peak RSS: analyzing process {parent_kb / 1024:.0f} MiB "
-            f"({parent_kb * 1024 / size:.2f}x "
-            f"the logs), with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)"
+            f"({parent_kb * 1024 / size:.2f}x the logs), "
+            f"with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)"
         )
     if args.baseline:
         (base, *_), (tree, *_) = best.values()

@@ -142,8 +142,8 @@ def main() -> None:
     print(f"run: {source}; {run.num_events:,} recorded events")
     print(
         f"export: {slices:,} slices, {len(layout.instants):,} instants, "
-        f"{len(layout.counters):,} counter samples, "
-        f"{layout.num_flows:,} flows, {len(layout.tracks):,} tracks = {events:,} trace events"
+        f"{len(layout.counters):,} counter samples, {layout.num_flows:,} flows, "
+        f"{len(layout.tracks):,} tracks = {events:,} trace events"
     )
     print()
     print("| figure | result |")

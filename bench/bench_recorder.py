@@ -31,7 +31,7 @@ def drive(recorder, plan, events: int) -> list[float]:
     steps = plan.steps(0)
     per_event: list[float] = []
     clock = time.perf_counter_ns
-    for batch in range(events // BATCH):
+    for _ in range(events // BATCH):
         t0 = clock()
         for i in range(BATCH // 4):
             step = steps[i % len(steps)]
@@ -149,7 +149,8 @@ def demo_overhead(iterations: int) -> None:
     off, on = statistics.median(times["off"]), statistics.median(times["steps"])
     print(
         f"4-rank 1f1b demo (M=8), {iterations} alternating iterations: median step time "
-        f"off {off * 1e3:.2f} ms, steps {on * 1e3:.2f} ms, overhead {on / off - 1:+.1%} (target <= 3 %)"
+        f"off {off * 1e3:.2f} ms, steps {on * 1e3:.2f} ms, "
+        f"overhead {on / off - 1:+.1%} (target <= 3 %)"
     )
     cpu_off = sum(statistics.median(cpu["off"]) for _, _, cpu in reports)
     cpu_on = sum(statistics.median(cpu["steps"]) for _, _, cpu in reports)

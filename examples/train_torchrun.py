@@ -96,7 +96,8 @@ def main() -> int:
                 )
                 verdict = "match" if report.ok else f"DIFFER: {report.mismatches}"
                 say(
-                    f"rank {rank}: stages {sorted(runner.stages)}: {report.compared} checked, {verdict}"
+                    f"rank {rank}: stages {sorted(runner.stages)}: "
+                    f"{report.compared} checked, {verdict}"
                 )
                 status |= not report.ok
                 reference = None

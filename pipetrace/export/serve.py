@@ -4,6 +4,11 @@ The UI fetches ``http://127.0.0.1:PORT/NAME`` from the browser: the server answe
 CORS preflight (including Chrome's private-network access), sends the file, and stops. The
 UI's content security policy only allows port 9001 (the port `trace_processor --httpd` and
 Perfetto's own ``open_trace_in_ui`` use), hence the default.
+
+Only loopback clients can connect, and only requests addressed to 127.0.0.1 or localhost
+are answered: a page that rebinds its own DNS name to 127.0.0.1 (DNS rebinding) sends its
+own host name and gets 403. Each connection has a socket timeout, so an idle or trickling
+client cannot hold the one-shot server past ``--timeout``.
 """
 
 from __future__ import annotations
@@ -19,14 +24,35 @@ from pipetrace.errors import PipetraceError
 
 UI_ORIGIN = "https://ui.perfetto.dev"
 DEFAULT_PORT = 9001
+LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost"})
+CONNECTION_TIMEOUT = 5.0
+"""Seconds one connection may stay idle: a local browser sends its request at once."""
 
 
 def ui_link(port: int, name: str, origin: str = UI_ORIGIN) -> str:
     return f"{origin}/#!/?url=http://127.0.0.1:{port}/{urllib.parse.quote(name)}"
 
 
+def _host_name(header: str | None) -> str | None:
+    """The host part of a Host header ("127.0.0.1:9001" -> "127.0.0.1"); None when absent."""
+    if not header:
+        return None
+    return urllib.parse.urlsplit("//" + header).hostname
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _OneShotServer
+
+    def setup(self) -> None:
+        # Never wait on one connection longer than the server has left to live.
+        self.timeout = max(0.05, min(CONNECTION_TIMEOUT, self.server.remaining()))
+        super().setup()
+
+    def _local_request(self) -> bool:
+        if _host_name(self.headers.get("Host")) in LOCAL_HOSTS:
+            return True
+        self.send_error(403, "only requests for 127.0.0.1 or localhost are answered")
+        return False
 
     def _cors(self) -> None:
         self.send_header("Access-Control-Allow-Origin", self.server.origin)
@@ -36,12 +62,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
 
     def do_OPTIONS(self) -> None:
+        if not self._local_request():
+            return
         self.send_response(204)
         self._cors()
         self.send_header("Content-Length", "0")
         self.end_headers()
 
     def _file(self, body: bool) -> None:
+        if not self._local_request():
+            return
         wanted = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         if wanted != "/" + self.server.path.name:
             self.send_error(404, "not the exported trace")
@@ -72,7 +102,11 @@ class _OneShotServer(http.server.HTTPServer):
         self.path = path
         self.origin = origin
         self.served = False
+        self.deadline = float("inf")
         super().__init__(("127.0.0.1", port), _Handler)
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
 
 
 def serve_once(
@@ -101,7 +135,7 @@ def serve_once(
         server.timeout = 0.25
         if ready is not None:
             ready(ui_link(server.server_address[1], path.name, origin))
-        deadline = time.monotonic() + timeout
-        while not server.served and time.monotonic() < deadline:
+        server.deadline = time.monotonic() + timeout
+        while not server.served and server.remaining() > 0:
             server.handle_request()
     return server.served

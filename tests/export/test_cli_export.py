@@ -165,3 +165,52 @@ def test_failing_analyzers_do_not_stop_the_export(run_dir, tmp_path, capsys, mon
     assert not [
         i for i in decode_perfetto(out.read_bytes()).instants if i.name.startswith("error:")
     ]
+
+
+def _serve_in_thread(path, timeout):
+    import threading
+
+    from pipetrace.export.serve import serve_once
+
+    links, result = [], {}
+    thread = threading.Thread(
+        target=lambda: result.setdefault(
+            "served", serve_once(path, port=0, timeout=timeout, ready=links.append)
+        ),
+        daemon=True,
+    )
+    thread.start()
+    while not links and thread.is_alive():
+        thread.join(0.01)
+    return links[0].split("url=", 1)[1], thread, result
+
+
+def test_open_does_not_wait_on_an_idle_connection(tmp_path):
+    import socket
+    import time
+
+    out = tmp_path / "t.pftrace"
+    out.write_bytes(b"x")
+    url, thread, result = _serve_in_thread(out, timeout=1.0)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port)):  # connects, then says nothing
+        thread.join(10)
+    assert not thread.is_alive() and result["served"] is False
+    assert time.monotonic() - started < 3  # bounded by --timeout, not by the idle client
+
+
+def test_open_answers_only_requests_for_localhost(tmp_path):
+    import urllib.error
+
+    out = tmp_path / "t.pftrace"
+    out.write_bytes(b"trace")
+    url, thread, result = _serve_in_thread(out, timeout=10.0)
+    rebound = urllib.request.Request(url, headers={"Host": "attacker.example:9001"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(rebound, timeout=5)
+    assert refused.value.code == 403
+    with urllib.request.urlopen(url.replace("127.0.0.1", "localhost"), timeout=5) as r:
+        assert r.read() == b"trace"
+    thread.join(5)
+    assert result["served"] is True

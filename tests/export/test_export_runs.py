@@ -49,8 +49,8 @@ def test_tracks_of_a_rank(recorded):
     } <= names
     # several P2P ops in flight at once, each on its own track
     assert len([n for n in names if n.startswith("p2p ")]) >= 3
-    # a composite holds its forward sub-step on the compute track; its backward is on the
-    # overlap track
+    # a composite holds its forward sub-step on the compute track;
+    # its backward is on the overlap track
     composites = [s for s in e.trace.on(0, "compute") if "OVERLAP_F_B" in s.name]
     assert composites and all(
         any(
