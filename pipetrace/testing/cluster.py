@@ -149,7 +149,9 @@ class FakeCluster:
         if workers > 1:
             with ProcessPoolExecutor(workers) as pool:
                 chunk = max(1, len(jobs) // (4 * workers))
-                list(pool.map(play_rank, jobs, chunksize=chunk))
+                played = pool.map(play_rank, jobs[1:], chunksize=chunk)
+                play_rank(jobs[0])  # here: its job holds the whole plan (for meta.json)
+                list(played)
         else:
             for job in jobs:
                 play_rank(job)

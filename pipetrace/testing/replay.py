@@ -139,10 +139,7 @@ class _Op:
     kind: str | None = None
     peer: int = -1
     channel: str = ""
-
-    @property
-    def key(self) -> tuple[str | None, int, str]:
-        return (self.kind, self.peer, self.channel)
+    key: tuple[str, int, str] | None = None
 
     @classmethod
     def of(cls, step: Step, placement: tuple[int, ...]) -> _Op:
@@ -150,7 +147,8 @@ class _Op:
             return cls(step)
         kind = "send" if step.kind in SEND_KINDS else "recv"
         peer = placement[step.stage + _DIRECTION[step.kind]]  # type: ignore[operator]
-        return cls(step, kind, peer, step.kind.value[-1])
+        channel = step.kind.value[-1]
+        return cls(step, kind, peer, channel, (kind, peer, channel))
 
 
 class Player:
@@ -171,7 +169,9 @@ class Player:
         self.placement = run.placement
         self.ops = {text: _Op.of(parse_step(text), run.placement) for text in job.plan_texts}  # type: ignore[arg-type]
         self.plan = job.rank_plan([self.ops[text].step for text in job.plan_texts])
-        self.seqs: dict[tuple[str | None, int, str], int] = {}
+        self.seqs: dict[tuple[str, int, str], int] = {}
+        message = run.message
+        self.message_size = (message.shape, _ITEMSIZE[message.dtype] * math.prod(message.shape))
 
     def play(self) -> None:
         job, run, rec, clock = self.job, self.run, self.recorder, self.clock
@@ -254,20 +254,21 @@ class Player:
         return op
 
     def _post(self, op: _Op, wire: WireFault | None) -> Any:
-        key = op.key
-        seq = self.seqs.get(key, 0)
-        self.seqs[key] = seq + 1
-        message = self.run.message
-        shape = wire if isinstance(wire, tuple) else message.shape
+        seqs = self.seqs
+        seq = seqs.get(op.key, 0)
+        seqs[op.key] = seq + 1  # type: ignore[index]
+        shape, nbytes = self.message_size
+        if isinstance(wire, tuple):  # a shape mismatch
+            shape, nbytes = wire, _ITEMSIZE[self.run.message.dtype] * math.prod(wire)
         return self.recorder.p2p_posted(
             op=op.kind,  # type: ignore[arg-type]
             step=op.step,
             peer=op.peer,
             channel=op.channel,
             seq=seq,
-            nbytes=_ITEMSIZE[message.dtype] * math.prod(shape),
+            nbytes=nbytes,
             shape=shape,
-            dtype=message.dtype,
+            dtype=self.run.message.dtype,
         )
 
     def _substeps(self, position: int, step: Step, start: int, end: int) -> None:
