@@ -40,8 +40,8 @@ def test_every_kind_parses_alone_and_resolves_with_defaults():
     for kind in ft.FAULT_KINDS:
         fault = resolved(kind)
         assert kind == fault.KIND
-        keys = fault.keys()  # the fault's fields (a classmethod, not a dict's)
-        assert all(getattr(fault, key) is not None for key in keys), fault
+        names = fault.keys()  # the fault's field names (a tuple, not a dict's keys)
+        assert all(getattr(fault, name) is not None for name in names), fault
         assert ft.parse_fault(fault.spec) == fault  # the spec shows every filled-in default
 
 
