@@ -132,14 +132,14 @@ def play_rank(job: RankJob) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Op:
-    """A step as the player needs it: for a SEND or RECV, ``kind`` ("send" or "recv"), the
-    peer rank and the channel, and ``key``, what sequence numbers are counted per."""
+    """A step as the player needs it: for a SEND or RECV, ``kind`` ("send" or "recv"),
+    ``key`` (what sequence numbers are counted per) and the message's ends."""
 
     step: Step
     kind: str | None = None
-    peer: int = -1
-    channel: str = ""
     key: tuple[str, int, str] | None = None
+    ends: dict[str, Any] = field(default_factory=dict)
+    """``p2p_posted``'s op, step, peer and channel."""
 
     @classmethod
     def of(cls, step: Step, placement: tuple[int, ...]) -> _Op:
@@ -148,7 +148,8 @@ class _Op:
         kind = "send" if step.kind in SEND_KINDS else "recv"
         peer = placement[step.stage + _DIRECTION[step.kind]]  # type: ignore[operator]
         channel = step.kind.value[-1]
-        return cls(step, kind, peer, channel, (kind, peer, channel))
+        ends = {"op": kind, "step": step, "peer": peer, "channel": channel}
+        return cls(step, kind, (kind, peer, channel), ends)
 
 
 class Player:
@@ -260,16 +261,8 @@ class Player:
         shape, nbytes = self.message_size
         if isinstance(wire, tuple):  # a shape mismatch
             shape, nbytes = wire, _ITEMSIZE[self.run.message.dtype] * math.prod(wire)
-        return self.recorder.p2p_posted(
-            op=op.kind,  # type: ignore[arg-type]
-            step=op.step,
-            peer=op.peer,
-            channel=op.channel,
-            seq=seq,
-            nbytes=nbytes,
-            shape=shape,
-            dtype=self.run.message.dtype,
-        )
+        dtype = self.run.message.dtype
+        return self.recorder.p2p_posted(**op.ends, seq=seq, nbytes=nbytes, shape=shape, dtype=dtype)
 
     def _substeps(self, position: int, step: Step, start: int, end: int) -> None:
         """A composite's sub-steps: the forward on ``main``, the backward on ``overlap``,
