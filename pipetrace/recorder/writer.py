@@ -57,6 +57,11 @@ class EventWriter:
         )
         self._thread.start()
 
+    @property
+    def pending(self) -> int:
+        """Events appended but not written yet (at most ``capacity``)."""
+        return len(self._pending)
+
     def append(self, record: tuple) -> None:
         pending = self._pending
         pending.append(record)
