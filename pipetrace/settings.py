@@ -13,6 +13,7 @@ report them. Pure Python: no click, no torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass
@@ -136,11 +137,22 @@ def at_least(low: int) -> Check:
 
 
 def positive_seconds(value: float) -> str | None:
+    """Seconds above 0; finite, because inf or nan would make a wait never end (or always)."""
+    if not math.isfinite(value):
+        return f"must be a finite number of seconds, got {value:g}"
     return None if value > 0 else f"must be > 0 seconds, got {value:g}"
 
 
 def seconds_or_off(value: float) -> str | None:
+    """Finite seconds, or 0 for off."""
+    if not math.isfinite(value):
+        return f"must be a finite number of seconds (0 turns it off), got {value:g}"
     return None if value >= 0 else f"must be >= 0 seconds (0 turns it off), got {value:g}"
+
+
+def at_most(high: int, how_to_pass: str) -> Check:
+    """A whole number no larger than ``high``; ``how_to_pass`` says how to go past the limit."""
+    return lambda value: None if value <= high else f"must be <= {high}, got {value} ({how_to_pass})"
 
 
 def seconds(text: str) -> float:

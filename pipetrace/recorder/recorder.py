@@ -22,6 +22,8 @@ import orjson
 from pipetrace import __version__
 from pipetrace.recorder import format as fmt
 from pipetrace.recorder.clock import SYSTEM_CLOCK, Clock, RecvInts, SendInts, align_clocks
+from pipetrace.recorder import run_dir as run_dir_claim
+from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step
 
@@ -89,7 +91,7 @@ class Recorder:
         self.rank = rank
         self.world_size = world_size
         run_dir = self.config.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir_claim.claim(run_dir, run_dir_claim.current_run_id())
         header = fmt.HEADER.build(
             format=fmt.LOG_FORMAT,
             schema_version=fmt.SCHEMA_VERSION,
@@ -391,6 +393,7 @@ def write_meta(
         hosts=config.get("hosts", [socket.gethostname()]),
         config=config,
     )
-    tmp = run_dir / (fmt.META_FILE + ".tmp")
-    tmp.write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
-    os.replace(tmp, run_dir / fmt.META_FILE)
+    tmp = run_dir / f".{fmt.META_FILE}.{os.getpid()}"
+    with os.fdopen(create_new_file(tmp), "wb") as handle:
+        handle.write(orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    os.replace(tmp, run_dir / fmt.META_FILE)  # replaces a planted link, never follows it

@@ -9,6 +9,9 @@ can leave a torn last line; readers tolerate it.
 
 Memory is bounded: when ``capacity`` events are pending, the appending thread flushes them
 itself (backpressure) rather than dropping events or growing without limit.
+
+The log is a new file (`create_new_file`): an existing file or a planted symbolic link at
+its path is refused, never truncated or followed.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from pipetrace.recorder.run_dir import create_new_file
 
 _WRITE_CHUNK = 1 << 20
 Encoder = Callable[[tuple], bytes]  # one record -> one JSON line, newline included
@@ -44,7 +49,7 @@ class EventWriter:
         self._capacity = capacity
         self._pending: deque[tuple] = deque()
         self._lock = threading.Lock()  # serialises encoding + writing, never the hot path
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._fd: int | None = create_new_file(self.path)
         self.events_written = 0
         self._write(orjson.dumps(header, option=orjson.OPT_APPEND_NEWLINE))
         self._stop = threading.Event()

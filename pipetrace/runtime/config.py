@@ -9,7 +9,8 @@ in `pipetrace.cli.run_options`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,18 @@ CustomFunction = Callable[[Step, "StepContext"], None]
 LossCallback = Callable[[int, int, float], None]  # (case index, step, loss)
 
 BACKENDS = ("torch", "mindspore")
+
+MAX_PLAN_STEPS = 5_000_000
+"""The most steps a run's plan may hold (about 1 KB of memory each while it is built and
+checked); an estimate above it is refused before the plan is built."""
+STEPS_PER_MICROBATCH_STAGE = 6
+"""The estimate's steps per micro-batch and stage: F, B, W and their sends and recvs."""
+RANK_MEMORY_BYTES = 300 << 20
+"""What one local torch rank needs at least (measured ~300 MB RSS)."""
+RANKS_PER_CORE = 8
+"""Local ranks per CPU core beyond which a run mostly waits for the CPU."""
+MAX_LOCAL_RANKS_ENV = "PIPETRACE_MAX_LOCAL_RANKS"
+"""Overrides the local-rank limit (`local_rank_limit`)."""
 
 P2P_TIMEOUT = Setting(60.0, positive_seconds, flag="--timeout")
 """Seconds a rank may wait on a peer: the process-group timeout (also the runners' default)."""
@@ -108,6 +121,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        self._check_plan_size()
         if self.data_parallel > 1 and not self.fsdp:
             raise SettingsError(
                 RunConfig,
@@ -121,6 +135,29 @@ class RunConfig:
             )
         if self.faults:  # last: the check builds the plan from the fields above
             object.__setattr__(self, "faults", fault_spec.resolve_faults(tuple(self.faults), self))
+
+    def _check_plan_size(self) -> None:
+        """Refuse a plan too big to build (``-p 99999999999999999999``) before building it."""
+        stages = self.ranks * max(self.stages_per_rank or 1, 2)
+        estimate = stages * self.microbatches * STEPS_PER_MICROBATCH_STAGE
+        if estimate > MAX_PLAN_STEPS:
+            raise SettingsError(
+                RunConfig,
+                f"{{ranks}} x {{microbatches}} would plan about {estimate:.3g} steps, more than "
+                f"the limit of {MAX_PLAN_STEPS:,} (fewer ranks or micro-batches)",
+            )
+
+    def check_local_processes(self, environ: Mapping[str, str] = os.environ) -> None:
+        """Refuse, before any process starts, more local processes than this machine can
+        hold (`local_rank_limit`); the message names the variable that raises the limit."""
+        limit = local_rank_limit(environ)
+        if self.world_size > limit:
+            raise SettingsError(
+                RunConfig,
+                f"{{ranks}} x {{data_parallel}} = {self.world_size} local processes, more than "
+                f"this machine's limit of {limit} (set {MAX_LOCAL_RANKS_ENV} to go past it, "
+                "or start ranks on several machines with torchrun)",
+            )
 
     @property
     def hangs(self) -> bool:
@@ -174,6 +211,21 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain data for the recorder's run header (faults as their resolved specs)."""
         return {**dataclasses.asdict(self), "faults": [fault.spec for fault in self.faults]}
+
+
+def local_rank_limit(environ: Mapping[str, str] = os.environ) -> int:
+    """How many local ranks `pipetrace run` starts at most: ``PIPETRACE_MAX_LOCAL_RANKS``
+    if set, else what the cores (`RANKS_PER_CORE`) and the memory (`RANK_MEMORY_BYTES`)
+    allow, whichever is less."""
+    given = environ.get(MAX_LOCAL_RANKS_ENV, "")
+    if given:
+        try:
+            return int(given)
+        except ValueError:
+            raise PipetraceError(f"{MAX_LOCAL_RANKS_ENV}={given!r} is not a whole number") from None
+    by_cores = RANKS_PER_CORE * (os.cpu_count() or 1)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(1, min(by_cores, memory // RANK_MEMORY_BYTES))
 
 
 @dataclass

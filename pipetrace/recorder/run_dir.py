@@ -1,0 +1,157 @@
+"""Claiming a run directory: the one place that decides whether a recording may go there.
+
+A run directory holds one run. Every process of a run claims the directory before writing
+to it, with the run's id (`current_run_id`): the first to claim it writes the id into
+``run-id`` (atomically: a hard link of a finished file, so a peer never reads it half
+written); the others find the same id and go on. A directory that holds another run (another
+id, or a meta.json or rank log without an id) is refused, so two runs never mix and a run is
+never overwritten silently; ``pipetrace run --overwrite`` removes the previous run first
+(`remove_previous_run`). The directory itself must be a real directory (not a symbolic link)
+owned by this user, and every file is created new, never through a link
+(`create_new_file`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+from pipetrace.errors import PipetraceError
+from pipetrace.recorder import format as fmt
+
+RUN_ID_FILE = "run-id"
+"""The claim: the id of the run that records into this directory."""
+RUN_ID_ENV = "PIPETRACE_RUN_ID"
+"""Set by a launcher for its ranks; otherwise `current_run_id` derives the id."""
+_RANK_LOG_GLOB = "rank-*.ndjson"  # what `pipetrace.analyze.load` reads as rank logs
+_TORCHRUN_UNNAMED = ("", "none")  # torchrun's default --rdzv-id: not unique to a run
+
+
+class RunDirError(PipetraceError):
+    """The run directory cannot be recorded into (exit 2); the message says what to do."""
+
+
+def current_run_id(environ: Mapping[str, str] = os.environ) -> str:
+    """The id that every process of this run shares: ``PIPETRACE_RUN_ID`` when a launcher
+    set it, torchrun's ``TORCHELASTIC_RUN_ID`` when the user named the run (``--rdzv-id``;
+    ``--standalone`` picks a fresh one), else the parent process (the launcher or torchrun
+    agent that started all local ranks): host, pid and start time."""
+    given = environ.get(RUN_ID_ENV, "")
+    if given:
+        return given
+    elastic = environ.get("TORCHELASTIC_RUN_ID", "")
+    if elastic not in _TORCHRUN_UNNAMED:
+        return f"torchrun:{elastic}"
+    return process_run_id(os.getppid())
+
+
+def process_run_id(pid: int) -> str:
+    """The run id of the processes that ``pid`` starts (see `current_run_id`)."""
+    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
+
+
+def _start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "?"
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def claim(run_dir: Path, run_id: str) -> None:
+    """Make ``run_dir`` this run's directory, or raise `RunDirError` saying why not."""
+    check_directory(run_dir, create=True)
+    marker = run_dir / RUN_ID_FILE
+    if not os.path.lexists(marker):
+        previous = previous_run_files(run_dir)
+        if previous:
+            raise RunDirError(
+                f"{run_dir} already holds a run ({previous[0].name}): record into a new "
+                "directory, or remove that run first (pipetrace run --overwrite does)"
+            )
+        _link_new(marker, run_id)
+    claimed = _read_marker(marker)
+    if claimed != run_id:
+        raise RunDirError(
+            f"{run_dir} already holds another run (run id {claimed!r}, this run is "
+            f"{run_id!r}): record into a new directory, or remove that run first "
+            "(pipetrace run --overwrite does)"
+        )
+
+
+def check_directory(run_dir: Path, *, create: bool) -> None:
+    """``run_dir`` is (after creating it, with ``create``) a directory, not a symbolic
+    link, owned by this user; raise `RunDirError` otherwise."""
+    if create and not os.path.lexists(run_dir):
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror}") from None
+    try:
+        info = os.lstat(run_dir)
+    except OSError as exc:
+        raise RunDirError(f"run directory {run_dir}: {exc.strerror}") from None
+    if os.path.islink(run_dir):
+        raise RunDirError(f"run directory {run_dir} is a symbolic link: name a real directory")
+    if not os.path.isdir(run_dir):
+        raise RunDirError(f"run directory {run_dir} is not a directory")
+    if info.st_uid != os.getuid():
+        raise RunDirError(
+            f"run directory {run_dir} belongs to another user (uid {info.st_uid}): "
+            "record into a directory of your own"
+        )
+
+
+def previous_run_files(run_dir: Path) -> list[Path]:
+    """The files of a run already in ``run_dir`` (its meta.json, rank logs, claim)."""
+    names = [fmt.META_FILE, RUN_ID_FILE]
+    found = [run_dir / name for name in names if os.path.lexists(run_dir / name)]
+    return found + sorted(run_dir.glob(_RANK_LOG_GLOB))
+
+
+def remove_previous_run(run_dir: Path) -> None:
+    """Remove the previous run's files (links themselves, never their targets)."""
+    for path in previous_run_files(run_dir):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def create_new_file(path: Path, mode: int = 0o644) -> int:
+    """A write descriptor of a new regular file at ``path``: never opens an existing file or
+    follows a symbolic link (O_EXCL | O_NOFOLLOW), so a planted link's target is untouched."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, mode)
+    except FileExistsError:
+        raise RunDirError(
+            f"{path} already exists: a run never writes over a file it did not create"
+        ) from None
+
+
+def _link_new(marker: Path, run_id: str) -> None:
+    """Write ``run_id`` to a private file and hard-link it as ``marker``; a peer that won
+    the race leaves its own marker, which `claim` then compares."""
+    tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
+    fd = create_new_file(tmp)
+    try:
+        os.write(fd, run_id.encode())
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, marker)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+
+
+def _read_marker(marker: Path) -> str:
+    if os.path.islink(marker) or not marker.is_file():
+        raise RunDirError(f"{marker} is not a regular file: remove it")
+    fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read(4096).decode(errors="replace")
