@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
 from pipetrace.cli.run_options import run_options
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
+from pipetrace.recorder import run_dir
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.fault_spec import FAULT_HELP
 from pipetrace.runtime.results import ParityReport
@@ -31,13 +34,17 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
       pipetrace run -s zbv -p 4 -m 8 --overlap-p2p --check-parity
       pipetrace run -s 1f1b -p 4 -m 8 --out run/ && pipetrace analyze run/
       pipetrace run -s zb1p -p 2 -m 4 --backend mindspore --check-parity
-      pipetrace run -s zbv -p 4 -m 8 --inject hang:rank=2 --out run/ && pipetrace analyze run/
+      pipetrace run -s zbv -p 4 -m 8 --inject hang:rank=2 --out run/; pipetrace analyze run/
     """
     config = make_config(2)
+    config.check_local_processes()
     config.check_backend()
     plan = config.plan()
     if config.out is None and config.record != "off":
         config = dataclasses.replace(config, out=_default_run_dir(plan.name))
+    recorded = config.record_settings().enabled  # also checks the PIPETRACE_* variables
+    if recorded:
+        _claim_run_dir(config)
     click.echo(
         f"{plan.name}: {config.ranks} ranks, {plan.num_stages} stages on ranks "
         f"{','.join(map(str, plan.placement))}, {config.microbatches} micro-batches, "
@@ -55,13 +62,12 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     result = launch(
         [config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}")
     )
-    recorded = config.out is not None and config.record != "off"
     if result.failures:
         first, *others = result.failures
         click.echo(f"pipetrace: error: rank {first.rank} failed: {first.error}", err=True)
         for other in others:
             click.echo(f"  then rank {other.rank}: {other.error}", err=True)
-        if recorded:
+        if recorded and _holds_a_recording(Path(config.out)):
             click.echo(
                 f"trace in {config.out}; diagnose with: pipetrace analyze {config.out}", err=True
             )
@@ -87,6 +93,23 @@ def _report_parity(reports: list[ParityReport]) -> int:
         f"({compared} quantities, max relative error {worst:.2g} <= {reports[0].tolerance:g})"
     )
     return EXIT_OK
+
+
+def _claim_run_dir(config: RunConfig) -> None:
+    """Make ``config.out`` this run's directory before any rank starts (`run_dir.claim`,
+    with this process's run id, which its ranks derive as their parent's): a directory that
+    cannot be created, is a link, belongs to another user or holds a previous run (unless
+    --overwrite) is refused here, so that every rank agrees."""
+    out = Path(config.out)
+    run_dir.check_directory(out, create=True)
+    if config.overwrite:
+        run_dir.remove_previous_run(out)
+    run_dir.claim(out, run_dir.process_run_id(os.getpid()))
+
+
+def _holds_a_recording(out: Path) -> bool:
+    """Whether ``out`` holds something `pipetrace analyze` can read (a rank log)."""
+    return any(path.name != run_dir.RUN_ID_FILE for path in run_dir.previous_run_files(out))
 
 
 def _default_run_dir(schedule: str) -> str:

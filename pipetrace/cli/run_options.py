@@ -97,6 +97,7 @@ FLAGS = (
         shown_default="runs/SCHEDULE-TIME",
         click_options={"type": click.Path(file_okay=False)},
     ),
+    Flag("overwrite", "Remove a previous run from --out first (otherwise refused)."),
     Flag(
         "record",
         "steps: every step, P2P op and lifecycle event; full: also the stack of each P2P post.",

@@ -91,6 +91,8 @@ class RunConfig:
     (`pipetrace.runtime.mindspore`)."""
     out: str | None = setting(None, flag="--out")
     """The run directory for recordings, passed through to the recorder factory."""
+    overwrite: bool = setting(False, flag="--overwrite")
+    """Remove a previous run from ``out`` before recording (otherwise such a run is refused)."""
     seed: int = setting(0, flag="--seed")
     """Seeds the model initialisation and the synthetic data."""
     overlap_p2p: bool = setting(False, flag="--overlap-p2p")

@@ -2,7 +2,10 @@
 
 Each rank is a fresh Python process (``subprocess``, not ``multiprocessing``: no helper
 processes are left behind and the caller's ``__main__`` is not re-imported), joined to a gloo
-group on 127.0.0.1 through torch's env:// rendezvous on a free port picked here. A rank
+group on 127.0.0.1 through torch's env:// rendezvous. Nothing of a local run listens beyond
+the loopback interface: the rendezvous store's socket is bound to 127.0.0.1 here and handed
+to rank 0 (torch's own store would listen on every interface), and gloo is told to use the
+loopback interface (``GLOO_SOCKET_IFNAME=lo``). A rank
 reads its `WorkerSpec` (pickled) from stdin and reports over a pipe of its own: losses as
 they happen, then its results or its error. This process never imports torch.
 
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import cast
 
+from pipetrace.recorder import run_dir
 from pipetrace.runtime.config import (
     CustomFunction,
     LossCallback,
@@ -39,6 +43,11 @@ from pipetrace.schedule.ir import StepKind
 
 _POLL_SECONDS = 0.1
 _REPORT_FD_ENV = "PIPETRACE_REPORT_FD"
+STORE_FD_ENV = "PIPETRACE_STORE_FD"
+"""Rank 0's inherited listening socket for the rendezvous store, -1 on the other ranks
+(`torch_backend.init_distributed`)."""
+LOOPBACK = "127.0.0.1"
+LOOPBACK_INTERFACE = "lo"
 _SYS_PATH_ENV = "PIPETRACE_SYS_PATH"
 
 
@@ -54,15 +63,27 @@ def bootstrap(module: str, function: str) -> list[str]:
 
 
 def launcher_env() -> dict[str, str]:
-    """This process's environment, plus what `bootstrap` needs."""
-    return {**os.environ, _SYS_PATH_ENV: os.pathsep.join(sys.path)}
+    """This process's environment, plus what `bootstrap` needs and the run id its ranks
+    claim their run directory with (`pipetrace.recorder.run_dir`)."""
+    return {
+        **os.environ,
+        _SYS_PATH_ENV: os.pathsep.join(sys.path),
+        run_dir.RUN_ID_ENV: run_dir.process_run_id(os.getpid()),
+    }
 
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (rank 0 binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
+
+
+def loopback_listener() -> socket.socket:
+    """A listening TCP socket on 127.0.0.1 and a free port, for rank 0's rendezvous store:
+    bound here, so that no other interface ever sees the store, and no other process can
+    take the port between picking and binding it."""
+    return socket.create_server((LOOPBACK, 0), backlog=128)
 
 
 def launch(
@@ -83,6 +104,7 @@ def launch(
     backend = cases[0].backend
     if any(case.backend != backend for case in cases):
         raise ValueError(f"cases in one launch share one backend: {[c.backend for c in cases]}")
+    cases[0].check_local_processes()
     world_size, payload = worker_payload(cases, make_recorder, custom_functions)
     result = LaunchResult(world_size)
     if backend == "mindspore":
@@ -97,19 +119,25 @@ def launch(
 def _run_ranks(
     payload: bytes, result: LaunchResult, on_loss: LossCallback | None, kill_grace: float
 ) -> None:
-    """Start torch ranks joined through env:// on a free port, and supervise them."""
-    env = dict(launcher_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    """Start torch ranks joined through env:// on 127.0.0.1 only, and supervise them."""
+    store = loopback_listener()
+    env = dict(launcher_env(), MASTER_ADDR=LOOPBACK, MASTER_PORT=str(store.getsockname()[1]))
+    env.setdefault("GLOO_SOCKET_IFNAME", LOOPBACK_INTERFACE)
     command = bootstrap("pipetrace.runtime.launch", "rank_main")
     world_size = result.world_size
     ranks: list[RankProcess] = []
     try:
         for rank in range(world_size):
             rank_env = dict(env, **_torch_rank_env(rank, world_size))
-            ranks.append(RankProcess.start(rank, command, rank_env))
+            inherited = (store.fileno(),) if rank == 0 else ()
+            rank_env[STORE_FD_ENV] = str(inherited[0] if inherited else -1)
+            ranks.append(RankProcess.start(rank, command, rank_env, inherited))
             result.pids.append(ranks[-1].process.pid)
             ranks[-1].send_spec(payload)
+        store.close()  # rank 0 holds it now
         supervise(ranks, result, on_loss, kill_grace)
     finally:
+        store.close()
         stop(ranks)
 
 
@@ -141,15 +169,18 @@ class RankProcess:
         self.reports = reports
 
     @classmethod
-    def start(cls, rank: int, command: list[str], env: dict[str, str]) -> RankProcess:
-        """Start ``command`` as rank ``rank`` with a report pipe (see `run_reported`)."""
+    def start(
+        cls, rank: int, command: list[str], env: dict[str, str], inherited: tuple[int, ...] = ()
+    ) -> RankProcess:
+        """Start ``command`` as rank ``rank`` with a report pipe (see `run_reported`) and
+        the ``inherited`` file descriptors."""
         read_fd, write_fd = os.pipe()
         try:
             process = subprocess.Popen(
                 command,
                 stdin=subprocess.PIPE,
                 env=dict(env, **{_REPORT_FD_ENV: str(write_fd)}),
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd, *inherited),
             )
         finally:
             os.close(write_fd)

@@ -24,6 +24,7 @@ from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.runtime import demo, fsdp
 from pipetrace.runtime.backend import Backend, Gradients, LossFn, Replicas, Stage
+from pipetrace.runtime.launch import STORE_FD_ENV
 from pipetrace.runtime.config import P2P_TIMEOUT, DemoConfig, RunConfig, WorkerSpec
 from pipetrace.runtime.p2p import P2P, PendingRecv
 from pipetrace.runtime.split import chunk_bounds
@@ -33,13 +34,29 @@ from pipetrace.runtime.stage import PipelineStage
 def init_distributed(device: torch.device | str, *, timeout: float = P2P_TIMEOUT.default) -> None:
     """Initialise the default process group from torchrun's environment variables
     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with NCCL for a CUDA device and gloo
-    otherwise. ``timeout`` bounds how long any rank waits on a peer."""
+    otherwise. ``timeout`` bounds how long any rank waits on a peer. Rank 0 of a
+    `pipetrace run` serves the rendezvous store on the loopback socket its launcher bound
+    (``PIPETRACE_STORE_FD``; -1 on the other ranks: join it); under torchrun, torchrun decides where its store listens."""
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = None
+    store_fd = os.environ.pop(STORE_FD_ENV, "")
+    if store_fd:  # every rank of a `pipetrace run` joins rank 0's loopback store
+        fd = int(store_fd)
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world_size,
+            is_master=fd >= 0,
+            timeout=timedelta(seconds=timeout),
+            master_listen_fd=fd if fd >= 0 else None,
+        )
     dist.init_process_group(
         backend,
-        rank=int(os.environ["RANK"]),
-        world_size=int(os.environ["WORLD_SIZE"]),
+        rank=rank,
+        world_size=world_size,
         timeout=timedelta(seconds=timeout),
+        store=store,
     )
 
 
