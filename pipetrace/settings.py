@@ -152,7 +152,9 @@ def seconds_or_off(value: float) -> str | None:
 
 def at_most(high: int, how_to_pass: str) -> Check:
     """A whole number no larger than ``high``; ``how_to_pass`` says how to go past the limit."""
-    return lambda value: None if value <= high else f"must be <= {high}, got {value} ({how_to_pass})"
+    return lambda value: (
+        None if value <= high else f"must be <= {high}, got {value} ({how_to_pass})"
+    )
 
 
 def seconds(text: str) -> float:

@@ -21,8 +21,8 @@ import orjson
 
 from pipetrace import __version__
 from pipetrace.recorder import format as fmt
-from pipetrace.recorder.clock import SYSTEM_CLOCK, Clock, RecvInts, SendInts, align_clocks
 from pipetrace.recorder import run_dir as run_dir_claim
+from pipetrace.recorder.clock import SYSTEM_CLOCK, Clock, RecvInts, SendInts, align_clocks
 from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -135,7 +136,7 @@ def create_new_file(path: Path, mode: int = 0o644) -> int:
 def _link_new(marker: Path, run_id: str) -> None:
     """Write ``run_id`` to a private file and hard-link it as ``marker``; a peer that won
     the race leaves its own marker, which `claim` then compares."""
-    tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
+    tmp = marker.with_name(f".{marker.name}.{os.getpid()}.{threading.get_ident()}")
     fd = create_new_file(tmp)
     try:
         os.write(fd, run_id.encode())

@@ -24,8 +24,8 @@ from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.runtime import demo, fsdp
 from pipetrace.runtime.backend import Backend, Gradients, LossFn, Replicas, Stage
-from pipetrace.runtime.launch import STORE_FD_ENV
 from pipetrace.runtime.config import P2P_TIMEOUT, DemoConfig, RunConfig, WorkerSpec
+from pipetrace.runtime.launch import STORE_FD_ENV
 from pipetrace.runtime.p2p import P2P, PendingRecv
 from pipetrace.runtime.split import chunk_bounds
 from pipetrace.runtime.stage import PipelineStage
@@ -36,7 +36,8 @@ def init_distributed(device: torch.device | str, *, timeout: float = P2P_TIMEOUT
     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), with NCCL for a CUDA device and gloo
     otherwise. ``timeout`` bounds how long any rank waits on a peer. Rank 0 of a
     `pipetrace run` serves the rendezvous store on the loopback socket its launcher bound
-    (``PIPETRACE_STORE_FD``; -1 on the other ranks: join it); under torchrun, torchrun decides where its store listens."""
+    (``PIPETRACE_STORE_FD``; -1 on the other ranks: join it); under torchrun, torchrun
+    decides where its store listens."""
     backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     store = None

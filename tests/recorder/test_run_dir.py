@@ -28,7 +28,7 @@ def test_the_processes_of_one_run_all_claim_the_directory(tmp_path):
     def claim_as_a_rank() -> None:
         try:
             claim(run_dir, "run-a")
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=claim_as_a_rank) for _ in range(8)]
@@ -43,7 +43,7 @@ def test_the_processes_of_one_run_all_claim_the_directory(tmp_path):
 
 def test_another_run_in_the_directory_is_refused(tmp_path):
     claim(tmp_path, "first")
-    with pytest.raises(RunDirError, match="already holds another run.*--overwrite"):
+    with pytest.raises(RunDirError, match=r"already holds another run.*--overwrite"):
         claim(tmp_path, "second")
 
 
@@ -67,7 +67,7 @@ def test_a_run_directory_that_is_a_link_is_refused(tmp_path):
 
 
 def test_a_directory_that_cannot_be_created_is_one_line(tmp_path):
-    with pytest.raises(RunDirError, match="^cannot create run directory /proc/nope/run: "):
+    with pytest.raises(RunDirError, match=r"^cannot create run directory /proc/nope/run: "):
         check_directory(tmp_path.joinpath("/proc/nope/run"), create=True)
 
 

@@ -64,9 +64,7 @@ def test_bad_variables_are_refused_before_any_rank(
     assert code == 2 and message in capsys.readouterr().err
 
 
-def test_a_directory_holding_a_run_is_refused_unless_overwritten(
-    capsys, monkeypatch, tmp_path
-):
+def test_a_directory_holding_a_run_is_refused_unless_overwritten(capsys, monkeypatch, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / fmt.META_FILE).write_text("{}")

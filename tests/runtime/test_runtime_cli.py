@@ -54,14 +54,19 @@ def fake_launch(result: LaunchResult):
     return launch
 
 
-def test_a_failed_rank_is_named_and_exits_1(capsys, monkeypatch):
+def test_a_failed_rank_is_named_and_exits_1(capsys, monkeypatch, tmp_path):
     failures = [
         RankFailure(2, "RuntimeError: injected", "Traceback ...", at=1.0),
         RankFailure(3, "RuntimeError: Connection closed by peer", at=1.5),
     ]
-    monkeypatch.setattr(
-        pipetrace.runtime.launch, "launch", fake_launch(LaunchResult(4, failures=failures))
-    )
+    recorded = fake_launch(LaunchResult(4, failures=failures))
+
+    def launch_that_records(cases, **kwargs):
+        (tmp_path / "run-dir" / "rank-00002.ndjson").write_text("")
+        return recorded(cases, **kwargs)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pipetrace.runtime.launch, "launch", launch_that_records)
     code = main(["run", "-s", "1f1b", "-p", "4", "--out", "run-dir"])
     _, err = capsys.readouterr()
     assert code == 1
