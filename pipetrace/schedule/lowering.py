@@ -9,6 +9,10 @@ the makespan, which keeps plans of ~10^5 steps well inside the CLI's time budget
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
 
 from pipetrace.gc_pause import gc_paused
 
@@ -25,6 +29,7 @@ _KF, _KB, _KI, _KW = StepKind.F, StepKind.B, StepKind.I, StepKind.W
 _SEND_F, _RECV_F = StepKind.SEND_F, StepKind.RECV_F
 _SEND_B, _RECV_B = StepKind.SEND_B, StepKind.RECV_B
 _MB_BITS = 32
+_LEAF_KIND, _LEAF_STAGE = attrgetter("kind"), attrgetter("stage")
 
 
 # Event keys: one int per (stage, micro-batch, what): the activation F(s, m) produced (even
@@ -225,62 +230,64 @@ def lower(plan: Plan, *, fsdp: bool = False) -> Plan:
         return add_fsdp_steps(lowered) if fsdp else lowered
 
 
-# Sort keys are (2 * time + [0 message | 1 compute]) * _SEQ_SPAN + message number, packed in
-# one int; no plan has anywhere near 2**40 messages.
-_SEQ_SPAN = 1 << 40
+# How a compute leaf's output leaves its rank, by leaf kind: the route row (0: to the next
+# stage, activations; 1: to the previous stage, input gradients; -1: none, a W produces
+# nothing another stage needs).
+_ROUTE = {_KF: 0, _KB: 1, _KI: 1, _KW: -1}
+_SEND_KINDS = np.array([_SEND_F, _SEND_B], dtype=object)  # by route
+_RECV_KINDS = np.array([_RECV_F, _RECV_B], dtype=object)
+_RECV_STAGE = np.array([1, -1])  # the receiving stage, relative to the sender's
 
-# How a compute step's output leaves its rank: per stage, the peer rank (-1: none, as there is
-# no neighbour stage or it lives on the same rank), the send and receive kinds, and the stage
-# the receive belongs to relative to the sender's.
-Route = tuple[list[int], StepKind, StepKind, int]
 
-
-def _message_routes(placement: tuple[int, ...]) -> dict[StepKind, Route]:
-    last = len(placement) - 1
-    to_next = [
-        placement[s + 1] if s < last and placement[s + 1] != placement[s] else -1
-        for s in range(last + 1)
-    ]
-    to_prev = [
-        placement[s - 1] if s > 0 and placement[s - 1] != placement[s] else -1
-        for s in range(last + 1)
-    ]
-    backward: Route = (to_prev, _SEND_B, _RECV_B, -1)
-    return {_KF: (to_next, _SEND_F, _RECV_F, 1), _KB: backward, _KI: backward}
+def _neighbour_ranks(placement: tuple[int, ...]) -> np.ndarray:
+    """Per route and stage, the rank the message goes to: -1 when there is no neighbour
+    stage or it lives on the same rank (no message then)."""
+    ranks = np.array(placement, dtype=np.int64)
+    to_next = np.full(len(ranks), -1, dtype=np.int64)
+    to_prev = np.full(len(ranks), -1, dtype=np.int64)
+    to_next[:-1] = np.where(ranks[1:] != ranks[:-1], ranks[1:], -1)
+    to_prev[1:] = np.where(ranks[:-1] != ranks[1:], ranks[:-1], -1)
+    return np.stack([to_next, to_prev])
 
 
 def _add_messages(plan: Plan) -> Plan:
+    """Simulate the compute plan, then place every message and compute step by its stamp.
+
+    Every compute step and both ends of every message are one entry: (rank, time, 1 for
+    compute or 0 for a message, message number). One sort of all entries by rank, time,
+    kind and number gives every rank's new list; it is done on arrays, as the plan has
+    ~4e5 entries.
+    """
     run = _simulate(plan, _TIMED_COSTS)
-    routes = _message_routes(plan.placement)
-    # Per rank, parallel lists of sort keys and steps (no pair tuples: fewer objects to track).
-    keys: list[list[int]] = [[] for _ in range(plan.num_ranks)]
-    items: list[list[Step]] = [[] for _ in range(plan.num_ranks)]
-    seq = 0
-    for rank, (steps, starts, ends) in enumerate(zip(run.steps, run.starts, run.ends, strict=True)):
-        my_keys, my_items = keys[rank], items[rank]
-        for step, start, end in zip(steps, starts, ends, strict=True):
-            my_keys.append((2 * start + 1) * _SEQ_SPAN)
-            my_items.append(step)
-            for leaf in step.sub_steps or (step,):
-                route = routes.get(leaf.kind)
-                if route is None:  # a W produces nothing another stage needs
-                    continue
-                peers, send_kind, recv_kind, offset = route
-                stage, mb = leaf.stage, leaf.microbatch
-                assert stage is not None  # _compile checked every leaf
-                peer = peers[stage]
-                if peer < 0:
-                    continue
-                seq += 1
-                key = 2 * end * _SEQ_SPAN + seq
-                my_keys.append(key)
-                my_items.append(Step(send_kind, stage, mb))
-                keys[peer].append(key)
-                items[peer].append(Step(recv_kind, stage + offset, mb))
-    rows: list[list[Step | None]] = []
-    for rank_keys, rank_items in zip(keys, items, strict=True):
-        order = sorted(range(len(rank_keys)), key=rank_keys.__getitem__)
-        rows.append([rank_items[i] for i in order])
+    steps = list(chain.from_iterable(run.steps))
+    step_rank = np.repeat(np.arange(plan.num_ranks), [len(row) for row in run.steps])
+    counts = [len(step.sub_steps) or 1 for step in steps]
+    leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
+    owner = np.repeat(np.arange(len(steps)), counts)  # the step each leaf belongs to
+    route = np.fromiter(map(_ROUTE.__getitem__, map(_LEAF_KIND, leaves)), np.int64, len(leaves))
+    stage = np.fromiter(map(_LEAF_STAGE, leaves), np.int64, len(leaves))
+    peer = np.where(route >= 0, _neighbour_ranks(plan.placement)[route, stage], -1)
+    sent = np.flatnonzero(peer >= 0)  # the leaves that send a message, in plan order
+    route, stage, peer = route[sent], stage[sent], peer[sent]
+    mbs = [leaves[i].microbatch for i in sent.tolist()]
+    sends = list(map(Step, _SEND_KINDS[route].tolist(), stage.tolist(), mbs))
+    recvs = list(map(Step, _RECV_KINDS[route].tolist(), (stage + _RECV_STAGE[route]).tolist(), mbs))
+    message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))[owner[sent]]
+    number = np.arange(1, len(sent) + 1)
+    entry_rank = np.concatenate([step_rank, step_rank[owner[sent]], peer])
+    entry_time = np.concatenate(
+        [
+            np.fromiter(chain.from_iterable(run.starts), np.int64, len(steps)),
+            message_time,
+            message_time,
+        ]
+    )
+    entry_kind = np.concatenate([np.ones(len(steps), np.int64), np.zeros(2 * len(sent), np.int64)])
+    entry_number = np.concatenate([np.zeros(len(steps), np.int64), number, number])
+    order = np.lexsort((entry_number, entry_kind, entry_time, entry_rank))
+    items = np.array(steps + sends + recvs, dtype=object)[order].tolist()
+    bounds = np.cumsum(np.bincount(entry_rank, minlength=plan.num_ranks)).tolist()
+    rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
     return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
 
 
