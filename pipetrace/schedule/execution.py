@@ -59,6 +59,18 @@ _KIND = attrgetter("kind")
 _STAGE = attrgetter("stage")
 _MICROBATCH = attrgetter("microbatch")
 
+
+@dataclass(frozen=True, slots=True)
+class ProgramArrays:
+    """A program's per-step ints concatenated over ranks, with each step's rank. Int64, or
+    Python ints (dtype object) when an index of the plan is too large for int64."""
+
+    ranks: np.ndarray
+    ids: np.ndarray
+    keys: np.ndarray
+    peers: np.ndarray
+
+
 # per rank: step ids to check, and (index, id) of composite leaves (see Program.checked_ids)
 Checked = list[tuple[list[int], list[tuple[int, int]]]]
 
@@ -76,6 +88,9 @@ class Program:
     by its sender's step id plus one stage (never negative). ``peers`` is the rank at the
     other end by the plan's placement (``NO_PEER`` when there is none, ``NOT_COMM`` for a
     step that is not a SEND or RECV).
+
+    ``arrays`` holds the same ids, keys and peers over every step of every rank, for checks
+    written as array operations.
     """
 
     plan: Plan
@@ -85,6 +100,7 @@ class Program:
     ids: list[list[int]]
     keys: list[list[int]]
     peers: list[list[int]]
+    arrays: ProgramArrays
 
     def stages_named(self) -> list[set[int | None]]:
         """Per rank, every stage index its steps and composite leaves name (as written)."""
@@ -180,7 +196,17 @@ def compile_plan(plan: Plan) -> Program:
         else [i for i, s in enumerate(row) if s is not None]
         for row, steps in zip(plan.ranks, rows)
     ]
-    program = Program(plan, stride, rows, positions, per_rank(ids), per_rank(keys), per_rank(peers))
+    ranks = np.repeat(np.arange(len(rows)), [len(steps) for steps in rows])
+    program = Program(
+        plan,
+        stride,
+        rows,
+        positions,
+        per_rank(ids),
+        per_rank(keys),
+        per_rank(peers),
+        ProgramArrays(ranks, ids, keys, peers),
+    )
     _remember(plan, program)
     return program
 

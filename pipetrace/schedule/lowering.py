@@ -285,7 +285,7 @@ def _add_messages(plan: Plan) -> Plan:
     entry_kind = np.concatenate([np.ones(len(steps), np.int64), np.zeros(2 * len(sent), np.int64)])
     entry_number = np.concatenate([np.zeros(len(steps), np.int64), number, number])
     order = np.lexsort((entry_number, entry_kind, entry_time, entry_rank))
-    items = np.array(steps + sends + recvs, dtype=object)[order].tolist()
+    items = list(map((steps + sends + recvs).__getitem__, order.tolist()))
     bounds = np.cumsum(np.bincount(entry_rank, minlength=plan.num_ranks)).tolist()
     rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
     return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))

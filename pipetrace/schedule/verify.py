@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
 
+import numpy as np
+
 from pipetrace.records import JsonRecord, record_json
 
 from .execution import (
@@ -412,6 +414,8 @@ def _dependency(program: Program, rank: int, index: int, step_id: int, need: str
 
 def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
     """Exactly one F and one B (or one I plus one W) per (stage, micro-batch), by counting."""
+    if _covered_once(program, checked):
+        return []
     plan, stride = program.plan, program.mb_stride
     counts: Counter[int] = Counter()
     for ids, leaves in checked:  # -1 & 7 is 7: skipped ids never count
@@ -471,6 +475,29 @@ def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
     return findings
 
 
+def _covered_once(program: Program, checked: Checked) -> bool:
+    """Whether every (stage, micro-batch) has one F and either one B or one I and one W,
+    and nothing else: what `_check_coverage` finds for nearly every plan, decided by
+    counting ids in an array. False when the plan has composite steps or out-of-range
+    indices (then the checked ids differ from the compiled ones) or anything is missing."""
+    plan, arrays = program.plan, program.arrays
+    if (
+        program.mb_stride != plan.num_microbatches
+        or arrays.ids.dtype == object
+        or any(
+            leaves or ids is not compiled for (ids, leaves), compiled in zip(checked, program.ids)
+        )
+    ):
+        return False
+    ids = arrays.ids[(arrays.ids >= 0) & ((arrays.ids & 7) <= CODE_W)]
+    size = plan.num_stages * program.mb_stride
+    counts = np.bincount(ids, minlength=size * 8).reshape(size, 8)
+    f, b, i, w = (counts[:, code] for code in (CODE_F, CODE_B, CODE_I, CODE_W))
+    split = (b == 0) & (i == 1) & (w == 1)
+    full = (b == 1) & (i == 0) & (w == 0)
+    return bool(counts.max(initial=0) <= 1 and (f == 1).all() and (full | split).all())
+
+
 # ---------------------------------------------------------------------------------------
 # Communication pairing and channel order
 # ---------------------------------------------------------------------------------------
@@ -482,13 +509,18 @@ def _check_comms(program: Program, semantics: str) -> list[Finding]:
     Messages are compared by id (see ``Program.comm_refs``), which names the destination
     rank, so a recv on a rank other than the one its sender targets counts as missing.
     """
+    findings = [
+        finding
+        for rank, peers in enumerate(program.peers)
+        if NO_PEER in peers
+        for finding in _unknown_peers(program, rank)
+    ]
+    if _comms_in_order(program):
+        return findings
     per_message = program.plan.num_ranks + 1
-    findings = []
     messages: tuple[list[int], list[int]] = ([], [])  # every send's and recv's message id
     lanes: tuple[dict, dict] = ({}, {})  # (src, dst, direction) -> message ids in order
     for rank, (keys, peers) in enumerate(zip(program.keys, program.peers)):
-        if NO_PEER in peers:
-            findings.extend(_unknown_peers(program, rank))
         comm = [(k, p) for k, p in zip(keys, peers) if p >= 0]  # with a rank at the other end
         for side in (0, 1):
             chosen = [(k >> 1, p) for k, p in comm if k & 1 == side]
@@ -510,6 +542,42 @@ def _check_comms(program: Program, semantics: str) -> list[Finding]:
                 finding.severity = "warning" if semantics == "eager" else "error"
                 findings.append(finding)
     return findings
+
+
+def _comms_in_order(program: Program) -> bool:
+    """Whether every message has exactly one send and one recv and every channel receives
+    in the order it sends: what `_check_comms` finds for nearly every plan, decided with
+    array sorts. Only when this is False do the per-rank lists name what is wrong.
+
+    Messages and channels are those of `_check_comms`: a message id names the destination
+    rank, a channel is (source rank, destination rank, direction). Sorting each side stably
+    by channel keeps every channel's messages in its rank's order.
+    """
+    arrays = program.arrays
+    if arrays.keys.dtype == object:
+        return False  # indices beyond int64: leave it to the exact lists
+    comm = arrays.peers >= 0  # a SEND or RECV with a rank at the other end
+    keys, peers, ranks = arrays.keys[comm], arrays.peers[comm], arrays.ranks[comm]
+    recv = (keys & 1) == 1
+    num_ranks = program.plan.num_ranks
+    message = keys >> 1
+    ident = message * (num_ranks + 1) + np.where(recv, ranks, peers)
+    lane = (np.where(recv, peers, ranks) * num_ranks + np.where(recv, ranks, peers)) * 2 + (
+        message & 1
+    )
+    sides = []
+    for chosen in (~recv, recv):
+        order = np.argsort(lane[chosen], kind="stable")
+        sides.append((lane[chosen][order], ident[chosen][order]))
+    (send_lanes, sent), (recv_lanes, received) = sides
+    if len(sent) != len(received):
+        return False
+    once = np.sort(sent)
+    return bool(
+        (once[1:] != once[:-1]).all()
+        and np.array_equal(send_lanes, recv_lanes)
+        and np.array_equal(sent, received)
+    )
 
 
 def _unknown_peers(program: Program, rank: int) -> list[Finding]:
