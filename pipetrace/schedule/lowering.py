@@ -9,7 +9,7 @@ the makespan, which keeps plans of ~10^5 steps well inside the CLI's time budget
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -30,12 +30,17 @@ _SEND_F, _RECV_F = StepKind.SEND_F, StepKind.RECV_F
 _SEND_B, _RECV_B = StepKind.SEND_B, StepKind.RECV_B
 _MB_BITS = 32
 _LEAF_KIND, _LEAF_STAGE = attrgetter("kind"), attrgetter("stage")
+_LEAF_MICROBATCH = attrgetter("microbatch")
+_KINDS = (_KF, _KB, _KI, _KW)  # the compute kinds, by index
+_KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 
 
 # Event keys: one int per (stage, micro-batch, what): the activation F(s, m) produced (even
 # key), or the input gradient of stage s produced by B(s, m) or I(s, m) (the odd key next to it).
 # Ints keep the hot loop cheap.
 _ONE_STAGE = 1 << (_MB_BITS + 1)  # key distance from (s, m) to (s + 1, m)
+# An op's missing input (always available, at time 0) and missing output (never needed).
+_NONE, _NOTHING = -(1 << 62), -(1 << 62) + 1
 
 
 def _describe_event(key: int) -> str:
@@ -54,21 +59,6 @@ class _Run:
     steps: list[list[Step]]
     starts: list[list[int]]
     ends: list[list[int]]
-
-
-def _leaf_op(leaf: Step, last_stage: int, costs: dict[StepKind, int]) -> Op:
-    """What a compute step waits for and produces (see the event keys above)."""
-    kind, stage, mb = leaf.kind, leaf.stage, leaf.microbatch
-    assert stage is not None and mb is not None  # _compile checked every leaf
-    activation = ((stage << _MB_BITS) | mb) << 1
-    if kind is _KF:
-        return ((activation - _ONE_STAGE,) if stage else ()), (activation,), costs[kind]
-    if kind is _KW:
-        return (activation | 1,), (), costs[kind]
-    # B or I: the stage's own forward, and the output gradient from the next stage
-    if stage < last_stage:
-        return (activation, (activation + _ONE_STAGE) | 1), (activation | 1,), costs[kind]
-    return (activation,), (activation | 1,), costs[kind]
 
 
 def _reject(plan: Plan, rank: int, position: int, step: Step, leaf: Step) -> None:
@@ -91,36 +81,78 @@ def _reject(plan: Plan, rank: int, position: int, step: Step, leaf: Step) -> Non
 
 
 def _compile(plan: Plan, costs: dict[StepKind, int]) -> tuple[list[list[Step]], list[list[Op]]]:
-    """Each rank's steps (bubbles dropped) and, in parallel, their ops."""
-    last_stage = plan.num_stages - 1
-    placement = plan.placement
-    all_steps: list[list[Step]] = []
-    all_ops: list[list[Op]] = []
-    for rank, row in enumerate(plan.ranks):
-        steps: list[Step] = []
-        ops: list[Op] = []
-        for position, step in enumerate(row):
-            if step is None:
-                continue
-            leaves = step.sub_steps or (step,)
-            for leaf in leaves:
-                stage = leaf.stage
-                if (
-                    leaf.kind not in costs
-                    or leaf.microbatch is None
-                    or stage is None
-                    or not 0 <= stage <= last_stage
-                    or placement[stage] != rank
-                ):
-                    _reject(plan, rank, position, step, leaf)
-            if len(leaves) == 1:
-                ops.append(_leaf_op(step, last_stage, costs))
-            else:
-                ops.append(_merge_ops([_leaf_op(leaf, last_stage, costs) for leaf in leaves]))
-            steps.append(step)
-        all_steps.append(steps)
-        all_ops.append(ops)
-    return all_steps, all_ops
+    """Each rank's steps (bubbles dropped) and, in parallel, their ops.
+
+    Computed over every leaf (a step, or a composite's part) at once, with arrays: an F
+    needs the previous stage's activation and makes its own; a B or I needs its forward's
+    activation and the next stage's input gradient, and makes its own; a W needs the
+    gradient its I made. A missing input or output is a sentinel key (`_NONE`,
+    `_NOTHING`), so every simple step's op has two needs and one make.
+    """
+    rows = [[step for step in row if step is not None] for row in plan.ranks]
+    steps = list(chain.from_iterable(rows))
+    leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
+    owner = np.repeat(np.arange(len(steps)), [len(step.sub_steps) or 1 for step in steps])
+    ranks = np.repeat(np.arange(len(rows)), [len(row) for row in rows])[owner]
+    kind = np.fromiter(map(_KIND_INDEX.get, map(_LEAF_KIND, leaves), repeat(-1)), np.int64)
+    num_stages = plan.num_stages
+    stage = np.array(
+        [x if x is not None and 0 <= x < num_stages else -1 for x in map(_LEAF_STAGE, leaves)],
+        dtype=np.int64,
+    )  # -1: no stage of the plan
+    mb = list(map(_LEAF_MICROBATCH, leaves))
+    placed = np.array([*plan.placement, -1], dtype=np.int64)  # by stage; -1 for stage -1
+    bad = (kind < 0) | (placed[stage] != ranks)
+    if None in mb:
+        bad |= np.fromiter((x is None for x in mb), bool, len(mb))
+    if bad.any():
+        first = int(np.argmax(bad))
+        _reject_leaf(plan, int(ranks[first]), steps[owner[first]], leaves[first])
+    activation = _activations(stage, mb)
+    last = num_stages - 1
+    is_f, is_w = kind == _KIND_INDEX[_KF], kind == _KIND_INDEX[_KW]
+    before = np.where(stage > 0, activation - _ONE_STAGE, _NONE)
+    grad_from_next = np.where(stage < last, (activation + _ONE_STAGE) | 1, _NONE)
+    first_need = np.where(is_f, before, np.where(is_w, activation | 1, activation))
+    second_need = np.where(is_f | is_w, _NONE, grad_from_next)
+    make = np.where(is_f, activation, np.where(is_w, _NOTHING, activation | 1))
+    cost_of = np.array([costs[k] for k in _KINDS], dtype=np.int64)
+    ops: list[Op] = list(
+        zip(
+            zip(first_need.tolist(), second_need.tolist()),
+            zip(make.tolist()),
+            cost_of[kind].tolist(),
+        )
+    )
+    if len(leaves) != len(steps):
+        ops = _merged(ops, owner.tolist(), len(steps))
+    bounds = list(accumulate(map(len, rows), initial=0))
+    return rows, [ops[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _activations(stage: np.ndarray, mb: list[int]) -> np.ndarray:
+    """Each leaf's activation key; Python ints (dtype object) where int64 could overflow."""
+    try:
+        array = np.array(mb, dtype=np.int64)
+        dtype: type = np.int64 if np.abs(array).max(initial=0) < 1 << 29 else object
+    except OverflowError:
+        dtype = object
+    return ((stage.astype(dtype) << _MB_BITS) | np.array(mb, dtype=dtype)) << 1
+
+
+def _merged(ops: list[Op], owner: list[int], num_steps: int) -> list[Op]:
+    """Per step, its leaves' ops merged: a composite waits for every part's inputs, makes
+    every part's outputs and lasts as long as its longest part."""
+    parts: list[list[Op]] = [[] for _ in range(num_steps)]
+    for op, step in zip(ops, owner):
+        parts[step].append(op)
+    return [part[0] if len(part) == 1 else _merge_ops(part) for part in parts]
+
+
+def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
+    """`_reject` for the first leaf the simulation cannot interpret, found by position."""
+    position = next(i for i, s in enumerate(plan.ranks[rank]) if s is step)
+    _reject(plan, rank, position, step, leaf)
 
 
 def _merge_ops(parts: list[Op]) -> Op:
@@ -139,7 +171,7 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
     """
     all_steps, all_ops = _compile(plan, costs)
     num_ranks = len(all_ops)
-    done: dict[int, int] = {}  # event key -> time it becomes available
+    done: dict[int, int] = {_NONE: 0}  # event key -> time it becomes available
     parked: dict[int, list[int]] = {}  # event key -> ranks waiting for it
     position = [0] * num_ranks
     free_at = [0] * num_ranks
