@@ -80,7 +80,18 @@ def _reject(plan: Plan, rank: int, position: int, step: Step, leaf: Step) -> Non
     raise ScheduleError(f"{where}: stage {stage} is placed on {owner}")
 
 
-def _compile(plan: Plan, costs: dict[StepKind, int]) -> tuple[list[list[Step]], list[list[Op]]]:
+@dataclass(slots=True)
+class _Compiled:
+    """Each rank's steps (bubbles dropped) and, in parallel, their ops, whose event keys
+    are numbered 0..; ``events[k]`` is event k's key and ``none`` the number of `_NONE`."""
+
+    steps: list[list[Step]]
+    ops: list[list[Op]]
+    events: list[int]
+    none: int
+
+
+def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
     """Each rank's steps (bubbles dropped) and, in parallel, their ops.
 
     Computed over every leaf (a step, or a composite's part) at once, with arrays: an F
@@ -116,6 +127,11 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> tuple[list[list[Step]], 
     first_need = np.where(is_f, before, np.where(is_w, activation | 1, activation))
     second_need = np.where(is_f | is_w, _NONE, grad_from_next)
     make = np.where(is_f, activation, np.where(is_w, _NOTHING, activation | 1))
+    # Events numbered densely (the simulation indexes lists by them); `events` maps back.
+    events, dense = np.unique(
+        np.concatenate([[_NONE], first_need, second_need, make]), return_inverse=True
+    )
+    first_need, second_need, make = np.split(dense[1:], 3)
     cost_of = np.array([costs[k] for k in _KINDS], dtype=np.int64)
     ops: list[Op] = list(
         zip(
@@ -127,7 +143,8 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> tuple[list[list[Step]], 
     if len(leaves) != len(steps):
         ops = _merged(ops, owner.tolist(), len(steps))
     bounds = list(accumulate(map(len, rows), initial=0))
-    return rows, [ops[a:b] for a, b in zip(bounds, bounds[1:])]
+    per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
+    return _Compiled(rows, per_rank, events.tolist(), int(dense[0]))
 
 
 def _activations(stage: np.ndarray, mb: list[int]) -> np.ndarray:
@@ -169,10 +186,12 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
     so each step is examined a bounded number of times. Raises ScheduleError naming every
     rank that can never finish.
     """
-    all_steps, all_ops = _compile(plan, costs)
+    compiled = _compile(plan, costs)
+    all_steps, all_ops = compiled.steps, compiled.ops
     num_ranks = len(all_ops)
-    done: dict[int, int] = {_NONE: 0}  # event key -> time it becomes available
-    parked: dict[int, list[int]] = {}  # event key -> ranks waiting for it
+    done: list[int | None] = [None] * len(compiled.events)  # event -> when available
+    done[compiled.none] = 0  # `_NONE`: an input a step does not have
+    parked: list[list[int] | None] = [None] * len(compiled.events)  # event -> ranks waiting
     position = [0] * num_ranks
     free_at = [0] * num_ranks
     starts: list[list[int]] = [[] for _ in range(num_ranks)]
@@ -186,9 +205,13 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
             needs, makes, cost = ops[i]
             start = now
             for key in needs:
-                ready = done.get(key)
+                ready = done[key]
                 if ready is None:
-                    parked.setdefault(key, []).append(rank)
+                    waiting = parked[key]
+                    if waiting is None:
+                        parked[key] = [rank]
+                    else:
+                        waiting.append(rank)
                     break
                 if ready > start:
                     start = ready
@@ -198,33 +221,31 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
                 rank_ends.append(now)
                 for key in makes:
                     done[key] = now
-                    waiting = parked.pop(key, None)
+                    waiting = parked[key]
                     if waiting:
                         runnable.extend(waiting)
+                        parked[key] = None
                 i += 1
                 continue
             break
         position[rank], free_at[rank] = i, now
     stuck = [r for r in range(num_ranks) if position[r] < len(all_ops[r])]
     if stuck:
-        raise ScheduleError(_stuck_message(all_steps, all_ops, position, done, stuck))
+        raise ScheduleError(_stuck_message(compiled, position, done, stuck))
     return _Run(all_steps, starts, ends)
 
 
 def _stuck_message(
-    all_steps: list[list[Step]],
-    all_ops: list[list[Op]],
-    position: list[int],
-    done: dict[int, int],
-    stuck: list[int],
+    compiled: _Compiled, position: list[int], done: list[int | None], stuck: list[int]
 ) -> str:
     lines = []
     for rank in stuck:
         i = position[rank]
-        missing = [_describe_event(k) for k in all_ops[rank][i][0] if k not in done]
+        needs = compiled.ops[rank][i][0]
+        missing = [_describe_event(compiled.events[k]) for k in needs if done[k] is None]
         lines.append(
             f"rank {rank} waits forever at its compute step {i} "
-            f"({format_step(all_steps[rank][i])}) for {', '.join(missing)}"
+            f"({format_step(compiled.steps[rank][i])}) for {', '.join(missing)}"
         )
     return "the compute plan cannot run to the end (deadlock): " + "; ".join(lines)
 
