@@ -129,8 +129,8 @@ def export(
                 findings = analyze(run).findings
             except Exception as exc:
                 click.echo(
-                    f"pipetrace export: warning: the analyzers failed ({type(exc).__name__}: {exc}); "
-                    "exporting without findings",
+                    "pipetrace export: warning: the analyzers failed "
+                    f"({type(exc).__name__}: {exc}); exporting without findings",
                     err=True,
                 )
         summary = export_run(run, out, fmt=fmt, findings=findings, progress=progress)
@@ -140,8 +140,8 @@ def export(
         "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
     )
     click.echo(
-        f"wrote {summary.path} ({_size(summary.bytes)}: {summary.slices:,} slices, {summary.flows:,} "
-        f"message arrows{found}) in {summary.seconds:.1f} s"
+        f"wrote {summary.path} ({_size(summary.bytes)}: {summary.slices:,} slices, "
+        f"{summary.flows:,} message arrows{found}) in {summary.seconds:.1f} s"
     )
     if not open_ui:
         click.echo("open it at https://ui.perfetto.dev (Open trace file), or run again with --open")

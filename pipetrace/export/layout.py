@@ -201,9 +201,11 @@ def _p2p(b: Builder, run: Run, rank: RankTimeline, proc: int, t_end: int) -> _Op
         | p2p.op.astype(np.int64)
     )
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    arrows = ("←", "→")
     ids = [
         b.name(
-            f"{run.catalog.texts[int(p2p.code[row])]} {'→' if p2p.op[row] == OP_SEND else '←'} {int(p2p.peer[row])}"
+            f"{run.catalog.texts[int(p2p.code[row])]} "
+            f"{arrows[int(p2p.op[row] == OP_SEND)]} {int(p2p.peer[row])}"
         )
         for row in first.tolist()
     ]
