@@ -71,6 +71,8 @@ class ProgramArrays:
     peers: np.ndarray
 
 
+Indices = list[int] | np.ndarray  # stages or micro-batches of every step, as ints
+
 # per rank: step ids to check, and (index, id) of composite leaves (see Program.checked_ids)
 Checked = list[tuple[list[int], list[tuple[int, int]]]]
 
@@ -173,9 +175,25 @@ def compile_plan(plan: Plan) -> Program:
     last = _last
     if last is not None and last.matches(plan):
         return last.program
-    stride = max(plan.num_microbatches, 1)
     rows = [[s for s in row if s is not None] for row in plan.ranks]
-    ids = _step_ids(list(chain.from_iterable(rows)), stride)
+    steps = list(chain.from_iterable(rows))
+    codes = np.fromiter(map(_CODE_OF.__getitem__, map(_KIND, steps)), np.int64, len(steps))
+    stages, mbs = list(map(_STAGE, steps)), list(map(_MICROBATCH, steps))
+    if (codes < 0).any():  # FSDP steps name no micro-batch, composites no stage
+        stages = [0 if x is None else x for x in stages]
+        mbs = [0 if x is None else x for x in mbs]
+    return program_of(plan, rows, codes, stages, mbs)
+
+
+def program_of(
+    plan: Plan, rows: list[list[Step]], codes: np.ndarray, stages: Indices, mbs: Indices
+) -> Program:
+    """The program of ``plan`` from every step's code (see ``CODES``; -1 for FSDP and
+    composite steps), stage and micro-batch, over ``rows`` (its steps without bubbles)
+    concatenated; it becomes the kept program. For a caller that made the plan and so
+    knows these already (:func:`.lowering.lower`)."""
+    stride = max(plan.num_microbatches, 1)
+    ids = _step_ids(codes, stages, mbs, stride)
     comm = (ids >= 0) & ((ids & 4) != 0)
     code = (ids & 7).astype(np.int64)
     stage_step = 8 * stride  # id distance between (s, m) and (s + 1, m)
@@ -215,21 +233,16 @@ def compile_plan(plan: Plan) -> Program:
 _INT64_SAFE = 1 << 58
 
 
-def _step_ids(steps: list[Step], stride: int) -> np.ndarray:
+def _step_ids(codes: np.ndarray, stages: Indices, mbs: Indices, stride: int) -> np.ndarray:
     """Every step's id (see ``CODES``): -1 for FSDP and composite steps, -2 when the
     micro-batch is >= ``stride``. Int64 arrays, or arrays of Python ints when an index is
     too large for int64 arithmetic (a hand-written plan may name any index)."""
-    codes = np.fromiter(map(_CODE_OF.__getitem__, map(_KIND, steps)), np.int64, len(steps))
-    stages, mbs = list(map(_STAGE, steps)), list(map(_MICROBATCH, steps))
-    if (codes < 0).any():  # FSDP steps name no micro-batch, composites no stage
-        stages = [0 if x is None else x for x in stages]
-        mbs = [0 if x is None else x for x in mbs]
     stage, mb = _int_array(stages, stride), _int_array(mbs, stride)
     ids = np.where(mb < stride, (stage * stride + mb) * 8 + codes, -2)
     return np.where(codes < 0, -1, ids)
 
 
-def _int_array(values: list[int], stride: int) -> np.ndarray:
+def _int_array(values: Indices, stride: int) -> np.ndarray:
     """Int64 when every id and key made from these indices fits, else Python ints."""
     try:
         array = np.array(values, dtype=np.int64)

@@ -16,6 +16,7 @@ import numpy as np
 
 from pipetrace.gc_pause import gc_paused
 
+from .execution import CODE_RECV_F, CODE_SEND_F, program_of
 from .ir import Plan, ScheduleError, Step, StepKind, format_step
 
 # Step costs. The unit grid draws the classic staircase; the timed costs (a full backward
@@ -59,6 +60,20 @@ class _Run:
     steps: list[list[Step]]
     starts: list[list[int]]
     ends: list[list[int]]
+    leaves: _Leaves
+
+
+@dataclass(slots=True)
+class _Leaves:
+    """Every leaf of a compute plan (a step, or a composite's part), in plan order: the
+    step it belongs to (its index over every rank's steps), its rank, kind (index into
+    ``_KINDS``), stage and micro-batch (int64, or Python ints when int64 could overflow)."""
+
+    owner: np.ndarray
+    rank: np.ndarray
+    kind: np.ndarray
+    stage: np.ndarray
+    microbatch: np.ndarray
 
 
 def _reject(plan: Plan, rank: int, position: int, step: Step, leaf: Step) -> None:
@@ -89,6 +104,7 @@ class _Compiled:
     ops: list[list[Op]]
     events: list[int]
     none: int
+    leaves: _Leaves
 
 
 def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
@@ -119,7 +135,8 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
     if bad.any():
         first = int(np.argmax(bad))
         _reject_leaf(plan, int(ranks[first]), steps[owner[first]], leaves[first])
-    activation = _activations(stage, mb)
+    microbatch = _microbatches(mb)
+    activation = ((stage.astype(microbatch.dtype) << _MB_BITS) | microbatch) << 1
     last = num_stages - 1
     is_f, is_w = kind == _KIND_INDEX[_KF], kind == _KIND_INDEX[_KW]
     before = np.where(stage > 0, activation - _ONE_STAGE, _NONE)
@@ -144,17 +161,17 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
         ops = _merged(ops, owner.tolist(), len(steps))
     bounds = list(accumulate(map(len, rows), initial=0))
     per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
-    return _Compiled(rows, per_rank, events.tolist(), int(dense[0]))
+    leaf_table = _Leaves(owner, ranks, kind, stage, microbatch)
+    return _Compiled(rows, per_rank, events.tolist(), int(dense[0]), leaf_table)
 
 
-def _activations(stage: np.ndarray, mb: list[int]) -> np.ndarray:
-    """Each leaf's activation key; Python ints (dtype object) where int64 could overflow."""
+def _microbatches(mb: list[int]) -> np.ndarray:
+    """Int64, or Python ints (dtype object) where the event keys could overflow int64."""
     try:
         array = np.array(mb, dtype=np.int64)
-        dtype: type = np.int64 if np.abs(array).max(initial=0) < 1 << 29 else object
     except OverflowError:
-        dtype = object
-    return ((stage.astype(dtype) << _MB_BITS) | np.array(mb, dtype=dtype)) << 1
+        return np.array(mb, dtype=object)
+    return array if np.abs(array).max(initial=0) < 1 << 29 else np.array(mb, dtype=object)
 
 
 def _merged(ops: list[Op], owner: list[int], num_steps: int) -> list[Op]:
@@ -232,7 +249,7 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
     stuck = [r for r in range(num_ranks) if position[r] < len(all_ops[r])]
     if stuck:
         raise ScheduleError(_stuck_message(compiled, position, done, stuck))
-    return _Run(all_steps, starts, ends)
+    return _Run(all_steps, starts, ends, compiled.leaves)
 
 
 def _stuck_message(
@@ -279,14 +296,15 @@ def lower(plan: Plan, *, fsdp: bool = False) -> Plan:
     sees its messages in the same order on both sides.
     """
     with gc_paused():
-        lowered = _add_messages(plan)
+        lowered = _add_messages(plan, keep_program=not fsdp)
         return add_fsdp_steps(lowered) if fsdp else lowered
 
 
 # How a compute leaf's output leaves its rank, by leaf kind: the route row (0: to the next
 # stage, activations; 1: to the previous stage, input gradients; -1: none, a W produces
 # nothing another stage needs).
-_ROUTE = {_KF: 0, _KB: 1, _KI: 1, _KW: -1}
+_ROUTES = np.array([0, 1, 1, -1])  # by index into `_KINDS`
+_SEND_CODE, _RECV_CODE = CODE_SEND_F, CODE_RECV_F  # plus the route: the executor's codes
 _SEND_KINDS = np.array([_SEND_F, _SEND_B], dtype=object)  # by route
 _RECV_KINDS = np.array([_RECV_F, _RECV_B], dtype=object)
 _RECV_STAGE = np.array([1, -1])  # the receiving stage, relative to the sender's
@@ -303,31 +321,33 @@ def _neighbour_ranks(placement: tuple[int, ...]) -> np.ndarray:
     return np.stack([to_next, to_prev])
 
 
-def _add_messages(plan: Plan) -> Plan:
+def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     """Simulate the compute plan, then place every message and compute step by its stamp.
 
     Every compute step and both ends of every message are one entry: (rank, time, 1 for
     compute or 0 for a message, message number). One sort of all entries by rank, time,
     kind and number gives every rank's new list; it is done on arrays, as the plan has
-    ~4e5 entries.
+    ~4e5 entries. With ``keep_program`` the entries' codes, stages and micro-batches, known
+    here, also give the lowered plan's compiled program (`execution.program_of`), which
+    the verifier and the simulator then reuse instead of reading every step back.
     """
     run = _simulate(plan, _TIMED_COSTS)
+    leaves = run.leaves
     steps = list(chain.from_iterable(run.steps))
     step_rank = np.repeat(np.arange(plan.num_ranks), [len(row) for row in run.steps])
-    counts = [len(step.sub_steps) or 1 for step in steps]
-    leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
-    owner = np.repeat(np.arange(len(steps)), counts)  # the step each leaf belongs to
-    route = np.fromiter(map(_ROUTE.__getitem__, map(_LEAF_KIND, leaves)), np.int64, len(leaves))
-    stage = np.fromiter(map(_LEAF_STAGE, leaves), np.int64, len(leaves))
-    peer = np.where(route >= 0, _neighbour_ranks(plan.placement)[route, stage], -1)
+    route = _ROUTES[leaves.kind]
+    peer = np.where(route >= 0, _neighbour_ranks(plan.placement)[route, leaves.stage], -1)
     sent = np.flatnonzero(peer >= 0)  # the leaves that send a message, in plan order
-    route, stage, peer = route[sent], stage[sent], peer[sent]
-    mbs = [leaves[i].microbatch for i in sent.tolist()]
+    route, stage, peer = route[sent], leaves.stage[sent], peer[sent]
+    mb = leaves.microbatch[sent]
+    recv_stage = stage + _RECV_STAGE[route]
+    mbs = mb.tolist()
     sends = list(map(Step, _SEND_KINDS[route].tolist(), stage.tolist(), mbs))
-    recvs = list(map(Step, _RECV_KINDS[route].tolist(), (stage + _RECV_STAGE[route]).tolist(), mbs))
-    message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))[owner[sent]]
+    recvs = list(map(Step, _RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs))
+    message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))
+    message_time = message_time[leaves.owner[sent]]
     number = np.arange(1, len(sent) + 1)
-    entry_rank = np.concatenate([step_rank, step_rank[owner[sent]], peer])
+    entry_rank = np.concatenate([step_rank, step_rank[leaves.owner[sent]], peer])
     entry_time = np.concatenate(
         [
             np.fromiter(chain.from_iterable(run.starts), np.int64, len(steps)),
@@ -341,7 +361,18 @@ def _add_messages(plan: Plan) -> Plan:
     items = list(map((steps + sends + recvs).__getitem__, order.tolist()))
     bounds = np.cumsum(np.bincount(entry_rank, minlength=plan.num_ranks)).tolist()
     rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
-    return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+    lowered = Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+    if keep_program:
+        simple = np.bincount(leaves.owner, minlength=len(steps)) == 1
+        leaf = np.searchsorted(leaves.owner, np.arange(len(steps)))  # each step's first leaf
+        codes = np.where(simple, leaves.kind[leaf], -1)  # _KINDS is in CODES order
+        fields = [
+            np.concatenate([codes, _SEND_CODE + route, _RECV_CODE + route])[order],
+            np.concatenate([np.where(simple, leaves.stage[leaf], 0), stage, recv_stage])[order],
+            np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
+        ]
+        program_of(lowered, [list(row) for row in rows], *fields)  # type: ignore[arg-type]
+    return lowered
 
 
 # ---------------------------------------------------------------------------------------
