@@ -91,8 +91,10 @@ class Program:
     other end by the plan's placement (``NO_PEER`` when there is none, ``NOT_COMM`` for a
     step that is not a SEND or RECV).
 
-    ``arrays`` holds the same ids, keys and peers over every step of every rank, for checks
-    written as array operations.
+    ``slots`` are the keys renumbered densely (``2 * n`` and ``2 * n + 1`` for the two ends
+    of the n-th distinct message, -1 elsewhere; ``num_slots`` in all), so the executor keeps
+    its messages in lists rather than hashing keys. ``arrays`` holds the ids, keys and peers
+    over every step of every rank, for checks written as array operations.
     """
 
     plan: Plan
@@ -102,6 +104,8 @@ class Program:
     ids: list[list[int]]
     keys: list[list[int]]
     peers: list[list[int]]
+    slots: list[list[int]]
+    num_slots: int
     arrays: ProgramArrays
 
     def stages_named(self) -> list[set[int | None]]:
@@ -202,6 +206,9 @@ def program_of(
     key_shift = np.array([0, 0, 0, 0, 5, 5 + 4 * stage_step, 2 * stage_step, 2 * stage_step])
     keys = np.where(comm, 2 * ids + key_shift[code], -1)
     peers = np.where(comm, _ranks_of(plan, ids // stage_step + _OTHER_STAGE[code]), NOT_COMM)
+    messages, dense = np.unique(keys[keys >= 0] >> 1, return_inverse=True)
+    slots = np.full(len(keys), -1, dtype=np.int64)
+    slots[keys >= 0] = 2 * dense + (keys[keys >= 0] & 1)
     bounds = list(accumulate(map(len, rows), initial=0))
 
     def per_rank(values: np.ndarray) -> list[list[int]]:
@@ -223,6 +230,8 @@ def program_of(
         per_rank(ids),
         per_rank(keys),
         per_rank(peers),
+        per_rank(slots),
+        2 * len(messages),
         ProgramArrays(ranks, ids, keys, peers),
     )
     _remember(plan, program)
@@ -376,7 +385,7 @@ class _State:
     """The executor's progress: per rank its cursor and clock, each step's start and end,
     messages in flight (eager) and the worklist of ranks that may advance."""
 
-    keys: list[list[int]]
+    keys: list[list[int]]  # the program's slots (see `Program.slots`)
     peers: list[list[int]]
     durations: list[list[float]]
     transfer: float
@@ -386,16 +395,16 @@ class _State:
     cursor: list[int]
     clock: list[float]
     work: list[int]
-    in_flight: dict[int, float] = field(default_factory=dict)  # send key -> when receivable
+    in_flight: list[float | None]  # by send slot: when its message is receivable
+    waiting: list[int]  # by send slot: the rank blocked receiving it, or -1
     extra: dict[int, list[float]] = field(default_factory=dict)  # duplicated messages' copies
-    waiting: dict[int, int] = field(default_factory=dict)  # send key -> the rank receiving it
     mismatches: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @classmethod
     def new(
         cls, program: Program, durations: list[list[float]] | None, transfer: float, fifo: bool
     ) -> _State:
-        keys = program.keys
+        keys = program.slots
         n = len(keys)
         return cls(
             keys,
@@ -408,6 +417,8 @@ class _State:
             [0] * n,
             [0.0] * n,
             list(range(n - 1, -1, -1)),
+            [None] * program.num_slots,
+            [-1] * program.num_slots,
         )
 
 
@@ -433,10 +444,11 @@ def _run_eager(s: _State) -> None:
         for i in range(cursor[rank], n):
             key = keys_r[i]
             if key >= 0 and key & 1:  # a recv
-                ready = in_flight.pop(key - 1, None)
+                ready = in_flight[key - 1]
                 if ready is None:
                     waiting[key - 1] = rank
                     break
+                in_flight[key - 1] = None
                 if extra and key - 1 in extra:
                     _next_copy(in_flight, extra, key - 1)
                 start_r[i] = t
@@ -448,10 +460,13 @@ def _run_eager(s: _State) -> None:
             else:  # a send
                 start_r[i] = t
                 ready = t + transfer
-                if in_flight.setdefault(key, ready) is not ready:  # a duplicate
+                if in_flight[key] is None:
+                    in_flight[key] = ready
+                else:  # a duplicate
                     extra.setdefault(key, []).append(ready)
-                woken = waiting.pop(key, -1)
+                woken = waiting[key]
                 if woken >= 0:
+                    waiting[key] = -1
                     work.append(woken)
             end_r[i] = t
         else:
@@ -518,7 +533,7 @@ def _fifo_pairs(s: _State, rank: int, i: int, peer: int, j: int) -> bool:
     return True
 
 
-def _next_copy(in_flight: dict[int, float], extra: dict[int, list[float]], key: int) -> None:
+def _next_copy(in_flight: list[float | None], extra: dict[int, list[float]], key: int) -> None:
     """A duplicated message: the next copy becomes receivable."""
     in_flight[key] = extra[key].pop(0)
     if not extra[key]:
