@@ -348,6 +348,8 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
     available (the comms are implicit). Each step id is compared by arithmetic with the
     first index of its inputs' ids on the same rank.
     """
+    if _dependencies_met(program, checked, comms):
+        return []
     plan = program.plan
     one_stage = 8 * program.mb_stride
     last_stage = one_stage * (plan.num_stages - 1)
@@ -396,6 +398,67 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
             ):
                 findings.append(_dependency(program, rank, i, k, "backward_before_grad"))
     return findings
+
+
+def _dependencies_met(program: Program, checked: Checked, comms: bool) -> bool:
+    """Whether `_check_dependencies` finds nothing, decided with arrays: what it finds for
+    nearly every plan. False (the loop then says what is wrong) whenever a step may run
+    too early, and for plans the tables below cannot describe: composite steps,
+    out-of-range indices, or a step id present twice.
+
+    With every id present once, a table over the id space gives each id's index and rank;
+    an input that is absent, or on another rank, counts as "never" (after every step).
+    """
+    arrays, plan = program.arrays, program.plan
+    if arrays.ids.dtype == object or any(
+        leaves or ids is not compiled for (ids, leaves), compiled in zip(checked, program.ids)
+    ):
+        return False
+    ids, ranks = arrays.ids, arrays.ranks
+    one_stage = 8 * program.mb_stride
+    span = one_stage * (plan.num_stages + 2)  # every id looked up, shifted by one stage
+    present = ids >= 0
+    slot = ids[present] + one_stage
+    if np.bincount(slot, minlength=span).max(initial=0) > 1:
+        return False
+    lengths = list(map(len, program.ids))
+    index = np.arange(len(ids)) - np.repeat(np.cumsum([0, *lengths])[:-1], lengths)
+    never = np.iinfo(np.int64).max
+    at_index, on_rank = np.full(span, never), np.full(span, -1)
+    at_index[slot], on_rank[slot] = index[present], ranks[present]
+
+    def before(wanted: np.ndarray) -> np.ndarray:
+        """Whether the step with id ``wanted`` comes earlier on each step's own rank."""
+        at = np.clip(wanted + one_stage, 0, span - 1)
+        return (on_rank[at] == ranks) & (at_index[at] < index)
+
+    code, stage = ids & 7, ids // one_stage
+    base = ids - code
+    holder = np.array([*plan.placement, -2, -2])  # by stage, -2 past the last one
+    prev_here = holder[np.clip(stage - 1, -1, plan.num_stages)] == ranks
+    next_here = holder[np.clip(stage + 1, 0, plan.num_stages)] == ranks
+    sent = np.where(
+        code == CODE_SEND_F,
+        before(ids - CODE_SEND_F),
+        before(base + CODE_B) | before(base + CODE_I),
+    )
+    forward = (stage == 0) | before(ids + CODE_RECV_F) | before(ids - one_stage)
+    forward |= not comms and ~prev_here
+    own = np.where(code == CODE_W, ids - 1, base)  # the I a W needs, the F a B or I needs
+    own_ok = ~((on_rank[own + one_stage] == ranks) & (at_index[own + one_stage] >= index))
+    grad = (
+        (stage == plan.num_stages - 1)
+        | before(base + CODE_RECV_B)
+        | before(base + one_stage + CODE_B)
+        | before(base + one_stage + CODE_I)
+    )
+    grad |= not comms and ~next_here
+    ok = np.select(
+        [code == CODE_F, (code == CODE_B) | (code == CODE_I), code == CODE_W, code >= CODE_SEND_F],
+        [forward, own_ok & grad, own_ok, sent],
+        default=True,
+    )
+    return bool(ok[present].all())
 
 
 def _dependency(program: Program, rank: int, index: int, step_id: int, need: str) -> Finding:
