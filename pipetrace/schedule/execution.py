@@ -24,6 +24,7 @@ where, and every step's start and end time) does not depend on the worklist orde
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter
@@ -91,9 +92,9 @@ class Program:
     other end by the plan's placement (``NO_PEER`` when there is none, ``NOT_COMM`` for a
     step that is not a SEND or RECV).
 
-    ``slots`` are the keys renumbered densely (``2 * n`` and ``2 * n + 1`` for the two ends
-    of the n-th distinct message, -1 elsewhere; ``num_slots`` in all), so the executor keeps
-    its messages in lists rather than hashing keys. ``arrays`` holds the ids, keys and peers
+    ``slots`` are keys below ``num_slots`` (the keys themselves, or renumbered densely when
+    they are large: see `_slots`), so the executor keeps its messages in lists indexed by
+    them rather than in dicts. ``arrays`` holds the ids, keys and peers
     over every step of every rank, for checks written as array operations.
     """
 
@@ -206,9 +207,6 @@ def program_of(
     key_shift = np.array([0, 0, 0, 0, 5, 5 + 4 * stage_step, 2 * stage_step, 2 * stage_step])
     keys = np.where(comm, 2 * ids + key_shift[code], -1)
     peers = np.where(comm, _ranks_of(plan, ids // stage_step + _OTHER_STAGE[code]), NOT_COMM)
-    messages, dense = np.unique(keys[keys >= 0] >> 1, return_inverse=True)
-    slots = np.full(len(keys), -1, dtype=np.int64)
-    slots[keys >= 0] = 2 * dense + (keys[keys >= 0] & 1)
     bounds = list(accumulate(map(len, rows), initial=0))
 
     def per_rank(values: np.ndarray) -> list[list[int]]:
@@ -230,12 +228,26 @@ def program_of(
         per_rank(ids),
         per_rank(keys),
         per_rank(peers),
-        per_rank(slots),
-        2 * len(messages),
+        *_slots(keys, per_rank),
         ProgramArrays(ranks, ids, keys, peers),
     )
     _remember(plan, program)
     return program
+
+
+def _slots(
+    keys: np.ndarray, per_rank: Callable[[np.ndarray], list[list[int]]]
+) -> tuple[list[list[int]], int]:
+    """The executor's message slots and their number: the keys themselves when they are
+    small (a built or parsed plan with indices in range: at most ~16 per step), else the
+    keys renumbered densely, ``2 * n`` and ``2 * n + 1`` for the n-th distinct message."""
+    top = int(keys.max(initial=-1)) + 1
+    if keys.dtype != object and top <= 16 * len(keys) + 64:
+        return per_rank(keys), top
+    messages, dense = np.unique(keys[keys >= 0] >> 1, return_inverse=True)
+    slots = np.full(len(keys), -1, dtype=np.int64)
+    slots[keys >= 0] = 2 * dense + (keys[keys >= 0] & 1)
+    return per_rank(slots), 2 * len(messages)
 
 
 # Python ints this large or larger may overflow int64 in the id and key arithmetic.
