@@ -136,19 +136,9 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
         first = int(np.argmax(bad))
         _reject_leaf(plan, int(ranks[first]), steps[owner[first]], leaves[first])
     microbatch = _microbatches(mb)
-    activation = ((stage.astype(microbatch.dtype) << _MB_BITS) | microbatch) << 1
-    last = num_stages - 1
-    is_f, is_w = kind == _KIND_INDEX[_KF], kind == _KIND_INDEX[_KW]
-    before = np.where(stage > 0, activation - _ONE_STAGE, _NONE)
-    grad_from_next = np.where(stage < last, (activation + _ONE_STAGE) | 1, _NONE)
-    first_need = np.where(is_f, before, np.where(is_w, activation | 1, activation))
-    second_need = np.where(is_f | is_w, _NONE, grad_from_next)
-    make = np.where(is_f, activation, np.where(is_w, _NOTHING, activation | 1))
-    # Events numbered densely (the simulation indexes lists by them); `events` maps back.
-    events, dense = np.unique(
-        np.concatenate([[_NONE], first_need, second_need, make]), return_inverse=True
+    (first_need, second_need, make), events, none = _numbered_events(
+        kind, stage, microbatch, num_stages, plan.num_microbatches
     )
-    first_need, second_need, make = np.split(dense[1:], 3)
     cost_of = np.array([costs[k] for k in _KINDS], dtype=np.int64)
     ops: list[Op] = list(
         zip(
@@ -162,7 +152,54 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
     bounds = list(accumulate(map(len, rows), initial=0))
     per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
     leaf_table = _Leaves(owner, ranks, kind, stage, microbatch)
-    return _Compiled(rows, per_rank, events.tolist(), int(dense[0]), leaf_table)
+    return _Compiled(rows, per_rank, events, none, leaf_table)
+
+
+Events = tuple[np.ndarray, np.ndarray, np.ndarray]  # per leaf: first need, second, make
+
+
+def _numbered_events(
+    kind: np.ndarray, stage: np.ndarray, mb: np.ndarray, num_stages: int, num_mbs: int
+) -> tuple[Events, list[int], int]:
+    """Each leaf's needs and make as event numbers 0.., every event's key (see above) by
+    number, and the number of `_NONE`. With micro-batches in range the numbers are
+    computed, ``2 * (stage * M + mb) + 1`` for an activation; otherwise the keys are
+    numbered in sorted order."""
+    last = num_stages - 1
+    if mb.dtype != object and mb.min(initial=0) >= 0 and mb.max(initial=-1) < num_mbs:
+        size = 2 * num_stages * num_mbs
+        activation = (stage * num_mbs + mb) * 2 + 1
+        numbered = _needs_and_makes(kind, stage, activation, 2 * num_mbs, (0, size + 1), last)
+        both = np.arange(size) >> 1
+        keys = (((both // num_mbs) << _MB_BITS) | (both % num_mbs)) << 1
+        return numbered, [_NONE, *(keys + (np.arange(size) & 1)).tolist(), _NOTHING], 0
+    activation = ((stage.astype(mb.dtype) << _MB_BITS) | mb) << 1
+    keyed = _needs_and_makes(kind, stage, activation, _ONE_STAGE, (_NONE, _NOTHING), last)
+    events, dense = np.unique(np.concatenate([[_NONE], *keyed]), return_inverse=True)
+    first_need, second_need, make = np.split(dense[1:], 3)
+    return (first_need, second_need, make), events.tolist(), int(dense[0])
+
+
+def _needs_and_makes(
+    kind: np.ndarray,
+    stage: np.ndarray,
+    activation: np.ndarray,
+    one_stage: int,
+    sentinels: tuple[int, int],
+    last: int,
+) -> Events:
+    """The event an F needs (the previous stage's activation) and makes (its own); a B or I
+    needs its forward's activation and the next stage's input gradient and makes its own
+    gradient (activation + 1); a W needs its I's gradient. ``sentinels``: what stands for
+    no input (`_NONE`) and no output (`_NOTHING`)."""
+    none, nothing = sentinels
+    is_f, is_w = kind == _KIND_INDEX[_KF], kind == _KIND_INDEX[_KW]
+    before = np.where(stage > 0, activation - one_stage, none)
+    grad_from_next = np.where(stage < last, activation + one_stage + 1, none)
+    first_need = np.where(is_f, before, np.where(is_w, activation + 1, activation))
+    second_need = np.where(is_f | is_w, none, grad_from_next)
+    make = np.where(is_f, activation, np.where(is_w, nothing, activation + 1))
+    return first_need, second_need, make
 
 
 def _microbatches(mb: list[int]) -> np.ndarray:
