@@ -24,7 +24,7 @@ where, and every step's start and end time) does not depend on the worklist orde
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter
@@ -92,9 +92,8 @@ class Program:
     other end by the plan's placement (``NO_PEER`` when there is none, ``NOT_COMM`` for a
     step that is not a SEND or RECV).
 
-    ``slots`` are keys below ``num_slots`` (the keys themselves, or renumbered densely when
-    they are large: see `_slots`), so the executor keeps its messages in lists indexed by
-    them rather than in dicts. ``arrays`` holds the ids, keys and peers
+    Callers may set a key to -1 after compiling (a message that is never posted), and the
+    executor reads them then. ``arrays`` holds the ids, keys and peers
     over every step of every rank, for checks written as array operations.
     """
 
@@ -105,8 +104,6 @@ class Program:
     ids: list[list[int]]
     keys: list[list[int]]
     peers: list[list[int]]
-    slots: list[list[int]]
-    num_slots: int
     arrays: ProgramArrays
 
     def stages_named(self) -> list[set[int | None]]:
@@ -228,26 +225,10 @@ def program_of(
         per_rank(ids),
         per_rank(keys),
         per_rank(peers),
-        *_slots(keys, per_rank),
         ProgramArrays(ranks, ids, keys, peers),
     )
     _remember(plan, program)
     return program
-
-
-def _slots(
-    keys: np.ndarray, per_rank: Callable[[np.ndarray], list[list[int]]]
-) -> tuple[list[list[int]], int]:
-    """The executor's message slots and their number: the keys themselves when they are
-    small (a built or parsed plan with indices in range: at most ~16 per step), else the
-    keys renumbered densely, ``2 * n`` and ``2 * n + 1`` for the n-th distinct message."""
-    top = int(keys.max(initial=-1)) + 1
-    if keys.dtype != object and top <= 16 * len(keys) + 64:
-        return per_rank(keys), top
-    messages, dense = np.unique(keys[keys >= 0] >> 1, return_inverse=True)
-    slots = np.full(len(keys), -1, dtype=np.int64)
-    slots[keys >= 0] = 2 * dense + (keys[keys >= 0] & 1)
-    return per_rank(slots), 2 * len(messages)
 
 
 # Python ints this large or larger may overflow int64 in the id and key arithmetic.
@@ -292,13 +273,15 @@ class _Compiled:
     Steps are frozen, so a plan whose placement, micro-batch count and rows still equal
     the copy (rows compare element by element, by identity first: a few milliseconds at
     ~4e5 steps) compiles to the same program. Only the plan object it was made for may
-    reuse it, as the program refers back to its plan.
+    reuse it, as the program refers back to its plan; and only while its keys are as
+    compiled (a caller may drop messages from its copy by setting keys to -1).
     """
 
     plan: Plan
     num_microbatches: int
     placement: tuple[int, ...]
     rows: list[list[Step | None]]
+    keys: list[list[int]]
     program: Program
 
     def matches(self, plan: Plan) -> bool:
@@ -307,6 +290,7 @@ class _Compiled:
             and plan.num_microbatches == self.num_microbatches
             and plan.placement == self.placement
             and plan.ranks == self.rows
+            and self.program.keys == self.keys
         )
 
 
@@ -316,7 +300,8 @@ _last: _Compiled | None = None  # replaced whole, so threads never see half of o
 def _remember(plan: Plan, program: Program) -> None:
     global _last
     rows = [list(row) for row in plan.ranks]
-    _last = _Compiled(plan, plan.num_microbatches, plan.placement, rows, program)
+    keys = [list(row) for row in program.keys]
+    _last = _Compiled(plan, plan.num_microbatches, plan.placement, rows, keys, program)
 
 
 def with_messages(plan: Plan) -> Plan:
@@ -397,7 +382,7 @@ class _State:
     """The executor's progress: per rank its cursor and clock, each step's start and end,
     messages in flight (eager) and the worklist of ranks that may advance."""
 
-    keys: list[list[int]]  # the program's slots (see `Program.slots`)
+    keys: list[list[int]]
     peers: list[list[int]]
     durations: list[list[float]]
     transfer: float
@@ -407,8 +392,8 @@ class _State:
     cursor: list[int]
     clock: list[float]
     work: list[int]
-    in_flight: list[float | None]  # by send slot: when its message is receivable
-    waiting: list[int]  # by send slot: the rank blocked receiving it, or -1
+    in_flight: Slots  # by send key: when its message is receivable, or None
+    waiting: Slots  # by send key: the rank blocked receiving it, or -1
     extra: dict[int, list[float]] = field(default_factory=dict)  # duplicated messages' copies
     mismatches: list[tuple[int, int, int, int]] = field(default_factory=list)
 
@@ -416,8 +401,9 @@ class _State:
     def new(
         cls, program: Program, durations: list[list[float]] | None, transfer: float, fifo: bool
     ) -> _State:
-        keys = program.slots
+        keys = program.keys
         n = len(keys)
+        top = max((max(row, default=-1) for row in keys), default=-1) + 1
         return cls(
             keys,
             program.peers,
@@ -429,9 +415,20 @@ class _State:
             [0] * n,
             [0.0] * n,
             list(range(n - 1, -1, -1)),
-            [None] * program.num_slots,
-            [-1] * program.num_slots,
+            *_slots(top, sum(map(len, keys))),
         )
+
+
+Slots = list | defaultdict  # indexed by message key; reading an unset key gives the default
+
+
+def _slots(top: int, num_steps: int) -> tuple[Slots, Slots]:
+    """In-flight times and waiting ranks by message key: lists when the keys are small (a
+    plan with indices in range has keys below ~16 per step), else dicts with the same
+    defaults, so the executor's loop indexes either alike."""
+    if top <= 16 * num_steps + 64:
+        return [None] * top, [-1] * top
+    return defaultdict(lambda: None), defaultdict(lambda: -1)
 
 
 _BLOCKED = -1.0  # what `_paired_step` returns when the rank cannot go on (times are >= 0)
@@ -545,7 +542,7 @@ def _fifo_pairs(s: _State, rank: int, i: int, peer: int, j: int) -> bool:
     return True
 
 
-def _next_copy(in_flight: list[float | None], extra: dict[int, list[float]], key: int) -> None:
+def _next_copy(in_flight: Slots, extra: dict[int, list[float]], key: int) -> None:
     """A duplicated message: the next copy becomes receivable."""
     in_flight[key] = extra[key].pop(0)
     if not extra[key]:
