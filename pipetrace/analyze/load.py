@@ -48,6 +48,7 @@ from pipetrace.analyze.reader import TraceFormatError, read_meta
 from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.gc_pause import gc_paused
+from pipetrace.limits import check_world_size
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
 
@@ -72,10 +73,12 @@ def load_run(
     world_size = meta.get("world_size")
     if not isinstance(world_size, int) or world_size < 1:
         raise TraceFormatError(f"{run_dir / fmt.META_FILE}: invalid world_size {world_size!r}")
+    logs = sorted(run_dir.glob("rank-*.ndjson"))
+    check_world_size(world_size, len(logs), str(run_dir / fmt.META_FILE))
     problems: list[InputProblem] = []
     paths = [fmt.rank_log_path(run_dir, r) for r in range(world_size)]
     expected = {p.name for p in paths}
-    for extra in sorted(run_dir.glob("rank-*.ndjson")):
+    for extra in logs:
         if extra.name not in expected:
             problems.append(
                 InputProblem(
