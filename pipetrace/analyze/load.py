@@ -199,8 +199,12 @@ def _check_raw(
                 "warning", f"{name}: {p.corrupt_lines} corrupt line(s) skipped{where}", rank
             )
         )
-    for note in p.notes:
+    for note in [*p.damage(), *p.notes]:
         problems.append(InputProblem("warning", f"{name}: {note}", rank))
+    if not raw.events:
+        problems.append(
+            InputProblem("warning", f"{name}: no events after its header (nothing recorded)", rank)
+        )
     if raw.unknown_events:
         problems.append(
             InputProblem(
@@ -358,6 +362,7 @@ class _Assembly:
             if rank.present:
                 rank.status = _status(rank, catalog)
         _note_clock_problems(self.ranks, quality, self.problems)
+        _note_cut_logs(self.ranks, self.problems)
         return Run(
             path=run_dir,
             meta=self.meta,
@@ -593,6 +598,36 @@ def _note_clock_problems(
                         "info",
                         f"clocks: rank {rank.rank} moved {rank.clock.correction_ns / 1e3:+.0f} us, "
                         f"beyond its recorded uncertainty (+-{u / 1e3:.0f} us)",
+                        rank.rank,
+                    )
+                )
+
+
+def _last_time(rank: RankTimeline) -> int | None:
+    """The time of the rank's last recorded event (on the run's clock), None if it has none."""
+    ends = [int(a[a != OPEN].max()) for a in rank.time_columns() if (a != OPEN).any()]
+    ends += [ev.t for ev in rank.lifecycle]
+    return max(ends, default=None)
+
+
+def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> None:
+    """A log that just stops (no run_end, no failure recorded) while its peers record on was
+    cut: the rank was killed, or the file truncated."""
+    last = {r.rank: _last_time(r) for r in ranks if r.present}
+    known = [t for t in last.values() if t is not None]
+    if not known:
+        return
+    latest = max(known)
+    for rank in ranks:
+        t = last.get(rank.rank)
+        if rank.present and rank.status.state == RankState.ENDED:
+            if t is None or t < latest:
+                ended = "before any event" if t is None else f"at {t / 1e9:.3f} s"
+                problems.append(
+                    InputProblem(
+                        "warning",
+                        f"{rank.path.name} ends {ended} without run_end or a recorded failure "
+                        f"while its peers record until {latest / 1e9:.3f} s (killed, or cut)",
                         rank.rank,
                     )
                 )

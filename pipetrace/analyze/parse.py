@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS, parse_texts
-from pipetrace.analyze.reader import SKIP, LogProblems, TraceFormatError, event_batches, open_log
+from pipetrace.analyze.reader import (
+    ORDER_TOLERANCE_NS,
+    SKIP,
+    LogProblems,
+    TraceFormatError,
+    event_batches,
+    open_log,
+)
 from pipetrace.gc_pause import gc_paused
 from pipetrace.interning import Interner
 from pipetrace.recorder import format as fmt
@@ -108,6 +115,7 @@ def _parse(path: str | Path) -> RawRank:
     shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
     steps, p2p, ends = _Columns(_STEP_COLS), _Columns(_P2P_COLS), _Columns(_END_COLS)
     interners = (texts, threads, shapes, dtypes)
+    last_t = header["t0"] if fmt.is_int64(header.get("t0")) else None
     try:
         for items, first_line in event_batches(handle, raw.problems):
             marks = [len(i.values) for i in interners]
@@ -118,7 +126,8 @@ def _parse(path: str | Path) -> RawRank:
                 for interner, mark in zip(interners, marks):
                     interner.truncate(mark)
                 columns = _slow_batch(items, first_line, raw, interners)
-            sb, pp, en, other = columns
+            sb, pp, en, other, times = columns
+            last_t = _check_order(times, last_t, raw.problems)
             steps.add(sb)
             p2p.add(pp)
             ends.add(en)
@@ -129,6 +138,16 @@ def _parse(path: str | Path) -> RawRank:
         raw.problems.notes.append(f"read error: {exc}")
     _finish(raw, steps, p2p, ends)
     return raw
+
+
+def _check_order(times: np.ndarray, last_t: int | None, problems: LogProblems) -> int | None:
+    """Count the lines whose time goes back from the line before (the header's ``t0`` for
+    the first) by more than `ORDER_TOLERANCE_NS`; returns the chunk's last time."""
+    if not len(times):
+        return last_t
+    steps = np.diff(times, prepend=times[0] if last_t is None else last_t)
+    problems.time_reversals += int(np.count_nonzero(steps < -ORDER_TOLERANCE_NS))
+    return int(times[-1])
 
 
 def _check_new_values(interners: tuple[Interner, ...], marks: list[int]) -> None:
@@ -174,12 +193,13 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[Interner, ...]):
             pp_add(d)
         else:
             other_add(d)
-    for d in other:
-        d["t"]
+    times = _strict_ints(list(map(itemgetter("t"), items)))
+    if len(times) and times.min() < 0:
+        raise ValueError
     n_sb, n_pp, n_en = len(sb), len(pp), len(en)
 
-    def ints(rows: list, key: str, count: int, dtype: Any = _I64) -> np.ndarray:
-        return np.fromiter(map(itemgetter(key), rows), dtype, count)
+    def ints(rows: list, key: str, count: int) -> np.ndarray:
+        return _strict_ints(list(map(itemgetter(key), rows)))
 
     step_cols = {
         "t": ints(sb, "t", n_sb),
@@ -203,7 +223,18 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[Interner, ...]):
         "code": _codes(texts, map(itemgetter("step"), pp), n_pp),
     }
     end_cols = {"id": ints(en, "id", n_en), "t": ints(en, "t", n_en)}
-    return step_cols, p2p_cols, end_cols, other
+    return step_cols, p2p_cols, end_cols, other, times
+
+
+def _strict_ints(values: list) -> np.ndarray:
+    """Integers as int64; any other value (a string, a float, out of range) raises TypeError,
+    so that the caller checks the chunk event by event instead of converting it silently."""
+    if not values:
+        return np.empty(0, _I64)
+    array = np.array(values)
+    if array.dtype.kind != "i":
+        raise TypeError
+    return array.astype(_I64, copy=False)
 
 
 def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Interner, ...]):
@@ -213,6 +244,7 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Int
     pp: dict[str, list] = {n: [] for n in _P2P_COLS}
     en: dict[str, list] = {n: [] for n in _END_COLS}
     other: list = []
+    times: list[int] = []
     checks = _checks(raw.header["schema_version"])
     for offset, d in enumerate(items):
         if d is SKIP:
@@ -220,6 +252,7 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Int
         if not _valid(d, checks):
             raw.problems.note_corrupt(first_line + offset)
             continue
+        times.append(d["t"])
         e = d["e"]
         if e in _END_EVENTS:
             en["id"].append(d["id"])
@@ -245,7 +278,7 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Int
     def arrays(cols: dict[str, list]) -> dict[str, np.ndarray]:
         return {n: np.array(v, _dtype(n)) for n, v in cols.items()}
 
-    return arrays(sb), arrays(pp), arrays(en), other
+    return arrays(sb), arrays(pp), arrays(en), other, np.array(times, _I64)
 
 
 def _p2p_values(d: dict[str, Any], interners: tuple[Interner, ...]) -> tuple:
@@ -277,9 +310,22 @@ def _checks(version: int) -> Checks:
     }
 
 
+@cache
+def _always(event: str) -> tuple[str, ...]:
+    """The fields the recorder always writes on an event type that readers can do without."""
+    record = fmt.EVENTS.get(event)
+    return (
+        ()
+        if record is None
+        else tuple(f.name for f in record.fields if f.presence is fmt.Presence.ALWAYS)
+    )
+
+
 def _valid(d: Any, checks: Checks) -> bool:
     """An event whose type and time are usable and whose required fields have their types."""
     if type(d) is not dict or type(d.get("e")) is not str or not fmt.is_int64(d.get("t")):
+        return False
+    if d["t"] < 0:  # nanoseconds since the epoch
         return False
     return all(check(d.get(name)) for name, check in checks.get(d["e"], ()))
 
@@ -290,6 +336,8 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
         raw.problems.corrupt_lines += 1
         return
     e, t = d["e"], d["t"]
+    if any(name not in d for name in _always(e)):
+        raw.problems.missing_fields += 1
     if e == fmt.ITER_BEGIN:
         raw.iterations.setdefault(d["it"], [t, OPEN, None])[0] = t
     elif e == fmt.ITER_END:
@@ -313,6 +361,7 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     sb, pp, en = steps.result(), p2p.result(), ends.result()
     _add_listed_open(raw, sb, pp)
     raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
+    _check_pairing(raw, np.concatenate([sb["id"], pp["id"]]), en["id"])
     end_ids, end_t = en["id"], en["t"]
     order = np.argsort(end_ids, kind="stable")
     end_ids, end_t = end_ids[order], end_t[order]
@@ -345,6 +394,17 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         "dtype": pp["dtype"],
         "code": pp["code"],
     }
+
+
+def _check_pairing(raw: RawRank, begun: np.ndarray, ended: np.ndarray) -> None:
+    """Count completions of ids never begun, ids used twice, and step texts that do not
+    parse (the format's ids pair each begin with at most one end; its step texts parse)."""
+    problems = raw.problems
+    problems.dangling_ids += int(np.count_nonzero(~np.isin(ended, begun)))
+    problems.duplicate_ids += len(begun) - len(np.unique(begun))
+    problems.duplicate_ids += len(ended) - len(np.unique(ended))
+    kind = raw.text_parts[0]
+    problems.bad_step_texts += [raw.texts[i] for i in np.flatnonzero(kind < 0).tolist()]
 
 
 def _open_iteration(raw: RawRank) -> int:
