@@ -22,6 +22,11 @@ BYTES_PER_PLAN_STEP = 512
 """Peak memory per grid cell of a plan built, lowered with its messages and verified (~280 B
 measured, rounded up)."""
 
+MAX_LINE_BYTES = 16 << 20
+"""The longest line a rank log may hold (the header included); a longer one (a file of zero
+bytes, a runaway write) is skipped as corrupt instead of being gathered in memory. The largest
+events, stall dumps with every thread's stack, take tens of kilobytes."""
+
 ABSENT_RANKS_ENV = "PIPETRACE_MAX_ABSENT_RANKS"
 MAX_ABSENT_RANKS = 4096
 """Ranks a run directory may lack a log for: a ``world_size`` far beyond the logs present is

@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from pipetrace.errors import PipetraceError
+from pipetrace.limits import MAX_LINE_BYTES
 from pipetrace.recorder import format as fmt
 
 
@@ -183,7 +184,7 @@ def open_log(path: str | Path) -> tuple[dict[str, Any], Any, int]:
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot open ({exc.strerror})") from None
     try:
-        first = handle.readline(1 << 20)
+        first = handle.readline(MAX_LINE_BYTES)
         if not first:
             raise TraceFormatError(f"{path}: empty event log (the rank never started recording)")
         try:
@@ -215,15 +216,25 @@ def event_batches(
     decode_error = orjson.JSONDecodeError
     line_number = 2  # line 1 is the header
     rest = b""
+    skipping = False  # inside a line longer than MAX_LINE_BYTES, dropped up to its end
     with handle:
         while True:
             block = handle.read(chunk_bytes)
             if not block:
                 break
+            if skipping:
+                start = block.find(b"\n")
+                if start < 0:
+                    continue
+                skipping = False
+                problems.note_corrupt(line_number)
+                line_number += 1
+                block = block[start + 1 :]
             data = rest + block if rest else block
             cut = data.rfind(b"\n")
             if cut < 0:
-                rest = data
+                skipping = len(data) > MAX_LINE_BYTES
+                rest = b"" if skipping else data
                 continue
             chunk, rest = data[:cut], data[cut + 1 :]
             lines = chunk.count(b"\n") + 1
@@ -235,6 +246,8 @@ def event_batches(
                 items = _decode_lines(chunk.split(b"\n"), line_number, problems)
             yield items, line_number
             line_number += lines
+        if skipping:
+            problems.note_corrupt(line_number)
         if rest:
             try:
                 items = [loads(rest)]
