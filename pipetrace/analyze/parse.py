@@ -35,6 +35,8 @@ _END_EVENTS = frozenset({fmt.STEP_END, fmt.P2P_DONE})
 _COLUMN_EVENTS = {fmt.STEP_BEGIN, fmt.P2P_POST, *_END_EVENTS}
 _LIFECYCLE = frozenset(fmt.EVENT_TYPES) - {*_COLUMN_EVENTS, fmt.ITER_BEGIN, fmt.ITER_END}
 """Events kept with their fields (`RawRank.lifecycle`); the others become columns."""
+CLOCK_PHASES = ("start", "end")
+"""The values of a clock event's ``phase`` (docs/trace-format.md)."""
 _OPS = {name: code for code, name in enumerate(OPS)}
 _CHANNELS = {name: code for code, name in enumerate(CHANNELS)}
 
@@ -311,14 +313,12 @@ def _checks(version: int) -> Checks:
 
 
 @cache
-def _always(event: str) -> tuple[str, ...]:
-    """The fields the recorder always writes on an event type that readers can do without."""
+def _always(event: str) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
+    """(field, type check) of the fields the recorder always writes on an event type but
+    that readers can do without."""
     record = fmt.EVENTS.get(event)
-    return (
-        ()
-        if record is None
-        else tuple(f.name for f in record.fields if f.presence is fmt.Presence.ALWAYS)
-    )
+    fields = () if record is None else record.fields
+    return tuple((f.name, f.type.check) for f in fields if f.presence is fmt.Presence.ALWAYS)
 
 
 def _valid(d: Any, checks: Checks) -> bool:
@@ -336,8 +336,10 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
         raw.problems.corrupt_lines += 1
         return
     e, t = d["e"], d["t"]
-    if any(name not in d for name in _always(e)):
+    if not all(name in d and check(d[name]) for name, check in _always(e)):
         raw.problems.missing_fields += 1
+    elif e == fmt.CLOCK and d["phase"] not in CLOCK_PHASES:
+        raw.problems.bad_values += 1
     if e == fmt.ITER_BEGIN:
         raw.iterations.setdefault(d["it"], [t, OPEN, None])[0] = t
     elif e == fmt.ITER_END:

@@ -45,6 +45,7 @@ class LogProblems:
     first_corrupt_line: int | None = None  # 1-based line number
     time_reversals: int = 0
     missing_fields: int = 0
+    bad_values: int = 0
     dangling_ids: int = 0
     duplicate_ids: int = 0
     bad_step_texts: list[str] = field(default_factory=list)
@@ -59,7 +60,11 @@ class LogProblems:
         """One message per kind of damage found in decoded lines (not the corrupt ones)."""
         counts = (
             (self.time_reversals, "line(s) whose time goes back (over 1 s) from the line before"),
-            (self.missing_fields, "event(s) lacking a field the recorder always writes"),
+            (
+                self.missing_fields,
+                "event(s) lacking a field the recorder always writes, or with another type",
+            ),
+            (self.bad_values, "event(s) with a value outside its documented set"),
             (self.dangling_ids, "completion(s) of an id the log never began"),
             (self.duplicate_ids, "id(s) begun or completed more than once"),
         )
