@@ -399,14 +399,21 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
 
 
 def _check_pairing(raw: RawRank, begun: np.ndarray, ended: np.ndarray) -> None:
-    """Count completions of ids never begun, ids used twice, and step texts that do not
-    parse (the format's ids pair each begin with at most one end; its step texts parse)."""
+    """Count completions of ids never begun, ids used twice, and step texts (of events and of
+    run_start's plan) that do not parse (the format's ids pair each begin with at most one
+    end; its step texts parse)."""
     problems = raw.problems
     problems.dangling_ids += int(np.count_nonzero(~np.isin(ended, begun)))
     problems.duplicate_ids += len(begun) - len(np.unique(begun))
     problems.duplicate_ids += len(ended) - len(np.unique(ended))
     kind = raw.text_parts[0]
     problems.bad_step_texts += [raw.texts[i] for i in np.flatnonzero(kind < 0).tolist()]
+    ran = set(raw.texts)
+    planned = [t for t in dict.fromkeys((raw.run_start or {}).get("plan") or ()) if t not in ran]
+    if planned:  # the plan's texts that no event used: most were parsed with the events'
+        problems.bad_step_texts += [
+            planned[i] for i in np.flatnonzero(parse_texts(planned)[0] < 0).tolist()
+        ]
 
 
 def _open_iteration(raw: RawRank) -> int:
