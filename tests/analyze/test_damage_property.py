@@ -9,8 +9,8 @@ two of severity info the format provides for: an event type this version does no
 writers may add them) and a torn last line (what a kill mid-write leaves).
 
 A mutation is *exempt* (it may pass unreported) exactly when the mutated log still has the
-same lines (the last one terminated or not), the mutated line decodes to a JSON object with the same keys, and each value that
-changed is one the recorder could have written:
+same lines (the last one terminated or not), the mutated line decodes to a JSON object with
+the same keys, and each value that changed is one the recorder could have written:
 
 - a number that is still a number of the same type (an int an int), in any field but ``t``
   and ``id``, and a list of ints still a list of ints (a ``shape``, ``stages``): a different
@@ -82,9 +82,7 @@ def _same_kind(old: Any, new: Any, key: str) -> bool:
         )
     if key in ("step", "plan"):
         return _parses(new)
-    if key in ENUMERATED or key == "id":
-        return False
-    return True  # another number, or free text
+    return key not in ENUMERATED and key != "id"  # another number, or free text
 
 
 def _in_order(events: list[Any], index: int, t0: int) -> bool:
