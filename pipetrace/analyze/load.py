@@ -620,14 +620,14 @@ def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> N
     latest = max(known)
     for rank in ranks:
         t = last.get(rank.rank)
-        if rank.present and rank.status.state == RankState.ENDED:
-            if t is None or t < latest:
-                ended = "before any event" if t is None else f"at {t / 1e9:.3f} s"
-                problems.append(
-                    InputProblem(
-                        "warning",
-                        f"{rank.path.name} ends {ended} without run_end or a recorded failure "
-                        f"while its peers record until {latest / 1e9:.3f} s (killed, or cut)",
-                        rank.rank,
-                    )
+        cut = t is None or t < latest
+        if rank.present and rank.status.state == RankState.ENDED and cut:
+            ended = "before any event" if t is None else f"at {t / 1e9:.3f} s"
+            problems.append(
+                InputProblem(
+                    "warning",
+                    f"{rank.path.name} ends {ended} without run_end or a recorded failure "
+                    f"while its peers record until {latest / 1e9:.3f} s (killed, or cut)",
+                    rank.rank,
                 )
+            )
