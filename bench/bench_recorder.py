@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from pipetrace.recorder.hooks import NullRecorder
-from pipetrace.recorder.recorder import Recorder, RecorderConfig
+from pipetrace.recorder.recorder import Recorder
+from pipetrace.recorder.setup import RecordSettings
 from pipetrace.schedule.builders import build_plan
 
 BATCH = 1000
@@ -56,7 +57,7 @@ def hot_path(events: int) -> None:
     plan = build_plan("1f1b", num_ranks=4, num_microbatches=8, comms=True)
     baseline = drive(NullRecorder(), plan, events)
     with tempfile.TemporaryDirectory() as tmp:
-        recorder = Recorder(RecorderConfig(Path(tmp), stall_timeout=0))
+        recorder = Recorder(RecordSettings(Path(tmp), stall_timeout=0))
         recorder.begin_run(rank=0, world_size=1, plan=plan, config={})
         recorder.begin_iteration(0)
         t0 = time.perf_counter_ns()
@@ -91,7 +92,7 @@ def _demo_rank(rank: int, iterations: int, port: int, results: object) -> None:
     from pipetrace.runtime.api import PipelineRunner
     from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
-    from pipetrace.runtime.split import split_sequential
+    from pipetrace.runtime.torch_backend import split_sequential
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

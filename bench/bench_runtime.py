@@ -37,7 +37,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, results: object) 
     from pipetrace.runtime.api import PipelineRunner
     from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
-    from pipetrace.runtime.split import split_sequential
+    from pipetrace.runtime.torch_backend import split_sequential
     from pipetrace.schedule.builders import build_plan
 
     torch.set_num_threads(1)

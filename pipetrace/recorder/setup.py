@@ -1,55 +1,80 @@
-"""Choosing and building a recorder: from `pipetrace run` flags or from the environment.
+"""Recording settings, and the recorder they build: from `pipetrace run` or the environment.
 
-In a user's own script (under torchrun, or as a MindSpore worker), ``PIPETRACE_DIR=run/``
-turns recording on with no code change beyond using pipetrace's runtime; the other
-variables tune it.
+`RecordSettings` is the one definition of what a recorder is asked to do (its defaults, its
+checks, its environment variables). In a user's own script (under torchrun, or as a
+MindSpore worker), ``PIPETRACE_DIR=run/`` turns recording on with no code change beyond
+using pipetrace's runtime; the other variables tune it (docs/recording.md).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipetrace.errors import PipetraceError
+from pipetrace.recorder.clock import RecvInts, SendInts
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
-from pipetrace.recorder.recorder import RECORD_MODES, Recorder, RecorderConfig
+from pipetrace.recorder.recorder import ProfilerRanges, Recorder
+from pipetrace.settings import (
+    Setting,
+    at_least,
+    check_settings,
+    positive_seconds,
+    read_environment,
+    seconds,
+    seconds_or_off,
+    setting,
+    whole_number,
+)
 
-ENV_DIR = "PIPETRACE_DIR"
-ENV_MODE = "PIPETRACE_RECORD"
-ENV_STALL = "PIPETRACE_STALL_TIMEOUT"
-ENV_ABORT = "PIPETRACE_ABORT_TIMEOUT"
-ENV_FLUSH = "PIPETRACE_FLUSH_INTERVAL"
-ENV_BUFFER = "PIPETRACE_BUFFER_EVENTS"
+RECORD_MODES = ("off", "steps", "full")
+
+# Settings that `pipetrace.runtime.config.RunConfig` has too, under the same flags.
+RECORD_MODE = Setting("steps", choices=RECORD_MODES, flag="--record", env="PIPETRACE_RECORD")
+STALL_TIMEOUT = Setting(
+    30.0,
+    seconds_or_off,
+    flag="--stall-timeout",
+    env="PIPETRACE_STALL_TIMEOUT",
+    parse=seconds,
+)
+ABORT_TIMEOUT = Setting(
+    30.0,
+    seconds_or_off,
+    flag="--abort-timeout",
+    env="PIPETRACE_ABORT_TIMEOUT",
+    parse=seconds,
+)
 
 
 @dataclass(frozen=True)
 class RecordSettings:
     """What to record and where; picklable, so the launcher can hand it to each rank."""
 
-    run_dir: str | None = None
-    """None: record nothing."""
-    mode: str = "steps"
-    """One of RECORD_MODES; "off" records nothing."""
-    stall_timeout: float = 30.0
-    abort_timeout: float = 30.0
-    flush_interval: float = 0.2
-    buffer_events: int = 200_000
+    run_dir: Path | None = setting(None, env="PIPETRACE_DIR")
+    """Where meta.json and the per-rank logs go, created if missing (a str is turned into a
+    Path); None: record nothing."""
+    mode: str = RECORD_MODE.field()
+    """"steps": steps, P2P ops and lifecycle; "full": also the Python stack of each P2P post;
+    "off": nothing."""
+    stall_timeout: float = STALL_TIMEOUT.field()
+    """Seconds without progress inside an iteration before a stall event (0: no watchdog)."""
+    abort_timeout: float = ABORT_TIMEOUT.field()
+    """Further seconds after a stall before the watchdog ends the process (0: never)."""
+    flush_interval: float = setting(
+        0.2, positive_seconds, env="PIPETRACE_FLUSH_INTERVAL", parse=seconds
+    )
+    """Seconds between background flushes: the most a killed process can lose."""
+    buffer_events: int = setting(
+        200_000, at_least(1), env="PIPETRACE_BUFFER_EVENTS", parse=whole_number
+    )
     """Pending events before the recording thread writes them itself (bounds memory)."""
 
     def __post_init__(self) -> None:
-        if self.mode not in RECORD_MODES:
-            raise PipetraceError(
-                f"record mode must be one of {', '.join(RECORD_MODES)}; got {self.mode!r}"
-            )
-        for name in ("stall_timeout", "abort_timeout"):
-            if getattr(self, name) < 0:
-                raise PipetraceError(f"{name} must be >= 0 seconds (0 turns it off)")
-        if self.flush_interval <= 0:
-            raise PipetraceError("flush_interval must be > 0 seconds")
-        if self.buffer_events < 1:
-            raise PipetraceError("buffer_events must be >= 1")
+        check_settings(self)
+        if self.run_dir is not None:
+            object.__setattr__(self, "run_dir", Path(self.run_dir))
 
     @property
     def enabled(self) -> bool:
@@ -57,52 +82,17 @@ class RecordSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> RecordSettings:
-        def number(name: str, default: float) -> float:
-            raw = environ.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return float(raw)
-            except ValueError:
-                raise PipetraceError(f"{name}={raw!r} is not a number of seconds") from None
-
-        return cls(
-            run_dir=environ.get(ENV_DIR) or None,
-            mode=environ.get(ENV_MODE, "steps"),
-            stall_timeout=number(ENV_STALL, 30.0),
-            abort_timeout=number(ENV_ABORT, 30.0),
-            flush_interval=number(ENV_FLUSH, 0.2),
-            buffer_events=int(number(ENV_BUFFER, 200_000)),
-        )
+        """The settings the PIPETRACE_* variables give (unset ones keep their default)."""
+        return read_environment(cls, environ)
 
 
-def _recorder_config(settings: RecordSettings) -> RecorderConfig:
-    return RecorderConfig(
-        run_dir=Path(settings.run_dir),  # type: ignore[arg-type]
-        mode=settings.mode,
-        flush_interval=settings.flush_interval,
-        stall_timeout=settings.stall_timeout,
-        abort_timeout=settings.abort_timeout,
-        capacity=settings.buffer_events,
-    )
+FrameworkParts = tuple[str, ProfilerRanges, tuple[SendInts, RecvInts]]
+"""A framework's version, profiler ranges and clock exchange, imported only when recording."""
 
 
 def torch_recorder(settings: RecordSettings) -> RecorderHooks:
     """The recorder for a torch rank: profiler ranges and clock alignment over torch.distributed."""
-    if not settings.enabled:
-        return NullRecorder()
-    import torch
-
-    from pipetrace.recorder.clock import torch_int_exchange
-    from pipetrace.recorder.profiler import TorchProfilerRanges
-
-    return Recorder(
-        _recorder_config(settings),
-        framework="torch",
-        framework_version=torch.__version__,
-        profiler=TorchProfilerRanges(),
-        clock_exchange=torch_int_exchange(),
-    )
+    return _framework_recorder(settings, "torch", _torch_parts)
 
 
 def mindspore_recorder(settings: RecordSettings) -> RecorderHooks:
@@ -110,17 +100,37 @@ def mindspore_recorder(settings: RecordSettings) -> RecorderHooks:
     framework "mindspore"), profiler ranges through MindSpore's RecordFunction, clock
     alignment over mindspore.communication (which must be initialised: the MindSpore runner
     makes its recorder after joining the cluster)."""
+    return _framework_recorder(settings, "mindspore", _mindspore_parts)
+
+
+def _framework_recorder(
+    settings: RecordSettings, framework: str, parts: Callable[[], FrameworkParts]
+) -> RecorderHooks:
     if not settings.enabled:
         return NullRecorder()
+    version, profiler, exchange = parts()
+    return Recorder(
+        settings,
+        framework=framework,
+        framework_version=version,
+        profiler=profiler,
+        clock_exchange=exchange,
+    )
+
+
+def _torch_parts() -> FrameworkParts:
+    import torch
+
+    from pipetrace.recorder.clock import torch_int_exchange
+    from pipetrace.recorder.profiler import TorchProfilerRanges
+
+    return torch.__version__, TorchProfilerRanges(), torch_int_exchange()
+
+
+def _mindspore_parts() -> FrameworkParts:
     import mindspore
 
     from pipetrace.recorder.clock import mindspore_int_exchange
     from pipetrace.recorder.profiler import MindSporeProfilerRanges
 
-    return Recorder(
-        _recorder_config(settings),
-        framework="mindspore",
-        framework_version=mindspore.__version__,
-        profiler=MindSporeProfilerRanges(),
-        clock_exchange=mindspore_int_exchange(),
-    )
+    return mindspore.__version__, MindSporeProfilerRanges(), mindspore_int_exchange()

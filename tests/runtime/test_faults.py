@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 import pipetrace.runtime.launch
 from pipetrace.cli import main
+from pipetrace.cli.run_options import run_options
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime import faults as ft
-from pipetrace.runtime.config import RunConfig, run_options
-from pipetrace.runtime.fault_plan import finishes, peer_of, waited_at
+from pipetrace.runtime.config import RunConfig
+from pipetrace.runtime.fault_plan import StepOrder, finishes, peer_of, waited_at
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import StepKind, format_step
 
@@ -40,7 +41,8 @@ def test_every_kind_parses_alone_and_resolves_with_defaults():
     for kind in ft.FAULT_KINDS:
         fault = resolved(kind)
         assert kind == fault.KIND
-        assert all(getattr(fault, key) is not None for key in fault.keys()), fault
+        names = fault.keys()  # the fault's field names (a tuple, not a dict's keys)
+        assert all(getattr(fault, name) is not None for name in names), fault
         assert ft.parse_fault(fault.spec) == fault  # the spec shows every filled-in default
 
 
@@ -375,12 +377,11 @@ def test_swap_order_sends_each_message_under_the_other_ones_tag():
 
 
 def test_reordering_faults_move_steps_in_their_iteration_only():
-    from pipetrace.runtime.inject import _Reorder
 
     plan = build_plan("1f1b", num_ranks=4, num_microbatches=4, comms=True)
     steps = plan.steps(2)
     texts = [format_step(s) for s in steps]
-    reorder = _Reorder(steps)
+    reorder = StepOrder(steps)
     reorder.move(1, steps[texts.index("2SEND_F0")], after=steps[texts.index("2SEND_F1")])
     assert reorder(0) is None
     order = [texts[i] for i in reorder(1)]
@@ -393,7 +394,7 @@ def test_reordering_faults_move_steps_in_their_iteration_only():
 
 def test_shape_mismatch_sends_fewer_rows_unchecked():
     _, sent, _, _ = drive("shape-mismatch")
-    text, shape, _, peer, wire = next(s for s in sent[1] if s[0] == "2SEND_F1")
+    _, shape, _, peer, wire = next(s for s in sent[1] if s[0] == "2SEND_F1")
     assert shape == (16, 128) and peer == 3 and wire.unchecked
 
 
