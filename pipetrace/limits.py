@@ -9,8 +9,10 @@ past it on purpose (an environment variable); the checks raise one-line `Pipetra
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from pipetrace.errors import PipetraceError
+from pipetrace.settings import at_least, check_settings, read_environment, setting, whole_number
 
 PLAN_STEPS_ENV = "PIPETRACE_MAX_PLAN_STEPS"
 MAX_PLAN_STEPS = 8_000_000
@@ -33,30 +35,36 @@ MAX_ABSENT_RANKS = 4096
 damage, and each absent rank still costs a timeline."""
 
 
-def _env_limit(name: str, default: int) -> int:
-    """The limit set in environment variable ``name``, else ``default``."""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise PipetraceError(f"{name}={text!r} is not a whole number") from None
-    if value < 1:
-        raise PipetraceError(f"{name}={text!r} must be at least 1")
-    return value
+def _optional_count(value: int | None) -> str | None:
+    return None if value is None else at_least(1)(value)
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """The limits as the environment sets them (`read_environment`); unset: the defaults."""
+
+    max_plan_steps: int | None = setting(
+        None, _optional_count, env=PLAN_STEPS_ENV, parse=whole_number
+    )
+    """None: `MAX_PLAN_STEPS`, lowered to what a quarter of this machine's memory holds."""
+    max_absent_ranks: int = setting(
+        MAX_ABSENT_RANKS, at_least(1), env=ABSENT_RANKS_ENV, parse=whole_number
+    )
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 def plan_step_limit() -> int:
-    """The most grid cells a plan may lay out: `MAX_PLAN_STEPS`, lowered to what a quarter of
-    this machine's memory holds, unless `PLAN_STEPS_ENV` says otherwise."""
-    limit = MAX_PLAN_STEPS
+    """The most grid cells a plan may lay out here (see `LimitSettings.max_plan_steps`)."""
+    chosen = read_environment(LimitSettings).max_plan_steps
+    if chosen is not None:
+        return chosen
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        limit = min(limit, memory // (4 * BYTES_PER_PLAN_STEP))
     except (ValueError, OSError, AttributeError):  # not on this platform: the fixed bound
-        pass
-    return _env_limit(PLAN_STEPS_ENV, limit)
+        return MAX_PLAN_STEPS
+    return min(MAX_PLAN_STEPS, memory // (4 * BYTES_PER_PLAN_STEP))
 
 
 def check_plan_size(num_ranks: int, num_microbatches: int, stages_per_rank: int = 1) -> None:
@@ -75,7 +83,7 @@ def check_plan_size(num_ranks: int, num_microbatches: int, stages_per_rank: int 
 def check_world_size(world_size: int, logs_present: int, source: str) -> None:
     """Refuse a run whose world size is far beyond the rank logs it holds (damage, or the
     wrong directory) before a timeline is made for each absent rank."""
-    limit = _env_limit(ABSENT_RANKS_ENV, MAX_ABSENT_RANKS)
+    limit = read_environment(LimitSettings).max_absent_ranks
     if world_size - logs_present > limit:
         raise PipetraceError(
             f"{source}: world_size {world_size:,} but only {logs_present:,} rank logs are "
