@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from operator import itemgetter
+from operator import index, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -195,48 +195,43 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[Interner, ...]):
             pp_add(d)
         else:
             other_add(d)
-    times = _strict_ints(list(map(itemgetter("t"), items)))
+    # every line's time in file order, for the order check; their types are checked with
+    # their columns (steps, ops, ends) or by `_lifecycle` (the others)
+    times = np.fromiter(map(itemgetter("t"), items), _I64, len(items))
     if len(times) and times.min() < 0:
         raise ValueError
     n_sb, n_pp, n_en = len(sb), len(pp), len(en)
 
-    def ints(rows: list, key: str, count: int) -> np.ndarray:
-        return _strict_ints(list(map(itemgetter(key), rows)))
-
     step_cols = {
-        "t": ints(sb, "t", n_sb),
-        "id": ints(sb, "id", n_sb),
-        "it": ints(sb, "it", n_sb),
-        "pos": ints(sb, "pos", n_sb),
+        "t": _strict_ints(sb, "t", n_sb),
+        "id": _strict_ints(sb, "id", n_sb),
+        "it": _strict_ints(sb, "it", n_sb),
+        "pos": _strict_ints(sb, "pos", n_sb),
         "code": _codes(texts, map(itemgetter("step"), sb), n_sb),
         "thread": _codes(threads, map(itemgetter("th"), sb), n_sb),
     }
     p2p_cols = {
-        "t": ints(pp, "t", n_pp),
-        "id": ints(pp, "id", n_pp),
-        "it": ints(pp, "it", n_pp),
+        "t": _strict_ints(pp, "t", n_pp),
+        "id": _strict_ints(pp, "id", n_pp),
+        "it": _strict_ints(pp, "it", n_pp),
         "op": np.fromiter(map(_OPS.__getitem__, map(itemgetter("op"), pp)), np.int8, n_pp),
-        "peer": ints(pp, "peer", n_pp),
+        "peer": _strict_ints(pp, "peer", n_pp),
         "ch": np.fromiter(map(_CHANNELS.__getitem__, map(itemgetter("ch"), pp)), np.int8, n_pp),
-        "seq": ints(pp, "seq", n_pp),
-        "nbytes": ints(pp, "bytes", n_pp),
+        "seq": _strict_ints(pp, "seq", n_pp),
+        "nbytes": _strict_ints(pp, "bytes", n_pp),
         "shape": _codes(shapes, map(tuple, map(itemgetter("shape"), pp)), n_pp),
         "dtype": _codes(dtypes, map(itemgetter("dtype"), pp), n_pp),
         "code": _codes(texts, map(itemgetter("step"), pp), n_pp),
     }
-    end_cols = {"id": ints(en, "id", n_en), "t": ints(en, "t", n_en)}
+    end_cols = {"id": _strict_ints(en, "id", n_en), "t": _strict_ints(en, "t", n_en)}
     return step_cols, p2p_cols, end_cols, other, times
 
 
-def _strict_ints(values: list) -> np.ndarray:
-    """Integers as int64; any other value (a string, a float, out of range) raises TypeError,
-    so that the caller checks the chunk event by event instead of converting it silently."""
-    if not values:
-        return np.empty(0, _I64)
-    array = np.array(values)
-    if array.dtype.kind != "i":
-        raise TypeError
-    return array.astype(_I64, copy=False)
+def _strict_ints(rows: list, key: str, count: int) -> np.ndarray:
+    """The ``key`` of each row as int64. `operator.index` refuses a string or a float that
+    int64 conversion would take silently (TypeError), and too big a number overflows, so a
+    value of another type sends the caller to its event-by-event checks."""
+    return np.fromiter(map(index, map(itemgetter(key), rows)), _I64, count)
 
 
 def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Interner, ...]):
@@ -363,10 +358,11 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     sb, pp, en = steps.result(), p2p.result(), ends.result()
     _add_listed_open(raw, sb, pp)
     raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
-    _check_pairing(raw, np.concatenate([sb["id"], pp["id"]]), en["id"])
+    _check_texts(raw)
     end_ids, end_t = en["id"], en["t"]
     order = np.argsort(end_ids, kind="stable")
     end_ids, end_t = end_ids[order], end_t[order]
+    _check_ids(raw.problems, np.concatenate([sb["id"], pp["id"]]), end_ids)
 
     def end_of(ids: np.ndarray) -> np.ndarray:
         if not len(end_ids) or not len(ids):
@@ -398,14 +394,22 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     }
 
 
-def _check_pairing(raw: RawRank, begun: np.ndarray, ended: np.ndarray) -> None:
-    """Count completions of ids never begun, ids used twice, and step texts (of events and of
-    run_start's plan) that do not parse (the format's ids pair each begin with at most one
-    end; its step texts parse)."""
+def _check_ids(problems: LogProblems, begun: np.ndarray, ended: np.ndarray) -> None:
+    """Count completions of ids never begun and ids begun or completed twice (the format
+    pairs each begin with at most one end). ``ended`` is sorted; ``begun`` holds the steps'
+    ids then the ops', each in the counter's rising order, so sorting them is a merge."""
+    begun = np.sort(begun, kind="stable")
+    problems.duplicate_ids += int(np.count_nonzero(np.diff(begun) == 0))
+    problems.duplicate_ids += int(np.count_nonzero(np.diff(ended) == 0))
+    if len(ended):
+        at = np.minimum(np.searchsorted(begun, ended), max(len(begun) - 1, 0))
+        known = begun[at] == ended if len(begun) else np.zeros(len(ended), bool)
+        problems.dangling_ids += int(np.count_nonzero(~known))
+
+
+def _check_texts(raw: RawRank) -> None:
+    """Collect the step texts (of events, and of run_start's plan) that do not parse."""
     problems = raw.problems
-    problems.dangling_ids += int(np.count_nonzero(~np.isin(ended, begun)))
-    problems.duplicate_ids += len(begun) - len(np.unique(begun))
-    problems.duplicate_ids += len(ended) - len(np.unique(ended))
     kind = raw.text_parts[0]
     problems.bad_step_texts += [raw.texts[i] for i in np.flatnonzero(kind < 0).tolist()]
     ran = set(raw.texts)
