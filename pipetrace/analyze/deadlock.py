@@ -384,7 +384,7 @@ def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Fi
 
 def _end_of_log(run: Run) -> int:
     """The last moment any log shows its rank alive: where a hang's time span ends."""
-    return max((en.last_alive(r) for r in run.present_ranks), default=0)
+    return max((r.last_time() for r in run.present_ranks), default=0)
 
 
 def _deadlock(

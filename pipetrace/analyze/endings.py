@@ -108,13 +108,6 @@ def failed_first_hand(run: Run) -> set[int]:
     }
 
 
-def last_alive(rank: RankTimeline) -> int:
-    """The last moment the rank's log shows it alive."""
-    times = [int(c.max()) for c in rank.time_columns() if len(c)]
-    times += [ev.t for ev in rank.lifecycle]
-    return max(times, default=0)
-
-
 def where(run: Run, rank: RankTimeline) -> Where:
     """The innermost step the last exception/signal/stall lists open; else the rank's last
     open step in its log; else the last step it ran; else before its first step."""
@@ -202,7 +195,7 @@ class _PeerEvidence:
 
 def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
     st = rank.status
-    alive = last_alive(rank)
+    alive = rank.last_time()  # the last moment its log shows it alive
     idle = not (rank.steps.end == OPEN).any() and not (rank.p2p.done == OPEN).any()
 
     def verdict(state: str, evidence: str, keeps_peers_waiting: bool = False) -> Ending:

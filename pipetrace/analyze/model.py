@@ -357,6 +357,12 @@ class RankTimeline:
             self.iterations.end,
         )
 
+    def last_time(self) -> int:
+        """The last time anything was recorded on the rank (0 for an empty log): where the
+        views draw spans that never ended."""
+        ends = [int(col.max()) for col in self.time_columns() if len(col)]
+        return max([0, *ends, *(ev.t for ev in self.lifecycle)])
+
     def events_of(self, e: str) -> list[LifecycleEvent]:
         return [ev for ev in self.lifecycle if ev.e == e]
 

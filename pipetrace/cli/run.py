@@ -11,7 +11,7 @@ import click
 from pipetrace.cli.run_options import run_options
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
 from pipetrace.runtime.config import RunConfig
-from pipetrace.runtime.faults import FAULT_HELP
+from pipetrace.runtime.fault_spec import FAULT_HELP
 from pipetrace.runtime.results import ParityReport
 
 

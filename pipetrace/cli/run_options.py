@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from pipetrace.errors import PipetraceError
+from pipetrace.runtime import fault_spec
 from pipetrace.runtime import faults as _faults
 from pipetrace.runtime.config import RunConfig
 from pipetrace.settings import SettingsError, settings_fields
@@ -150,7 +151,7 @@ def run_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
         given = {flag.name: kwargs.pop(flag.name) for flag in FLAGS}
-        faults = tuple(_faults.parse_fault(spec) for spec in given.pop("faults"))
+        faults = tuple(fault_spec.parse_fault(spec) for spec in given.pop("faults"))
         hangs = any(fault.HANGS for fault in faults)
         for name, hanging in HANG_DEFAULTS.items():
             if given[name] is None:

@@ -122,20 +122,7 @@ def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
 
 def last_time(run: Run) -> int:
     """The last time recorded anywhere in the run: where unfinished spans end."""
-    latest = 0
-    for rank in run.present_ranks:
-        for arr in (
-            rank.steps.begin,
-            rank.steps.end,
-            rank.p2p.post,
-            rank.p2p.done,
-            rank.iterations.begin,
-            rank.iterations.end,
-        ):
-            if len(arr):
-                latest = max(latest, int(arr.max()))
-        latest = max([latest, *(ev.t for ev in rank.lifecycle)])
-    return latest
+    return max((rank.last_time() for rank in run.present_ranks), default=0)
 
 
 def process_name(run: Run, rank: RankTimeline) -> str:
@@ -201,9 +188,11 @@ def _p2p(b: Builder, run: Run, rank: RankTimeline, proc: int, t_end: int) -> _Op
         | p2p.op.astype(np.int64)
     )
     _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    arrows = ("←", "→")
     ids = [
         b.name(
-            f"{run.catalog.texts[int(p2p.code[row])]} {'→' if p2p.op[row] == OP_SEND else '←'} {int(p2p.peer[row])}"
+            f"{run.catalog.texts[int(p2p.code[row])]} "
+            f"{arrows[int(p2p.op[row] == OP_SEND)]} {int(p2p.peer[row])}"
         )
         for row in first.tolist()
     ]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipetrace.errors import PipetraceError
 from pipetrace.recorder.setup import ABORT_TIMEOUT, RECORD_MODE, STALL_TIMEOUT, RecordSettings
-from pipetrace.runtime import faults as _faults
+from pipetrace.runtime import fault_spec
 from pipetrace.runtime.faults import Fault
 from pipetrace.schedule.ir import Plan, ScheduleError, Step, StepKind
 from pipetrace.settings import (
@@ -120,7 +120,7 @@ class RunConfig:
                 "{torch_profiler} writes into the run directory: it needs recording on",
             )
         if self.faults:  # last: the check builds the plan from the fields above
-            object.__setattr__(self, "faults", _faults.resolve_faults(tuple(self.faults), self))
+            object.__setattr__(self, "faults", fault_spec.resolve_faults(tuple(self.faults), self))
 
     @property
     def hangs(self) -> bool:

@@ -1,9 +1,11 @@
-"""Faults injected on purpose: what ``pipetrace run --inject KIND[:KEY=VALUE,...]`` asks for.
+"""The kinds of fault pipetrace can inject on purpose (``pipetrace run --inject``), one typed
+record each: where it strikes, its defaults, how it is checked against a plan, what it does.
 
-Pure Python (no torch), like `pipetrace.runtime.config`: a spec is parsed into one of the
-typed fault records below and checked against the run's plan in the parent, before any rank
-starts; every default is filled in then, so each rank applies exactly the same fault.
-`pipetrace.runtime.inject` applies them on the ranks.
+Pure Python (no torch), like `pipetrace.runtime.config`. `pipetrace.runtime.fault_spec` parses
+``KIND[:KEY=VALUE,...]`` specs into these records and resolves them against the run's plan in
+the parent, before any rank starts; every default is filled in then, so each rank applies
+exactly the same fault. `pipetrace.runtime.inject` applies them on the ranks, and the fake
+cluster of the tests (`pipetrace.testing.cluster`) plays them on virtual time.
 
 Words as in `pipetrace.schedule.ir`. ``step=`` is the training step (iteration) counted from
 0, as ``it`` in the trace; ``microbatch=`` counts from 0; ``channel=`` is ``F`` (activations)
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime.fault_plan import (
@@ -29,9 +31,6 @@ from pipetrace.runtime.fault_plan import (
 )
 from pipetrace.schedule.ir import Plan, Step, StepKind, format_step
 
-if TYPE_CHECKING:
-    from pipetrace.runtime.config import RunConfig
-
 # Faults that leave the run hung: `pipetrace run` then lowers the watchdog and P2P timeouts
 # it was not given (seconds), so that an injected run ends within seconds, recorded.
 HANG_STALL_TIMEOUT = 3.0
@@ -40,28 +39,6 @@ HANG_P2P_TIMEOUT = 20.0
 
 NOBODY_MICROBATCH = 1 << 20
 """The micro-batch whose tag an extra-send message carries: no recv is ever posted for it."""
-
-FAULT_HELP = """\b
-Faults for --inject KIND[:KEY=VALUE,...] (repeatable), e.g. straggler:rank=2,factor=3
-  crash           raise in a step             rank step microbatch phase=F|B|W
-  hang            block forever in a step     rank step microbatch phase=F|B|W
-  deadlock        hold a send to peer until   rank peer step microbatch
-                  a recv from peer completes
-  drop-recv       skip one recv               rank step microbatch channel=F|B
-  drop-send       skip one send               rank step microbatch channel=F|B
-  extra-send      send a message twice        rank step microbatch channel=F|B
-  shape-mismatch  send a smaller tensor       rank step microbatch channel shape=AxB
-  swap-order      send two messages of a      rank step microbatch channel
-                  channel in swapped order
-  straggler       compute factor x slower     rank step factor=3 phase=F|B|all
-  slow-link       delay every send            rank step delay=20ms
-
-Defaults: rank = P/2 (deadlock: (P-1)/2 with peer = rank+1); step = 1, the iteration
-counted from 0 (straggler and slow-link: 0, and every step after); microbatch = 1
-(deadlock, swap-order: the first that can); channel = F where the rank has one. With a
-fault that hangs (hang, deadlock, drop-recv, drop-send), --stall-timeout, --abort-timeout and
---timeout default to 3, 2 and 20 s. Details: docs/runtime.md, "Fault injection".
-"""
 
 
 @dataclass(frozen=True)
@@ -98,7 +75,7 @@ class Fault:
         ]
         return self.KIND + (":" + ",".join(values) if values else "")
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         """This fault with its defaults filled in, checked against the run; raises
         PipetraceError naming the problem."""
         num_ranks = where.plan.num_ranks
@@ -119,8 +96,9 @@ class Fault:
 
 
 @dataclass(frozen=True)
-class _Where:
-    """What a fault is checked against: the run's plan and settings."""
+class FaultTarget:
+    """What a fault is checked against: the run's plan and settings
+    (`pipetrace.runtime.fault_spec.resolve_faults` makes it from a `RunConfig`)."""
 
     plan: Plan
     steps: int
@@ -143,7 +121,7 @@ class _AtComputeStep(Fault):
 
     PHASES: ClassVar[tuple[str, ...]] = tuple(_PHASES)
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         fault = super().resolve(where)
         mb = _microbatch(fault, where.plan)
         phase = "F" if self.phase is None else self.phase
@@ -206,7 +184,7 @@ class Straggler(Fault):
 
     PHASES: ClassVar[tuple[str, ...]] = tuple(_STRAGGLER_PHASES)
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         fault = super().resolve(where)
         return dataclasses.replace(
             fault,
@@ -237,7 +215,7 @@ class SlowLink(Fault):
     delay: float | None = None
     """Seconds between posting each send and putting it on the wire (default 0.02)."""
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         fault = super().resolve(where)
         if not any(
             s.kind in (StepKind.SEND_F, StepKind.SEND_B) for s in where.plan.steps(fault.rank or 0)
@@ -283,7 +261,7 @@ class _OneMessage(Fault):
     """The fault changes or drops the message itself, which at step 0 must then not be the
     first of its stream: that one also carries the stream's shape to the receiver."""
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         fault = super().resolve(where)
         mb = _microbatch(fault, where.plan)
         channel = self.channel
@@ -357,7 +335,7 @@ class ShapeMismatch(_OneMessage):
     """The shape sent instead (default: half the rows); at most as many elements as the
     right one, since gloo aborts a process that receives more than its buffer holds."""
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         fault = super().resolve(where)
         assert isinstance(fault, ShapeMismatch)
         right = where.message_shape
@@ -388,7 +366,7 @@ class ShapeMismatch(_OneMessage):
 class SwapOrder(_OneMessage):
     KIND = "swap-order"
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         fault = Fault.resolve(self, where)
         assert isinstance(fault, SwapOrder)
         rank, plan = fault.rank or 0, where.plan
@@ -475,7 +453,7 @@ class Deadlock(Fault):
     microbatch: int | None = None
     """The micro-batch of the held send (default: the first whose hold deadlocks)."""
 
-    def resolve(self, where: _Where) -> Fault:
+    def resolve(self, where: FaultTarget) -> Fault:
         plan = where.plan
         num_ranks = plan.num_ranks
         if num_ranks < 2:
@@ -582,78 +560,6 @@ FAULT_KINDS: dict[str, type[Fault]] = {
 }
 
 
-# -- parsing -----------------------------------------------------------------------------
-
-
-def parse_fault(text: str) -> Fault:
-    """``KIND[:KEY=VALUE,...]`` -> a fault with the given values (defaults still None)."""
-    kind, _, rest = text.strip().partition(":")
-    cls = FAULT_KINDS.get(kind.strip().lower())
-    if cls is None:
-        raise PipetraceError(
-            f"--inject {text!r}: unknown fault kind {kind.strip()!r}; choose from "
-            f"{', '.join(FAULT_KINDS)}"
-        )
-    keys = cls.keys()
-    values: dict[str, object] = {}
-    for item in rest.split(",") if rest.strip() else []:
-        key, eq, raw = item.partition("=")
-        key = key.strip().lower()
-        if not eq or not key or not raw.strip():
-            raise PipetraceError(f"--inject {text!r}: expected KEY=VALUE, got {item.strip()!r}")
-        if key not in keys:
-            raise PipetraceError(
-                f"--inject {text!r}: {cls.KIND} takes {', '.join(keys)}; got {key!r}"
-            )
-        if key in values:
-            raise PipetraceError(f"--inject {text!r}: {key} given twice")
-        values[key] = _convert(text, cls, key, raw.strip())
-    return cls(**values)  # type: ignore[arg-type]
-
-
-def _convert(text: str, cls: type[Fault], key: str, raw: str) -> object:
-    def bad(allowed: str) -> PipetraceError:
-        return PipetraceError(f"--inject {text!r}: {key} must be {allowed}, got {raw!r}")
-
-    if key in ("rank", "peer", "step", "microbatch"):
-        if not raw.isdigit():
-            raise bad("an integer >= 0")
-        return int(raw)
-    if key == "factor":
-        try:
-            value = float(raw)
-        except ValueError:
-            raise bad("a number > 1") from None
-        if not value > 1 or math.isinf(value):
-            raise bad("a number > 1")
-        return value
-    if key == "delay":
-        scale, number = (1e-3, raw[:-2]) if raw.endswith("ms") else (1.0, raw.removesuffix("s"))
-        try:
-            value = float(number) * scale
-        except ValueError:
-            raise bad("a time such as 0.02, 20ms or 1s") from None
-        if not 0 < value <= 60:
-            raise bad("a time > 0 and at most 60 s (e.g. 20ms)")
-        return value
-    if key == "phase":
-        phases: tuple[str, ...] = cls.PHASES
-        value_ = "all" if raw.lower() == "all" else raw.upper()
-        if value_ not in phases:
-            raise bad(" or ".join(phases))
-        return value_
-    if key == "channel":
-        if raw.upper() not in ("F", "B"):
-            raise bad("F or B")
-        return raw.upper()
-    if key == "shape":
-        dims = raw.lower().split("x")
-        if not all(d.isdigit() and int(d) > 0 for d in dims) or len(dims) > 8:
-            raise bad("dimensions > 0 joined by x, e.g. 16x128")
-        return tuple(int(d) for d in dims)
-    raise AssertionError(key)
-
-
 def _format_value(value: object) -> str:
     if isinstance(value, tuple):
         return "x".join(map(str, value))
@@ -663,24 +569,6 @@ def _format_value(value: object) -> str:
 
 
 # -- checking against a run --------------------------------------------------------------
-
-
-def resolve_faults(faults: tuple[Fault | str, ...], config: RunConfig) -> tuple[Fault, ...]:
-    """Parse (strings), fill in defaults and check every fault against ``config``'s plan."""
-    parsed = [parse_fault(f) if isinstance(f, str) else f for f in faults]
-    if not parsed:
-        return ()
-    if config.data_parallel > 1:
-        raise PipetraceError("--inject works on one pipeline: use --data-parallel 1")
-    if config.backend != "torch":
-        raise PipetraceError(f"--inject works with --backend torch only, not {config.backend}")
-    where = _Where(
-        config.plan(),
-        config.steps,
-        config.overlap_p2p,
-        (config.demo.microbatch_size, config.demo.width),
-    )
-    return tuple(f.resolve(where) for f in parsed)
 
 
 def _check_range(fault: Fault, key: str, value: int, limit: int, why: str) -> None:

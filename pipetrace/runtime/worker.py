@@ -20,8 +20,7 @@ import click
 
 from pipetrace.cli.run_options import run_options
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
-from pipetrace.runtime import faults as _faults
-from pipetrace.runtime import parity
+from pipetrace.runtime import fault_spec, parity
 from pipetrace.runtime.backend import DemoKit, Replicas, backend_module
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec
 from pipetrace.runtime.rank_cli import entry, run_this_rank
@@ -145,7 +144,7 @@ def _recorder_for(
     return replicas.backend.make_recorder(case.record_settings())
 
 
-@click.command(epilog=_faults.FAULT_HELP)
+@click.command(epilog=fault_spec.FAULT_HELP)
 @run_options
 def main(make_config: Callable[..., RunConfig]) -> None:
     """One rank of a demo training run under torchrun, or under msrun with --backend

@@ -34,7 +34,7 @@ class TimelineIndex:
         self.lanes_of_rank: dict[int, list[int]] = {}
         self.log_end: dict[int, int] = {}
         for rank in run.ranks:
-            self.log_end[rank.rank] = _log_end(rank)
+            self.log_end[rank.rank] = rank.last_time()
             lanes = _rank_lanes(run, rank.rank, self.log_end[rank.rank])
             if plan_lanes and rank.rank in plan_lanes:
                 lanes.insert(1, plan_lanes[rank.rank])
@@ -197,28 +197,11 @@ class TimelineIndex:
 # -- building ------------------------------------------------------------------------------
 
 
-def _log_end(rank) -> int:
-    """The last time anything was recorded on the rank (where open spans are drawn to)."""
-    values = [0]
-    for arr in (
-        rank.steps.begin,
-        rank.steps.end,
-        rank.p2p.post,
-        rank.p2p.done,
-        rank.iterations.begin,
-        rank.iterations.end,
-    ):
-        if len(arr):
-            values.append(int(arr.max()))
-    values.extend(ev.t for ev in rank.lifecycle)
-    return max(values)
-
-
 def _iteration_spans(rank) -> tuple[np.ndarray, np.ndarray]:
     t = rank.iterations
     ok = t.begin != OPEN
     begin, end = t.begin[ok], t.end[ok]
-    end = np.where(end == OPEN, _log_end(rank), end)
+    end = np.where(end == OPEN, rank.last_time(), end)
     order = np.argsort(begin, kind="stable")
     return begin[order].astype(np.int64), end[order].astype(np.int64)
 
@@ -313,7 +296,7 @@ def _global_iterations(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.searchsorted(its, t.it)
         ok = t.begin != OPEN
         np.minimum.at(begin, idx[ok], t.begin[ok])
-        stop = np.where(t.end == OPEN, _log_end(rank), t.end)
+        stop = np.where(t.end == OPEN, rank.last_time(), t.end)
         np.maximum.at(end, idx, stop)
     begin = np.where(begin == np.iinfo(np.int64).max, np.maximum(end, 0), begin)
     end = np.maximum(end, begin)

@@ -14,6 +14,7 @@ import pipetrace.runtime.launch
 from pipetrace.cli import main
 from pipetrace.cli.run_options import run_options
 from pipetrace.errors import PipetraceError
+from pipetrace.runtime import fault_spec
 from pipetrace.runtime import faults as ft
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.fault_plan import StepOrder, finishes, peer_of, waited_at
@@ -43,17 +44,17 @@ def test_every_kind_parses_alone_and_resolves_with_defaults():
         assert kind == fault.KIND
         names = fault.keys()  # the fault's field names (a tuple, not a dict's keys)
         assert all(getattr(fault, name) is not None for name in names), fault
-        assert ft.parse_fault(fault.spec) == fault  # the spec shows every filled-in default
+        assert fault_spec.parse_fault(fault.spec) == fault  # the spec shows every filled-in default
 
 
 def test_keys_and_values_are_converted():
-    fault = ft.parse_fault("straggler:rank=2,factor=3.5,phase=b,step=0")
+    fault = fault_spec.parse_fault("straggler:rank=2,factor=3.5,phase=b,step=0")
     assert fault == ft.Straggler(rank=2, step=0, factor=3.5, phase="B")
-    assert ft.parse_fault("slow-link:delay=20ms").delay == pytest.approx(0.02)
-    assert ft.parse_fault("slow-link:delay=1s").delay == 1.0
-    assert ft.parse_fault("shape-mismatch:shape=16x128,channel=b").shape == (16, 128)
-    assert ft.parse_fault(" Hang : rank = 1 ").rank == 1
-    assert ft.parse_fault("straggler:phase=ALL").phase == "all"
+    assert fault_spec.parse_fault("slow-link:delay=20ms").delay == pytest.approx(0.02)
+    assert fault_spec.parse_fault("slow-link:delay=1s").delay == 1.0
+    assert fault_spec.parse_fault("shape-mismatch:shape=16x128,channel=b").shape == (16, 128)
+    assert fault_spec.parse_fault(" Hang : rank = 1 ").rank == 1
+    assert fault_spec.parse_fault("straggler:phase=ALL").phase == "all"
 
 
 @pytest.mark.parametrize(
@@ -78,7 +79,7 @@ def test_keys_and_values_are_converted():
 )
 def test_bad_specs_name_the_problem_and_what_is_allowed(spec, message):
     with pytest.raises(PipetraceError) as info:
-        ft.parse_fault(spec)
+        fault_spec.parse_fault(spec)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
