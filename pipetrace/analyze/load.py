@@ -603,31 +603,19 @@ def _note_clock_problems(
                 )
 
 
-def _last_time(rank: RankTimeline) -> int | None:
-    """The time of the rank's last recorded event (on the run's clock), None if it has none."""
-    ends = [int(a[a != OPEN].max()) for a in rank.time_columns() if (a != OPEN).any()]
-    ends += [ev.t for ev in rank.lifecycle]
-    return max(ends, default=None)
-
-
 def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> None:
     """A log that just stops (no run_end, no failure recorded) while its peers record on was
     cut: the rank was killed, or the file truncated."""
-    last = {r.rank: _last_time(r) for r in ranks if r.present}
-    known = [t for t in last.values() if t is not None]
-    if not known:
-        return
-    latest = max(known)
-    for rank in ranks:
-        t = last.get(rank.rank)
-        cut = t is None or t < latest
-        if rank.present and rank.status.state == RankState.ENDED and cut:
-            ended = "before any event" if t is None else f"at {t / 1e9:.3f} s"
+    present = [r for r in ranks if r.present]
+    latest = max((r.last_time() for r in present), default=0)
+    for rank in present:
+        t = rank.last_time()
+        if rank.status.state == RankState.ENDED and t < latest:
             problems.append(
                 InputProblem(
                     "warning",
-                    f"{rank.path.name} ends {ended} without run_end or a recorded failure "
-                    f"while its peers record until {latest / 1e9:.3f} s (killed, or cut)",
+                    f"{rank.path.name} ends at {t / 1e9:.3f} s without run_end or a recorded "
+                    f"failure while its peers record until {latest / 1e9:.3f} s (killed, or cut)",
                     rank.rank,
                 )
             )
