@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipetrace.errors import PipetraceError
+from pipetrace.limits import check_plan_size
 from pipetrace.recorder.setup import ABORT_TIMEOUT, RECORD_MODE, STALL_TIMEOUT, RecordSettings
 from pipetrace.runtime import fault_spec
 from pipetrace.runtime.faults import Fault
@@ -38,11 +39,6 @@ LossCallback = Callable[[int, int, float], None]  # (case index, step, loss)
 
 BACKENDS = ("torch", "mindspore")
 
-MAX_PLAN_STEPS = 5_000_000
-"""The most steps a run's plan may hold (about 1 KB of memory each while it is built and
-checked); an estimate above it is refused before the plan is built."""
-STEPS_PER_MICROBATCH_STAGE = 6
-"""The estimate's steps per micro-batch and stage: F, B, W and their sends and recvs."""
 RANK_MEMORY_BYTES = 300 << 20
 """What one local torch rank needs at least (measured ~300 MB RSS)."""
 RANKS_PER_CORE = 8
@@ -123,7 +119,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
-        self._check_plan_size()
+        # before anything builds the plan (``-p 99999999999999999999``)
+        check_plan_size(self.ranks, self.microbatches, max(self.stages_per_rank or 1, 2))
         if self.data_parallel > 1 and not self.fsdp:
             raise SettingsError(
                 RunConfig,
@@ -137,17 +134,6 @@ class RunConfig:
             )
         if self.faults:  # last: the check builds the plan from the fields above
             object.__setattr__(self, "faults", fault_spec.resolve_faults(tuple(self.faults), self))
-
-    def _check_plan_size(self) -> None:
-        """Refuse a plan too big to build (``-p 99999999999999999999``) before building it."""
-        stages = self.ranks * max(self.stages_per_rank or 1, 2)
-        estimate = stages * self.microbatches * STEPS_PER_MICROBATCH_STAGE
-        if estimate > MAX_PLAN_STEPS:
-            raise SettingsError(
-                RunConfig,
-                f"{{ranks}} x {{microbatches}} would plan about {estimate:.3g} steps, more than "
-                f"the limit of {MAX_PLAN_STEPS:,} (fewer ranks or micro-batches)",
-            )
 
     def check_local_processes(self, environ: Mapping[str, str] = os.environ) -> None:
         """Refuse, before any process starts, more local processes than this machine can

@@ -30,8 +30,8 @@ def no_launch(monkeypatch):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["-p", "1000000"], "more than the limit of 5,000,000"),
-        (["-p", "99999999999999999999"], "(fewer ranks or micro-batches)"),
+        (["-p", "1000000"], "set PIPETRACE_MAX_PLAN_STEPS to go past it"),
+        (["-p", "99999999999999999999"], "set PIPETRACE_MAX_PLAN_STEPS to go past it"),
         (["-p", "100", "-m", "2"], "set PIPETRACE_MAX_LOCAL_RANKS to go past it"),
         (["--timeout", "inf"], "--timeout must be a finite number of seconds, got inf"),
         (["--abort-timeout", "nan"], "--abort-timeout must be a finite number of seconds"),
