@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection, wait
 from typing import cast
 
 from pipetrace.recorder import run_dir
+from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
 from pipetrace.runtime.config import (
     CustomFunction,
     LossCallback,
@@ -226,7 +227,7 @@ def supervise(
         for rank in ranks:
             code = rank.process.poll()
             if code not in (None, 0) and rank.rank not in failed and rank.reports not in open_pipes:
-                failed[rank.rank] = RankFailure(rank.rank, _describe_exit(code), at=now)
+                failed[rank.rank] = RankFailure(rank.rank, describe_exit(code), at=now)
         if failed and first_failure_at is None:
             first_failure_at = time.monotonic()
         if first_failure_at is not None and time.monotonic() - first_failure_at > kill_grace:
@@ -246,12 +247,14 @@ def supervise(
     result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"killed by signal {-code}"
+    if code == WATCHDOG_EXIT_CODE:
+        return "ended by its watchdog: no progress (its stall and stacks are in the trace)"
     return f"exited with code {code} without reporting an error"
 
 

@@ -141,3 +141,11 @@ def test_a_local_run_listens_on_loopback_only(tmp_path):
     loopback = ("0100007F:", "0000000000000000FFFF00000100007F:")
     assert len(listening) >= 2  # the store and gloo's pairs
     assert all(address.startswith(loopback) for address in listening), listening
+
+
+def test_a_rank_ended_by_its_watchdog_is_described_as_such():
+    from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
+    from pipetrace.runtime.launch import describe_exit
+
+    assert describe_exit(WATCHDOG_EXIT_CODE).startswith("ended by its watchdog: no progress")
+    assert describe_exit(5) == "exited with code 5 without reporting an error"
