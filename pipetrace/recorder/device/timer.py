@@ -64,6 +64,9 @@ class TimerSettings:
     """Anchor measurements per anchor; the one with the shortest wait wins."""
     poll_interval_s: float = 0.005
     """Seconds between two polls of the poller thread."""
+    poller: bool = True
+    """Whether the recorder runs the poller thread; without it, the recorder polls at each
+    iteration end (no re-anchoring then: for runs on a virtual clock, as the CPU tests)."""
 
 
 class DeviceTimer:
