@@ -167,6 +167,8 @@ class Recorder:
         self.last_progress = self._monotonic_ns()
         self._align_clock("end")
         self.waiting_in = None
+        if self._timer is not None:
+            self._timer.drain()
         self._close_device_timer()
         self._other(fmt.RUN_END, **self.describe_device_pending())
         self.close()
