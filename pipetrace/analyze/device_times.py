@@ -123,29 +123,46 @@ def device_timing(run: Run) -> DeviceTiming:
     return DeviceTiming(source, ranks, pending)
 
 
-def _rank_timing(run: Run, rank: RankTimeline) -> RankDeviceTiming:
+@dataclass
+class StepBoundness:
+    """A rank's ended steps with device times, and which of them were device-bound."""
+
+    rows: np.ndarray
+    """Rows of the rank's `StepTable`."""
+    device_bound: np.ndarray
+    """Per row of ``rows``: `classify` said device-bound."""
+    lag_ns: np.ndarray
+    """Per row of ``rows``: device end minus host end."""
+
+
+def step_boundness(rank: RankTimeline) -> StepBoundness:
+    """Launch-bound or device-bound, for every ended step the device was seen to run (also
+    for the Perfetto export's device tracks)."""
     s = rank.steps
     rows = np.flatnonzero(device_rows(s.dbegin, s.dend) & (s.end != OPEN))
-    if not len(rows):
-        return RankDeviceTiming(rank.rank, HOST, 0, 0, 0, None, None)
     unc = _uncertainty(rank)
     spans = [
-        DeviceSpan(
-            int(i), "", "compute", *(int(c[i]) for c in (s.begin, s.end, s.dbegin, s.dend)), unc
-        )
+        DeviceSpan(i, "", "compute", *(int(c[i]) for c in (s.begin, s.end, s.dbegin, s.dend)), unc)
         for i in rows.tolist()
     ]
-    bound = [classify(span) for span in spans]
-    device_bound = sum(b is Boundness.DEVICE for b in bound)
-    worst = max(spans, key=lambda span: span.lag_ns)
+    device_bound = np.array([classify(span) is Boundness.DEVICE for span in spans], bool)
+    return StepBoundness(rows, device_bound, s.dend[rows] - s.end[rows])
+
+
+def _rank_timing(run: Run, rank: RankTimeline) -> RankDeviceTiming:
+    bound = step_boundness(rank)
+    if not len(bound.rows):
+        return RankDeviceTiming(rank.rank, HOST, 0, 0, 0, None, None)
+    worst = int(np.argmax(bound.lag_ns))
+    device_bound = int(bound.device_bound.sum())
     return RankDeviceTiming(
         rank.rank,
         DEVICE,
-        len(spans),
-        len(spans) - device_bound,
+        len(bound.rows),
+        len(bound.rows) - device_bound,
         device_bound,
-        worst.lag_ns,
-        run.catalog.texts[int(s.code[worst.key])],
+        int(bound.lag_ns[worst]),
+        run.catalog.texts[int(rank.steps.code[bound.rows[worst]])],
     )
 
 

@@ -1,13 +1,11 @@
-"""Device timing end to end on CPU: runs recorded through fake devices (tests/recorder/
-device_run.py), loaded and analyzed as `pipetrace analyze` does."""
+"""Device timing end to end on CPU: runs recorded through fake devices
+(`pipetrace.testing.device_replay`), loaded and analyzed as `pipetrace analyze` does."""
 
 from __future__ import annotations
 
 import io
 
 import pytest
-from device_run import record_device_run
-from fake_device import NEVER
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.device_times import DEVICE, HOST
@@ -16,6 +14,8 @@ from pipetrace.analyze.model import OPEN
 from pipetrace.analyze.report import render
 from pipetrace.runtime.faults import Hang
 from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.device_replay import record_device_run
+from pipetrace.testing.fake_device import NEVER
 
 MS = 1_000_000
 SLOW_F_NS = 3 * MS

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from device_run import record_device_run
-from fake_device import NEVER
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
@@ -28,6 +26,8 @@ from pipetrace.recorder.format_doc import RECORDS, documented, with_tables
 from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
 from pipetrace.runtime.faults import Crash
 from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.device_replay import record_device_run
+from pipetrace.testing.fake_device import NEVER
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")

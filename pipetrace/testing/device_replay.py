@@ -14,12 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fake_device import NEVER, FakeDevice
-
 from pipetrace.recorder.device.timer import TimerSettings
 from pipetrace.recorder.recorder import Recorder
 from pipetrace.schedule.ir import Step, format_step
 from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.fake_device import NEVER, FakeDevice
 from pipetrace.testing.replay import Player, VirtualClock
 
 KernelTime = Callable[[int, int, str], float]
