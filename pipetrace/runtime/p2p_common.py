@@ -11,7 +11,7 @@ On a device whose transport waits on streams (CUDA with NCCL), a backend gives `
 ops are posted and waited on a P2P stream of the runtime's own, so that the recorder can
 time them on the device there (``p2p_posted(stream=...)``, then ``p2p_enqueued`` once the
 wait is enqueued), and the compute stream waits for that stream before a received buffer is
-used (docs/device-timing.md, hook point 4).
+used (docs/device-timing.md, "Where it is wired", item 4).
 """
 
 from __future__ import annotations
