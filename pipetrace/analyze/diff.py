@@ -2,6 +2,13 @@
 
 `diff_runs(a, b)` returns plain data (also the `--json` form, docs/analyze.md); `render`
 prints it. Changes are B relative to A: ``delta`` = B - A, ``change`` = B / A - 1.
+
+The headline says it in words ("B is 2.09x faster than A per iteration"), because a bare
+"-52 %" was read the wrong way round. It also says how many steady iterations each side
+measured and how long the busiest rank computed: wall-clock iteration time on a shared
+machine varies from run to run by more than a slowed stage adds (the straggler sample ran
+faster overall than the clean one, while its slowed rank computed longer), so the headline
+names what moved the wall clock.
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ def diff_runs(a: Analysis, b: Analysis) -> dict[str, Any]:
         "bubble_ratio": _pair(ma.bubble.measured_ratio, mb.bubble.measured_ratio),
         "ideal_bubble_ratio": _pair(ma.bubble.ideal.bubble_ratio, mb.bubble.ideal.bubble_ratio),
         "critical_path_ns": _pair(_path_length(ma), _path_length(mb)),
+        "busiest_rank_busy_ns": _pair(_busiest(ma), _busiest(mb)),
+        "steady_iterations": {
+            "a": len(ma.iteration_time.steady_iterations),
+            "b": len(mb.iteration_time.steady_iterations),
+        },
         "stages": _stage_changes(ma.stages, mb.stages),
         "ranks": _rank_changes(ma.ranks, mb.ranks),
         "findings": {"a": counts(a.findings), "b": counts(b.findings)},
@@ -43,6 +55,47 @@ def diff_runs(a: Analysis, b: Analysis) -> dict[str, Any]:
 
 def _path_length(m: MetricsSummary) -> int | None:
     return m.critical_path.length_ns if m.critical_path is not None else None
+
+
+def _busiest(m: MetricsSummary) -> float | None:
+    """The compute time per steady iteration of the rank that computes longest."""
+    return max((r.busy_ns for r in m.ranks if r.busy_ns is not None), default=None)
+
+
+def _ratio(p: dict[str, float | None], more: str, less: str, same: str) -> str | None:
+    """B against A in words: "1.52x slower than" / "2.09x faster than" (``more`` / ``less``),
+    or ``same`` within half a percent; None when either side is missing."""
+    a, b = p["a"], p["b"]
+    if not a or not b:
+        return None
+    if abs(b / a - 1) < 0.005:
+        return same
+    return f"{b / a:.2f}x {more} than" if b > a else f"{a / b:.2f}x {less} than"
+
+
+def headline(d: dict[str, Any]) -> list[str]:
+    """The comparison in words: iteration time, the busiest rank's compute, and how many
+    steady iterations each side rests on."""
+    it, busy, steady = d["iteration_time_ns"], d["busiest_rank_busy_ns"], d["steady_iterations"]
+    words = _ratio(it, "slower", "faster", "as fast as")
+    lines = [
+        "iteration time: not measured in both runs (no complete iteration)"
+        if words is None
+        else f"B is {words} A per iteration ({ms(it['b'])} vs {ms(it['a'])}, mean of "
+        f"{steady['b']} and {steady['a']} steady iterations)"
+    ]
+    words = _ratio(busy, "longer", "shorter", "as long as")
+    if words is not None:
+        lines.append(
+            f"B's busiest rank computes {words} A's ({ms(busy['b'])} vs {ms(busy['a'])} "
+            "per iteration)"
+        )
+    if min(steady["a"], steady["b"]) < 3:
+        lines.append(
+            "few steady iterations: run-to-run noise can outweigh the difference; "
+            "compare the per-stage step times below"
+        )
+    return lines
 
 
 def _stage_changes(a: list[StageCost], b: list[StageCost]) -> list[dict[str, Any]]:
@@ -104,7 +157,9 @@ def render(d: dict[str, Any], out: IO[str]) -> None:
         _run_line("A", d["a"]),
         _run_line("B", d["b"]),
         "",
-        f"{'':<22}{'A':>{w}}{'B':>{w}}  change",
+        *headline(d),
+        "",
+        f"{'':<22}{'A':>{w}}{'B':>{w}}  change (B vs A)",
     ]
     for label, key, f in (
         ("iteration time", "iteration_time_ns", ms),

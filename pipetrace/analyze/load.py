@@ -48,6 +48,7 @@ from pipetrace.analyze.reader import TraceFormatError, read_meta
 from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.gc_pause import gc_paused
+from pipetrace.limits import check_world_size
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
 
@@ -72,10 +73,12 @@ def load_run(
     world_size = meta.get("world_size")
     if not isinstance(world_size, int) or world_size < 1:
         raise TraceFormatError(f"{run_dir / fmt.META_FILE}: invalid world_size {world_size!r}")
+    logs = sorted(run_dir.glob("rank-*.ndjson"))
+    check_world_size(world_size, len(logs), str(run_dir / fmt.META_FILE))
     problems: list[InputProblem] = []
     paths = [fmt.rank_log_path(run_dir, r) for r in range(world_size)]
     expected = {p.name for p in paths}
-    for extra in sorted(run_dir.glob("rank-*.ndjson")):
+    for extra in logs:
         if extra.name not in expected:
             problems.append(
                 InputProblem(
@@ -196,8 +199,12 @@ def _check_raw(
                 "warning", f"{name}: {p.corrupt_lines} corrupt line(s) skipped{where}", rank
             )
         )
-    for note in p.notes:
+    for note in [*p.damage(), *p.notes]:
         problems.append(InputProblem("warning", f"{name}: {note}", rank))
+    if not raw.events:
+        problems.append(
+            InputProblem("warning", f"{name}: no events after its header (nothing recorded)", rank)
+        )
     if raw.unknown_events:
         problems.append(
             InputProblem(
@@ -355,6 +362,7 @@ class _Assembly:
             if rank.present:
                 rank.status = _status(rank, catalog)
         _note_clock_problems(self.ranks, quality, self.problems)
+        _note_cut_logs(self.ranks, self.problems)
         return Run(
             path=run_dir,
             meta=self.meta,
@@ -597,3 +605,21 @@ def _note_clock_problems(
                         rank.rank,
                     )
                 )
+
+
+def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> None:
+    """A log that just stops (no run_end, no failure recorded) while its peers record on was
+    cut: the rank was killed, or the file truncated."""
+    present = [r for r in ranks if r.present]
+    latest = max((r.last_time() for r in present), default=0)
+    for rank in present:
+        t = rank.last_time()
+        if rank.status.state == RankState.ENDED and t < latest:
+            problems.append(
+                InputProblem(
+                    "warning",
+                    f"{rank.path.name} ends at {t / 1e9:.3f} s without run_end or a recorded "
+                    f"failure while its peers record until {latest / 1e9:.3f} s (killed, or cut)",
+                    rank.rank,
+                )
+            )

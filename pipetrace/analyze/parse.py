@@ -12,14 +12,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from operator import itemgetter
+from operator import index, itemgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS, parse_texts
-from pipetrace.analyze.reader import SKIP, LogProblems, TraceFormatError, event_batches, open_log
+from pipetrace.analyze.reader import (
+    ORDER_TOLERANCE_NS,
+    SKIP,
+    LogProblems,
+    TraceFormatError,
+    event_batches,
+    open_log,
+)
 from pipetrace.gc_pause import gc_paused
 from pipetrace.interning import Interner
 from pipetrace.recorder import format as fmt
@@ -28,6 +35,8 @@ _END_EVENTS = frozenset({fmt.STEP_END, fmt.P2P_DONE})
 _COLUMN_EVENTS = {fmt.STEP_BEGIN, fmt.P2P_POST, *_END_EVENTS}
 _LIFECYCLE = frozenset(fmt.EVENT_TYPES) - {*_COLUMN_EVENTS, fmt.ITER_BEGIN, fmt.ITER_END}
 """Events kept with their fields (`RawRank.lifecycle`); the others become columns."""
+CLOCK_PHASES = ("start", "end")
+"""The values of a clock event's ``phase`` (docs/trace-format.md)."""
 _OPS = {name: code for code, name in enumerate(OPS)}
 _CHANNELS = {name: code for code, name in enumerate(CHANNELS)}
 
@@ -109,6 +118,7 @@ def _parse(path: str | Path) -> RawRank:
     shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
     steps, p2p, ends = _Columns(_STEP_COLS), _Columns(_P2P_COLS), _Columns(_END_COLS)
     interners = (texts, threads, shapes, dtypes)
+    last_t = header["t0"] if fmt.is_int64(header.get("t0")) else None
     try:
         for items, first_line in event_batches(handle, raw.problems):
             marks = [len(i.values) for i in interners]
@@ -119,7 +129,8 @@ def _parse(path: str | Path) -> RawRank:
                 for interner, mark in zip(interners, marks):
                     interner.truncate(mark)
                 columns = _slow_batch(items, first_line, raw, interners)
-            sb, pp, en, other = columns
+            sb, pp, en, other, times = columns
+            last_t = _check_order(times, last_t, raw.problems)
             steps.add(sb)
             p2p.add(pp)
             ends.add(en)
@@ -130,6 +141,16 @@ def _parse(path: str | Path) -> RawRank:
         raw.problems.notes.append(f"read error: {exc}")
     _finish(raw, steps, p2p, ends)
     return raw
+
+
+def _check_order(times: np.ndarray, last_t: int | None, problems: LogProblems) -> int | None:
+    """Count the lines whose time goes back from the line before (the header's ``t0`` for
+    the first) by more than `ORDER_TOLERANCE_NS`; returns the chunk's last time."""
+    if not len(times):
+        return last_t
+    steps = np.diff(times, prepend=times[0] if last_t is None else last_t)
+    problems.time_reversals += int(np.count_nonzero(steps < -ORDER_TOLERANCE_NS))
+    return int(times[-1])
 
 
 def _check_new_values(interners: tuple[Interner, ...], marks: list[int]) -> None:
@@ -175,36 +196,43 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[Interner, ...]):
             pp_add(d)
         else:
             other_add(d)
-    for d in other:
-        d["t"]
+    # every line's time in file order, for the order check; their types are checked with
+    # their columns (steps, ops, ends) or by `_lifecycle` (the others)
+    times = np.fromiter(map(itemgetter("t"), items), _I64, len(items))
+    if len(times) and times.min() < 0:
+        raise ValueError
     n_sb, n_pp, n_en = len(sb), len(pp), len(en)
 
-    def ints(rows: list, key: str, count: int, dtype: Any = _I64) -> np.ndarray:
-        return np.fromiter(map(itemgetter(key), rows), dtype, count)
-
     step_cols = {
-        "t": ints(sb, "t", n_sb),
-        "id": ints(sb, "id", n_sb),
-        "it": ints(sb, "it", n_sb),
-        "pos": ints(sb, "pos", n_sb),
+        "t": _strict_ints(sb, "t", n_sb),
+        "id": _strict_ints(sb, "id", n_sb),
+        "it": _strict_ints(sb, "it", n_sb),
+        "pos": _strict_ints(sb, "pos", n_sb),
         "code": _codes(texts, map(itemgetter("step"), sb), n_sb),
         "thread": _codes(threads, map(itemgetter("th"), sb), n_sb),
     }
     p2p_cols = {
-        "t": ints(pp, "t", n_pp),
-        "id": ints(pp, "id", n_pp),
-        "it": ints(pp, "it", n_pp),
+        "t": _strict_ints(pp, "t", n_pp),
+        "id": _strict_ints(pp, "id", n_pp),
+        "it": _strict_ints(pp, "it", n_pp),
         "op": np.fromiter(map(_OPS.__getitem__, map(itemgetter("op"), pp)), np.int8, n_pp),
-        "peer": ints(pp, "peer", n_pp),
+        "peer": _strict_ints(pp, "peer", n_pp),
         "ch": np.fromiter(map(_CHANNELS.__getitem__, map(itemgetter("ch"), pp)), np.int8, n_pp),
-        "seq": ints(pp, "seq", n_pp),
-        "nbytes": ints(pp, "bytes", n_pp),
+        "seq": _strict_ints(pp, "seq", n_pp),
+        "nbytes": _strict_ints(pp, "bytes", n_pp),
         "shape": _codes(shapes, map(tuple, map(itemgetter("shape"), pp)), n_pp),
         "dtype": _codes(dtypes, map(itemgetter("dtype"), pp), n_pp),
         "code": _codes(texts, map(itemgetter("step"), pp), n_pp),
     }
-    end_cols = {"id": ints(en, "id", n_en), "t": ints(en, "t", n_en)}
-    return step_cols, p2p_cols, end_cols, other
+    end_cols = {"id": _strict_ints(en, "id", n_en), "t": _strict_ints(en, "t", n_en)}
+    return step_cols, p2p_cols, end_cols, other, times
+
+
+def _strict_ints(rows: list, key: str, count: int) -> np.ndarray:
+    """The ``key`` of each row as int64. `operator.index` refuses a string or a float that
+    int64 conversion would take silently (TypeError), and too big a number overflows, so a
+    value of another type sends the caller to its event-by-event checks."""
+    return np.fromiter(map(index, map(itemgetter(key), rows)), _I64, count)
 
 
 def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Interner, ...]):
@@ -214,6 +242,7 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Int
     pp: dict[str, list] = {n: [] for n in _P2P_COLS}
     en: dict[str, list] = {n: [] for n in _END_COLS}
     other: list = []
+    times: list[int] = []
     checks = _checks(raw.header["schema_version"])
     for offset, d in enumerate(items):
         if d is SKIP:
@@ -221,6 +250,7 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Int
         if not _valid(d, checks):
             raw.problems.note_corrupt(first_line + offset)
             continue
+        times.append(d["t"])
         e = d["e"]
         if e in _END_EVENTS:
             en["id"].append(d["id"])
@@ -246,7 +276,7 @@ def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Int
     def arrays(cols: dict[str, list]) -> dict[str, np.ndarray]:
         return {n: np.array(v, _dtype(n)) for n, v in cols.items()}
 
-    return arrays(sb), arrays(pp), arrays(en), other
+    return arrays(sb), arrays(pp), arrays(en), other, np.array(times, _I64)
 
 
 def _p2p_values(d: dict[str, Any], interners: tuple[Interner, ...]) -> tuple:
@@ -278,9 +308,20 @@ def _checks(version: int) -> Checks:
     }
 
 
+@cache
+def _always(event: str) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
+    """(field, type check) of the fields the recorder always writes on an event type but
+    that readers can do without."""
+    record = fmt.EVENTS.get(event)
+    fields = () if record is None else record.fields
+    return tuple((f.name, f.type.check) for f in fields if f.presence is fmt.Presence.ALWAYS)
+
+
 def _valid(d: Any, checks: Checks) -> bool:
     """An event whose type and time are usable and whose required fields have their types."""
     if type(d) is not dict or type(d.get("e")) is not str or not fmt.is_int64(d.get("t")):
+        return False
+    if d["t"] < 0:  # nanoseconds since the epoch
         return False
     return all(check(d.get(name)) for name, check in checks.get(d["e"], ()))
 
@@ -291,6 +332,10 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
         raw.problems.corrupt_lines += 1
         return
     e, t = d["e"], d["t"]
+    if not all(name in d and check(d[name]) for name, check in _always(e)):
+        raw.problems.missing_fields += 1
+    elif e == fmt.CLOCK and d["phase"] not in CLOCK_PHASES:
+        raw.problems.bad_values += 1
     if e == fmt.ITER_BEGIN:
         raw.iterations.setdefault(d["it"], [t, OPEN, None])[0] = t
     elif e == fmt.ITER_END:
@@ -316,9 +361,11 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     sb, pp, en = steps.result(), p2p.result(), ends.result()
     _add_listed_open(raw, sb, pp)
     raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
+    _check_texts(raw)
     end_ids, end_t = en["id"], en["t"]
     order = np.argsort(end_ids, kind="stable")
     end_ids, end_t = end_ids[order], end_t[order]
+    _check_ids(raw.problems, np.concatenate([sb["id"], pp["id"]]), end_ids)
 
     def end_of(ids: np.ndarray) -> np.ndarray:
         if not len(end_ids) or not len(ids):
@@ -365,6 +412,32 @@ def _device_columns(device: list[tuple[int, int, int]], ids: np.ndarray) -> dict
         rows = order[found_c[hit]]
         dbegin[rows], dend[rows] = events[hit, 1], events[hit, 2]
     return {"dbegin": dbegin, "dend": dend}
+
+
+def _check_ids(problems: LogProblems, begun: np.ndarray, ended: np.ndarray) -> None:
+    """Count completions of ids never begun and ids begun or completed twice (the format
+    pairs each begin with at most one end). ``ended`` is sorted; ``begun`` holds the steps'
+    ids then the ops', each in the counter's rising order, so sorting them is a merge."""
+    begun = np.sort(begun, kind="stable")
+    problems.duplicate_ids += int(np.count_nonzero(np.diff(begun) == 0))
+    problems.duplicate_ids += int(np.count_nonzero(np.diff(ended) == 0))
+    if len(ended):
+        at = np.minimum(np.searchsorted(begun, ended), max(len(begun) - 1, 0))
+        known = begun[at] == ended if len(begun) else np.zeros(len(ended), bool)
+        problems.dangling_ids += int(np.count_nonzero(~known))
+
+
+def _check_texts(raw: RawRank) -> None:
+    """Collect the step texts (of events, and of run_start's plan) that do not parse."""
+    problems = raw.problems
+    kind = raw.text_parts[0]
+    problems.bad_step_texts += [raw.texts[i] for i in np.flatnonzero(kind < 0).tolist()]
+    ran = set(raw.texts)
+    planned = [t for t in dict.fromkeys((raw.run_start or {}).get("plan") or ()) if t not in ran]
+    if planned:  # the plan's texts that no event used: most were parsed with the events'
+        problems.bad_step_texts += [
+            planned[i] for i in np.flatnonzero(parse_texts(planned)[0] < 0).tolist()
+        ]
 
 
 def _open_iteration(raw: RawRank) -> int:

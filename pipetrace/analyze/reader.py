@@ -7,14 +7,17 @@ turns these raw events into the run model.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
 from pipetrace.errors import PipetraceError
+from pipetrace.limits import MAX_LINE_BYTES
 from pipetrace.recorder import format as fmt
 
 
@@ -22,19 +25,54 @@ class TraceFormatError(PipetraceError):
     """A run directory or log that cannot be used (exit code 2)."""
 
 
+ORDER_TOLERANCE_NS = 10**9
+"""How far a rank's times may step back from one line to the next: threads take their time
+before they queue their event, so a preempted thread's event can land after a later one (by a
+few scheduler slices). A lost or changed digit moves a time by far more."""
+
+
 @dataclass
 class LogProblems:
-    """What was wrong with one rank's log, for warnings in reports."""
+    """What was wrong with one rank's log, for warnings in reports.
+
+    Beyond lines that do not decode, it counts the damage that decoded lines still show:
+    the format promises times in order, ids that pair up, step texts that parse and the
+    fields it always writes, so a line breaking one of these was changed after it was written.
+    """
 
     torn_last_line: bool = False
     corrupt_lines: int = 0
     first_corrupt_line: int | None = None  # 1-based line number
+    time_reversals: int = 0
+    missing_fields: int = 0
+    bad_values: int = 0
+    dangling_ids: int = 0
+    duplicate_ids: int = 0
+    bad_step_texts: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def note_corrupt(self, line_number: int) -> None:
         self.corrupt_lines += 1
         if self.first_corrupt_line is None:
             self.first_corrupt_line = line_number
+
+    def damage(self) -> list[str]:
+        """One message per kind of damage found in decoded lines (not the corrupt ones)."""
+        counts = (
+            (self.time_reversals, "line(s) whose time goes back (over 1 s) from the line before"),
+            (
+                self.missing_fields,
+                "event(s) lacking a field the recorder always writes, or with another type",
+            ),
+            (self.bad_values, "event(s) with a value outside its documented set"),
+            (self.dangling_ids, "completion(s) of an id the log never began"),
+            (self.duplicate_ids, "id(s) begun or completed more than once"),
+        )
+        messages = [f"{n} {what}" for n, what in counts if n]
+        if self.bad_step_texts:
+            shown = ", ".join(repr(t) for t in self.bad_step_texts[:3])
+            messages.append(f"{len(self.bad_step_texts)} unparsable step text(s): {shown}")
+        return messages
 
 
 def check_version(data: dict[str, Any], expected_format: str, source: str) -> int:
@@ -55,6 +93,26 @@ def check_version(data: dict[str, Any], expected_format: str, source: str) -> in
     return version
 
 
+def open_regular(path: Path) -> BinaryIO:
+    """Open a file for reading only if it is a regular file.
+
+    A FIFO would block the open (and every read) forever and a device could stream without
+    end, so the file is opened non-blocking and its type checked before any byte is read.
+    Raises TraceFormatError for anything but a regular file, OSError when it cannot be opened.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO, device or socket"
+            raise TraceFormatError(f"{path}: not a regular file ({kind})")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_meta(run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -63,11 +121,14 @@ def read_meta(run_dir: str | Path) -> dict[str, Any]:
         raise TraceFormatError(f"{run_dir}: not a directory (expected a pipetrace run directory)")
     path = run_dir / fmt.META_FILE
     try:
-        data = orjson.loads(path.read_bytes())
+        with open_regular(path) as handle:
+            data = orjson.loads(handle.read())
     except FileNotFoundError:
         raise TraceFormatError(
             f"{run_dir}: no {fmt.META_FILE}; is this a pipetrace run directory?"
         ) from None
+    except OSError as exc:
+        raise TraceFormatError(f"{path}: cannot read ({exc.strerror})") from None
     except orjson.JSONDecodeError as exc:
         raise TraceFormatError(f"{path}: corrupt JSON ({exc})") from None
     if not isinstance(data, dict):
@@ -122,13 +183,13 @@ def open_log(path: str | Path) -> tuple[dict[str, Any], Any, int]:
     """
     path = Path(path)
     try:
-        handle = open(path, "rb")  # noqa: SIM115 (returned open: the caller streams the rest)
+        handle = open_regular(path)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: missing event log") from None
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot open ({exc.strerror})") from None
     try:
-        first = handle.readline(1 << 20)
+        first = handle.readline(MAX_LINE_BYTES)
         if not first:
             raise TraceFormatError(f"{path}: empty event log (the rank never started recording)")
         try:
@@ -160,15 +221,25 @@ def event_batches(
     decode_error = orjson.JSONDecodeError
     line_number = 2  # line 1 is the header
     rest = b""
+    skipping = False  # inside a line longer than MAX_LINE_BYTES, dropped up to its end
     with handle:
         while True:
             block = handle.read(chunk_bytes)
             if not block:
                 break
+            if skipping:
+                start = block.find(b"\n")
+                if start < 0:
+                    continue
+                skipping = False
+                problems.note_corrupt(line_number)
+                line_number += 1
+                block = block[start + 1 :]
             data = rest + block if rest else block
             cut = data.rfind(b"\n")
             if cut < 0:
-                rest = data
+                skipping = len(data) > MAX_LINE_BYTES
+                rest = b"" if skipping else data
                 continue
             chunk, rest = data[:cut], data[cut + 1 :]
             lines = chunk.count(b"\n") + 1
@@ -180,6 +251,8 @@ def event_batches(
                 items = _decode_lines(chunk.split(b"\n"), line_number, problems)
             yield items, line_number
             line_number += lines
+        if skipping:
+            problems.note_corrupt(line_number)
         if rest:
             try:
                 items = [loads(rest)]

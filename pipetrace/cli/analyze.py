@@ -89,4 +89,5 @@ def analyze(run_dir: str, as_json: bool, workers: int | None, no_segments: bool)
         from pipetrace.analyze.report import render
 
         render(result, sys.stdout, color=use_color())
-    return EXIT_PROBLEMS if result.has_errors else EXIT_OK
+    damaged = any(p.severity == "warning" for p in run.problems)  # never a clean exit
+    return EXIT_PROBLEMS if result.has_errors or damaged else EXIT_OK

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -110,8 +111,10 @@ def export(
     """
     from pipetrace.analyze.load import load_run
     from pipetrace.export import default_output, export_run
+    from pipetrace.export.output import check_output
 
-    out = output or default_output(run_dir, fmt)
+    out = Path(output) if output else default_output(run_dir, fmt)
+    check_output(out)  # before the run is loaded: a bad target fails at once
     progress = _Progress()
     try:
         progress("loading rank logs")
@@ -139,6 +142,9 @@ def export(
     found = (
         "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
     )
+    for problem in run.problems:
+        if problem.severity == "warning":
+            click.echo(f"pipetrace export: input warning: {problem.message}", err=True)
     click.echo(
         f"wrote {summary.path} ({_size(summary.bytes)}: {summary.slices:,} slices, "
         f"{summary.flows:,} message arrows{found}) in {summary.seconds:.1f} s"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from pipetrace.errors import EXIT_OK, PipetraceError
+from pipetrace.errors import EXIT_OK, EXIT_USAGE, PipetraceError
 
 
 @click.command()
@@ -37,7 +37,8 @@ def tui(run_dir: Path) -> int:
             "pipetrace tui needs a terminal (stdin and stdout); run it in a terminal"
         )
     app = PipetraceApp(run_dir)
-    code = app.run()
+    app.run()
     if app.load_error:
         click.echo(f"pipetrace: error: {app.load_error}", err=True)
-    return code if isinstance(code, int) else EXIT_OK
+        return EXIT_USAGE
+    return app.return_code or EXIT_OK  # non-zero when the app itself failed

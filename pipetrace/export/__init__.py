@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from pathlib import Path
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import Run
 from pipetrace.errors import PipetraceError
+from pipetrace.export.output import write_file
 
 PERFETTO, CHROME_JSON = "perfetto", "chrome-json"
 FORMATS = (PERFETTO, CHROME_JSON)
@@ -67,7 +67,7 @@ def export_run(
     findings: list[Finding] | None = None,
     progress: Progress | None = None,
 ) -> ExportSummary:
-    """Write ``run`` to ``out`` (atomically: a temporary file renamed at the end)."""
+    """Write ``run`` to ``out`` (atomically, and only as a regular file: `output.write_file`)."""
     from pipetrace.export.layout import build_layout
 
     if fmt not in FORMATS:
@@ -81,16 +81,12 @@ def export_run(
     else:
         from pipetrace.export.chrome_json import write_chrome_json as write
     out = Path(out)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            size = write(
-                layout, f, progress=(lambda x: progress("writing", x)) if progress else None
-            )
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise PipetraceError(f"cannot write {out}: {exc.strerror or exc}") from None
+    size = write_file(
+        out,
+        lambda f: write(
+            layout, f, progress=(lambda x: progress("writing", x)) if progress else None
+        ),
+    )
     return ExportSummary(
         path=out,
         format=fmt,

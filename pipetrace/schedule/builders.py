@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from pipetrace.gc_pause import gc_paused
+from pipetrace.limits import check_plan_size
 
 from .ir import (
     B,
@@ -372,6 +373,7 @@ def _build_order(
     """The compute-only plan without bubbles: the order each rank runs its steps in."""
     canonical = resolve_schedule_name(name)
     v = _check_params(canonical, num_ranks, num_microbatches, stages_per_rank)
+    check_plan_size(num_ranks, num_microbatches, v)
     info = next(i for i in _INFOS if i.name == canonical)
     build = _BUILDERS[canonical]
     return Plan(

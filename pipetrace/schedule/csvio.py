@@ -9,6 +9,8 @@ import csv
 import io
 from pathlib import Path
 
+from pipetrace.limits import check_plan_size
+
 from .ir import Plan, ScheduleError, Step, format_step, infer_placement, parse_step
 
 
@@ -59,6 +61,7 @@ def load_csv(path: str | Path, *, num_microbatches: int | None = None) -> Plan:
             if leaf.microbatch is not None
         ]
         num_microbatches = max(mbs) + 1 if mbs else 0
+    check_plan_size(len(rows), num_microbatches, -(-len(placement) // len(rows)))
     plan = Plan(num_microbatches, placement, rows, name=path.name, params={"csv": str(path)})
     # A rank that holds no stage (an all-empty trailing row was dropped) still exists
     # when the placement names it.

@@ -24,10 +24,12 @@ where, and every step's start and end time) does not depend on the worklist orde
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import defaultdict
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import accumulate, chain
 from operator import attrgetter
+
+import numpy as np
 
 from . import waitfor
 from .ir import FSDP_KINDS, Plan, Step, StepKind, format_step
@@ -52,9 +54,25 @@ CODES = {
 }
 _CODE_OF = {kind: CODES.get(kind, -1) for kind in StepKind}  # -1: FSDP and composite steps
 # by code: stage offset from a comm step to the stage at the other end of its message
-_OTHER_STAGE = (0, 0, 0, 0, -1, 1, 1, -1)
+_OTHER_STAGE = np.array([0, 0, 0, 0, -1, 1, 1, -1])
 
+_KIND = attrgetter("kind")
 _STAGE = attrgetter("stage")
+_MICROBATCH = attrgetter("microbatch")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramArrays:
+    """A program's per-step ints concatenated over ranks, with each step's rank. Int64, or
+    Python ints (dtype object) when an index of the plan is too large for int64."""
+
+    ranks: np.ndarray
+    ids: np.ndarray
+    keys: np.ndarray
+    peers: np.ndarray
+
+
+Indices = list[int] | np.ndarray  # stages or micro-batches of every step, as ints
 
 # per rank: step ids to check, and (index, id) of composite leaves (see Program.checked_ids)
 Checked = list[tuple[list[int], list[tuple[int, int]]]]
@@ -73,6 +91,10 @@ class Program:
     by its sender's step id plus one stage (never negative). ``peers`` is the rank at the
     other end by the plan's placement (``NO_PEER`` when there is none, ``NOT_COMM`` for a
     step that is not a SEND or RECV).
+
+    Callers may set a key to -1 after compiling (a message that is never posted), and the
+    executor reads them then. ``arrays`` holds the ids, keys and peers
+    over every step of every rank, for checks written as array operations.
     """
 
     plan: Plan
@@ -82,6 +104,7 @@ class Program:
     ids: list[list[int]]
     keys: list[list[int]]
     peers: list[list[int]]
+    arrays: ProgramArrays
 
     def stages_named(self) -> list[set[int | None]]:
         """Per rank, every stage index its steps and composite leaves name (as written)."""
@@ -142,42 +165,143 @@ class Program:
 def compile_plan(plan: Plan) -> Program:
     """Flatten a plan for :func:`execute` and the verifier's checks.
 
-    Written as list comprehensions over small-int tables: at ~4e5 steps, every per-step
-    operation counts. A step whose micro-batch is out of range gets id -2 and no key: it
-    is reported by the verifier and never blocks.
+    Each step's kind, stage and micro-batch are read once, into arrays over every step of
+    every rank; ids, keys and peers are array arithmetic on those, split back into per-rank
+    int lists (what the executor's loop indexes fastest). A step whose micro-batch is out of
+    range gets id -2 and no key: it is reported by the verifier and never blocks.
+
+    The last plan's program is kept (see `_Compiled`): the verifier and the simulator are
+    often run on one plan one after the other, and compiling ~4e5 steps is a large part of
+    either.
     """
+    last = _last
+    if last is not None and last.matches(plan):
+        return last.program
+    rows = [[s for s in row if s is not None] for row in plan.ranks]
+    steps = list(chain.from_iterable(rows))
+    codes = np.fromiter(map(_CODE_OF.__getitem__, map(_KIND, steps)), np.int64, len(steps))
+    stages, mbs = list(map(_STAGE, steps)), list(map(_MICROBATCH, steps))
+    if (codes < 0).any():  # FSDP steps name no micro-batch, composites no stage
+        stages = [0 if x is None else x for x in stages]
+        mbs = [0 if x is None else x for x in mbs]
+    return program_of(plan, rows, codes, stages, mbs)
+
+
+def program_of(
+    plan: Plan, rows: list[list[Step]], codes: np.ndarray, stages: Indices, mbs: Indices
+) -> Program:
+    """The program of ``plan`` from every step's code (see ``CODES``; -1 for FSDP and
+    composite steps), stage and micro-batch, over ``rows`` (its steps without bubbles)
+    concatenated; it becomes the kept program. For a caller that made the plan and so
+    knows these already (:func:`.lowering.lower`)."""
     stride = max(plan.num_microbatches, 1)
+    ids = _step_ids(codes, stages, mbs, stride)
+    comm = (ids >= 0) & ((ids & 4) != 0)
+    code = (ids & 7).astype(np.int64)
     stage_step = 8 * stride  # id distance between (s, m) and (s + 1, m)
     # by code: key = 2 * id + this; a message is named by its sender's id plus one stage
     # (so a recv from stage -1 still gets a key >= 0) and a recv's key is its send's + 1
-    key_shift = (0, 0, 0, 0, 5, 5 + 4 * stage_step, 2 * stage_step, 2 * stage_step)
-    num_ranks = plan.num_ranks
-    rank_of = {s: r for s, r in enumerate(plan.placement) if 0 <= r < num_ranks}
-    rows = [[s for s in row if s is not None] for row in plan.ranks]
-    program = Program(plan, stride, rows, [], [], [], [])
-    for row, steps in zip(plan.ranks, rows):
-        program.positions.append(
-            list(range(len(row)))
-            if len(steps) == len(row)
-            else [i for i, s in enumerate(row) if s is not None]
-        )
-        ids = [
-            ((s.stage * stride + m) * 8 + c if (m := s.microbatch) < stride else -2)
-            if (c := _CODE_OF[s.kind]) >= 0
-            else -1
-            for s in steps
-        ]
-        program.ids.append(ids)
-        program.keys.append([2 * k + key_shift[k & 7] if k >= 0 and k & 4 else -1 for k in ids])
-        program.peers.append(
-            [
-                rank_of.get(k // stage_step + _OTHER_STAGE[k & 7], NO_PEER)
-                if k >= 0 and k & 4
-                else NOT_COMM
-                for k in ids
-            ]
-        )
+    key_shift = np.array([0, 0, 0, 0, 5, 5 + 4 * stage_step, 2 * stage_step, 2 * stage_step])
+    keys = np.where(comm, 2 * ids + key_shift[code], -1)
+    peers = np.where(comm, _ranks_of(plan, ids // stage_step + _OTHER_STAGE[code]), NOT_COMM)
+    bounds = list(accumulate(map(len, rows), initial=0))
+
+    def per_rank(values: np.ndarray) -> list[list[int]]:
+        flat = values.tolist()
+        return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    positions = [
+        list(range(len(row)))
+        if len(steps) == len(row)
+        else [i for i, s in enumerate(row) if s is not None]
+        for row, steps in zip(plan.ranks, rows)
+    ]
+    ranks = np.repeat(np.arange(len(rows)), [len(steps) for steps in rows])
+    program = Program(
+        plan,
+        stride,
+        rows,
+        positions,
+        per_rank(ids),
+        per_rank(keys),
+        per_rank(peers),
+        ProgramArrays(ranks, ids, keys, peers),
+    )
+    _remember(plan, program)
     return program
+
+
+# Python ints this large or larger may overflow int64 in the id and key arithmetic.
+_INT64_SAFE = 1 << 58
+
+
+def _step_ids(codes: np.ndarray, stages: Indices, mbs: Indices, stride: int) -> np.ndarray:
+    """Every step's id (see ``CODES``): -1 for FSDP and composite steps, -2 when the
+    micro-batch is >= ``stride``. Int64 arrays, or arrays of Python ints when an index is
+    too large for int64 arithmetic (a hand-written plan may name any index)."""
+    stage, mb = _int_array(stages, stride), _int_array(mbs, stride)
+    ids = np.where(mb < stride, (stage * stride + mb) * 8 + codes, -2)
+    return np.where(codes < 0, -1, ids)
+
+
+def _int_array(values: Indices, stride: int) -> np.ndarray:
+    """Int64 when every id and key made from these indices fits, else Python ints."""
+    try:
+        array = np.array(values, dtype=np.int64)
+    except OverflowError:
+        return np.array(values, dtype=object)
+    if array.size and np.abs(array).max() >= _INT64_SAFE // (16 * stride):
+        return np.array(values, dtype=object)
+    return array
+
+
+def _ranks_of(plan: Plan, stages: np.ndarray) -> np.ndarray:
+    """The rank holding each stage, ``NO_PEER`` for a stage that does not exist or whose
+    placement names no rank of the plan."""
+    num_stages, num_ranks = plan.num_stages, plan.num_ranks
+    table = np.array(
+        [r if 0 <= r < num_ranks else NO_PEER for r in plan.placement] + [NO_PEER], np.int64
+    )
+    inside = (stages >= 0) & (stages < num_stages)
+    return table[np.where(inside, stages, num_stages).astype(np.int64)]
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """A plan, a copy of what its program was compiled from, and the program.
+
+    Steps are frozen, so a plan whose placement, micro-batch count and rows still equal
+    the copy (rows compare element by element, by identity first: a few milliseconds at
+    ~4e5 steps) compiles to the same program. Only the plan object it was made for may
+    reuse it, as the program refers back to its plan; and only while its keys are as
+    compiled (a caller may drop messages from its copy by setting keys to -1).
+    """
+
+    plan: Plan
+    num_microbatches: int
+    placement: tuple[int, ...]
+    rows: list[list[Step | None]]
+    keys: list[list[int]]
+    program: Program
+
+    def matches(self, plan: Plan) -> bool:
+        return (
+            plan is self.plan
+            and plan.num_microbatches == self.num_microbatches
+            and plan.placement == self.placement
+            and plan.ranks == self.rows
+            and self.program.keys == self.keys
+        )
+
+
+_last: _Compiled | None = None  # replaced whole, so threads never see half of one
+
+
+def _remember(plan: Plan, program: Program) -> None:
+    global _last
+    rows = [list(row) for row in plan.ranks]
+    keys = [list(row) for row in program.keys]
+    _last = _Compiled(plan, plan.num_microbatches, plan.placement, rows, keys, program)
 
 
 def with_messages(plan: Plan) -> Plan:
@@ -249,7 +373,7 @@ def execute(
     if semantics not in SEMANTICS:
         raise ValueError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
     state = _State.new(program, durations, transfer, fifo=semantics == "fifo")
-    _run(state, _eager_step if semantics == "eager" else _paired_step)
+    (_run_eager if semantics == "eager" else _run_paired)(state)
     return Outcome(program, semantics, state.cursor, state.start, state.end, state.mismatches)
 
 
@@ -268,9 +392,9 @@ class _State:
     cursor: list[int]
     clock: list[float]
     work: list[int]
-    in_flight: dict[int, float] = field(default_factory=dict)  # send key -> when receivable
+    in_flight: Slots  # by send key: when its message is receivable, or None
+    waiting: Slots  # by send key: the rank blocked receiving it, or -1
     extra: dict[int, list[float]] = field(default_factory=dict)  # duplicated messages' copies
-    waiting: dict[int, int] = field(default_factory=dict)  # send key -> the rank receiving it
     mismatches: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @classmethod
@@ -279,6 +403,7 @@ class _State:
     ) -> _State:
         keys = program.keys
         n = len(keys)
+        top = max((max(row, default=-1) for row in keys), default=-1) + 1
         return cls(
             keys,
             program.peers,
@@ -290,16 +415,77 @@ class _State:
             [0] * n,
             [0.0] * n,
             list(range(n - 1, -1, -1)),
+            *_slots(top, sum(map(len, keys))),
         )
 
 
-_BLOCKED = -1.0  # what a comm step function returns when the rank cannot go on (times >= 0)
+Slots = list | defaultdict  # indexed by message key; reading an unset key gives the default
 
 
-def _run(s: _State, comm_step: Callable[[_State, int, int, int, float], float]) -> None:
-    """Advance each rank on the worklist until it blocks or ends. Compute and FSDP steps
-    never block; ``comm_step(state, rank, index, key, t)`` runs a SEND or RECV begun at
-    ``t`` and returns when it ended, or ``_BLOCKED``."""
+def _slots(top: int, num_steps: int) -> tuple[Slots, Slots]:
+    """In-flight times and waiting ranks by message key: lists when the keys are small (a
+    plan with indices in range has keys below ~16 per step), else dicts with the same
+    defaults, so the executor's loop indexes either alike."""
+    if top <= 16 * num_steps + 64:
+        return [None] * top, [-1] * top
+    return defaultdict(lambda: None), defaultdict(lambda: -1)
+
+
+_BLOCKED = -1.0  # what `_paired_step` returns when the rank cannot go on (times are >= 0)
+
+
+def _run_eager(s: _State) -> None:
+    """Advance each rank on the worklist until it blocks at a recv or ends.
+
+    A send never blocks and wakes the rank waiting for its message; a recv waits until its
+    message was sent and has spent ``transfer`` on the wire. Compute and FSDP steps never
+    block. The comm steps are handled inline rather than by a per-step function: this loop
+    runs once per step of the plan (~4e5), and a call per comm step costs about a quarter of
+    the run.
+    """
+    keys, durations, start, end = s.keys, s.durations, s.start, s.end
+    cursor, clock, work = s.cursor, s.clock, s.work
+    in_flight, extra, waiting, transfer = s.in_flight, s.extra, s.waiting, s.transfer
+    while work:
+        rank = work.pop()
+        keys_r, dur_r, start_r, end_r = keys[rank], durations[rank], start[rank], end[rank]
+        t, n = clock[rank], len(keys_r)
+        for i in range(cursor[rank], n):
+            key = keys_r[i]
+            if key >= 0 and key & 1:  # a recv
+                ready = in_flight[key - 1]
+                if ready is None:
+                    waiting[key - 1] = rank
+                    break
+                in_flight[key - 1] = None
+                if extra and key - 1 in extra:
+                    _next_copy(in_flight, extra, key - 1)
+                start_r[i] = t
+                if ready > t:
+                    t = ready
+            elif key < 0:  # compute or FSDP
+                start_r[i] = t
+                t += dur_r[i]
+            else:  # a send
+                start_r[i] = t
+                ready = t + transfer
+                if in_flight[key] is None:
+                    in_flight[key] = ready
+                else:  # a duplicate
+                    extra.setdefault(key, []).append(ready)
+                woken = waiting[key]
+                if woken >= 0:
+                    waiting[key] = -1
+                    work.append(woken)
+            end_r[i] = t
+        else:
+            i = n  # ran to the end of its plan
+        cursor[rank], clock[rank] = i, t
+
+
+def _run_paired(s: _State) -> None:
+    """Rendezvous and fifo: advance each rank on the worklist until it blocks or ends;
+    a SEND or RECV goes on only when its peer is at the other end (see `_paired_step`)."""
     keys, durations, start, end = s.keys, s.durations, s.start, s.end
     cursor, clock, work = s.cursor, s.clock, s.work
     while work:
@@ -307,9 +493,8 @@ def _run(s: _State, comm_step: Callable[[_State, int, int, int, float], float]) 
         keys_r, dur_r, start_r, end_r = keys[rank], durations[rank], start[rank], end[rank]
         t, n = clock[rank], len(keys_r)
         for i in range(cursor[rank], n):
-            key = keys_r[i]
-            if key >= 0:
-                done = comm_step(s, rank, i, key, t)
+            if keys_r[i] >= 0:
+                done = _paired_step(s, rank, i, t)
                 if done == _BLOCKED:
                     break
                 t = done
@@ -322,35 +507,10 @@ def _run(s: _State, comm_step: Callable[[_State, int, int, int, float], float]) 
         cursor[rank], clock[rank] = i, t
 
 
-def _eager_step(s: _State, rank: int, i: int, key: int, t: float) -> float:
-    """A send never blocks and wakes the rank waiting for its message; a recv waits until
-    its message was sent and has spent ``transfer`` on the wire."""
-    in_flight, extra = s.in_flight, s.extra
-    if key & 1:
-        ready = in_flight.pop(key - 1, None)
-        if ready is None:
-            s.waiting[key - 1] = rank
-            return _BLOCKED
-        if extra and key - 1 in extra:
-            _next_copy(in_flight, extra, key - 1)
-        s.start[rank][i] = t
-        if ready > t:
-            t = ready
-    else:
-        s.start[rank][i] = t
-        ready = t + s.transfer
-        if in_flight.setdefault(key, ready) is not ready:  # a duplicate
-            extra.setdefault(key, []).append(ready)
-        woken = s.waiting.pop(key, -1)
-        if woken >= 0:
-            s.work.append(woken)
-    s.end[rank][i] = t
-    return t
-
-
-def _paired_step(s: _State, rank: int, i: int, key: int, t: float) -> float:
-    """Rendezvous and fifo: the step waits until the peer is at the other end; the pair
-    completes both ends at once, ``transfer`` after the later arrived, and wakes the peer."""
+def _paired_step(s: _State, rank: int, i: int, t: float) -> float:
+    """A SEND or RECV begun at ``t`` under rendezvous or fifo: it waits until the peer is at
+    the other end; the pair completes both ends at once, ``transfer`` after the later
+    arrived, and wakes the peer. Returns when it ended, or ``_BLOCKED``."""
     peer = s.peers[rank][i]
     if peer in (NO_PEER, rank):
         return _BLOCKED
@@ -360,7 +520,7 @@ def _paired_step(s: _State, rank: int, i: int, key: int, t: float) -> float:
     if s.fifo:
         if not _fifo_pairs(s, rank, i, peer, j):
             return _BLOCKED
-    elif s.keys[peer][j] != key ^ 1:
+    elif s.keys[peer][j] != s.keys[rank][i] ^ 1:
         return _BLOCKED
     other = s.clock[peer]
     done = (t if t > other else other) + s.transfer
@@ -382,7 +542,7 @@ def _fifo_pairs(s: _State, rank: int, i: int, peer: int, j: int) -> bool:
     return True
 
 
-def _next_copy(in_flight: dict[int, float], extra: dict[int, list[float]], key: int) -> None:
+def _next_copy(in_flight: Slots, extra: dict[int, list[float]], key: int) -> None:
     """A duplicated message: the next copy becomes receivable."""
     in_flight[key] = extra[key].pop(0)
     if not extra[key]:

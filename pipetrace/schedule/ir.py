@@ -53,7 +53,7 @@ class ScheduleError(ValueError):
     """A schedule, action string or schedule file that cannot be understood or built."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Step:
     """One step of a rank's plan.
 
@@ -65,6 +65,20 @@ class Step:
     stage: int | None = None
     microbatch: int | None = None
     sub_steps: tuple[Step, ...] = ()
+
+    def __init__(
+        self,
+        kind: StepKind,
+        stage: int | None = None,
+        microbatch: int | None = None,
+        sub_steps: tuple[Step, ...] = (),
+    ) -> None:
+        # A frozen dataclass's own __init__ assigns through object.__setattr__ by name; the
+        # slot setters do the same at half the cost, and a lowered plan makes ~4e5 steps.
+        _set_kind(self, kind)
+        _set_stage(self, stage)
+        _set_microbatch(self, microbatch)
+        _set_sub_steps(self, sub_steps)
 
     def __str__(self) -> str:
         return format_step(self)
@@ -84,6 +98,12 @@ class Step:
                 yield from sub.leaves()
         else:
             yield self
+
+
+_set_kind = Step.kind.__set__  # type: ignore[attr-defined]  # slot descriptors
+_set_stage = Step.stage.__set__  # type: ignore[attr-defined]
+_set_microbatch = Step.microbatch.__set__  # type: ignore[attr-defined]
+_set_sub_steps = Step.sub_steps.__set__  # type: ignore[attr-defined]
 
 
 def F(stage: int, mb: int) -> Step:

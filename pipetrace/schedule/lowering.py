@@ -9,9 +9,14 @@ the makespan, which keeps plans of ~10^5 steps well inside the CLI's time budget
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate, chain, repeat
+from operator import attrgetter
+
+import numpy as np
 
 from pipetrace.gc_pause import gc_paused
 
+from .execution import CODE_RECV_F, CODE_SEND_F, program_of
 from .ir import Plan, ScheduleError, Step, StepKind, format_step
 
 # Step costs. The unit grid draws the classic staircase; the timed costs (a full backward
@@ -25,12 +30,18 @@ _KF, _KB, _KI, _KW = StepKind.F, StepKind.B, StepKind.I, StepKind.W
 _SEND_F, _RECV_F = StepKind.SEND_F, StepKind.RECV_F
 _SEND_B, _RECV_B = StepKind.SEND_B, StepKind.RECV_B
 _MB_BITS = 32
+_LEAF_KIND, _LEAF_STAGE = attrgetter("kind"), attrgetter("stage")
+_LEAF_MICROBATCH = attrgetter("microbatch")
+_KINDS = (_KF, _KB, _KI, _KW)  # the compute kinds, by index
+_KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 
 
 # Event keys: one int per (stage, micro-batch, what): the activation F(s, m) produced (even
 # key), or the input gradient of stage s produced by B(s, m) or I(s, m) (the odd key next to it).
 # Ints keep the hot loop cheap.
 _ONE_STAGE = 1 << (_MB_BITS + 1)  # key distance from (s, m) to (s + 1, m)
+# An op's missing input (always available, at time 0) and missing output (never needed).
+_NONE, _NOTHING = -(1 << 62), -(1 << 62) + 1
 
 
 def _describe_event(key: int) -> str:
@@ -49,21 +60,20 @@ class _Run:
     steps: list[list[Step]]
     starts: list[list[int]]
     ends: list[list[int]]
+    leaves: _Leaves
 
 
-def _leaf_op(leaf: Step, last_stage: int, costs: dict[StepKind, int]) -> Op:
-    """What a compute step waits for and produces (see the event keys above)."""
-    kind, stage, mb = leaf.kind, leaf.stage, leaf.microbatch
-    assert stage is not None and mb is not None  # _compile checked every leaf
-    activation = ((stage << _MB_BITS) | mb) << 1
-    if kind is _KF:
-        return ((activation - _ONE_STAGE,) if stage else ()), (activation,), costs[kind]
-    if kind is _KW:
-        return (activation | 1,), (), costs[kind]
-    # B or I: the stage's own forward, and the output gradient from the next stage
-    if stage < last_stage:
-        return (activation, (activation + _ONE_STAGE) | 1), (activation | 1,), costs[kind]
-    return (activation,), (activation | 1,), costs[kind]
+@dataclass(slots=True)
+class _Leaves:
+    """Every leaf of a compute plan (a step, or a composite's part), in plan order: the
+    step it belongs to (its index over every rank's steps), its rank, kind (index into
+    ``_KINDS``), stage and micro-batch (int64, or Python ints when int64 could overflow)."""
+
+    owner: np.ndarray
+    rank: np.ndarray
+    kind: np.ndarray
+    stage: np.ndarray
+    microbatch: np.ndarray
 
 
 def _reject(plan: Plan, rank: int, position: int, step: Step, leaf: Step) -> None:
@@ -85,37 +95,135 @@ def _reject(plan: Plan, rank: int, position: int, step: Step, leaf: Step) -> Non
     raise ScheduleError(f"{where}: stage {stage} is placed on {owner}")
 
 
-def _compile(plan: Plan, costs: dict[StepKind, int]) -> tuple[list[list[Step]], list[list[Op]]]:
-    """Each rank's steps (bubbles dropped) and, in parallel, their ops."""
-    last_stage = plan.num_stages - 1
-    placement = plan.placement
-    all_steps: list[list[Step]] = []
-    all_ops: list[list[Op]] = []
-    for rank, row in enumerate(plan.ranks):
-        steps: list[Step] = []
-        ops: list[Op] = []
-        for position, step in enumerate(row):
-            if step is None:
-                continue
-            leaves = step.sub_steps or (step,)
-            for leaf in leaves:
-                stage = leaf.stage
-                if (
-                    leaf.kind not in costs
-                    or leaf.microbatch is None
-                    or stage is None
-                    or not 0 <= stage <= last_stage
-                    or placement[stage] != rank
-                ):
-                    _reject(plan, rank, position, step, leaf)
-            if len(leaves) == 1:
-                ops.append(_leaf_op(step, last_stage, costs))
-            else:
-                ops.append(_merge_ops([_leaf_op(leaf, last_stage, costs) for leaf in leaves]))
-            steps.append(step)
-        all_steps.append(steps)
-        all_ops.append(ops)
-    return all_steps, all_ops
+@dataclass(slots=True)
+class _Compiled:
+    """Each rank's steps (bubbles dropped) and, in parallel, their ops, whose event keys
+    are numbered 0..; ``events[k]`` is event k's key and ``none`` the number of `_NONE`."""
+
+    steps: list[list[Step]]
+    ops: list[list[Op]]
+    events: list[int]
+    none: int
+    leaves: _Leaves
+
+
+def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
+    """Each rank's steps (bubbles dropped) and, in parallel, their ops.
+
+    Computed over every leaf (a step, or a composite's part) at once, with arrays: an F
+    needs the previous stage's activation and makes its own; a B or I needs its forward's
+    activation and the next stage's input gradient, and makes its own; a W needs the
+    gradient its I made. A missing input or output is a sentinel key (`_NONE`,
+    `_NOTHING`), so every simple step's op has two needs and one make.
+    """
+    rows = [[step for step in row if step is not None] for row in plan.ranks]
+    steps = list(chain.from_iterable(rows))
+    leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
+    owner = np.repeat(np.arange(len(steps)), [len(step.sub_steps) or 1 for step in steps])
+    ranks = np.repeat(np.arange(len(rows)), [len(row) for row in rows])[owner]
+    kind = np.fromiter(map(_KIND_INDEX.get, map(_LEAF_KIND, leaves), repeat(-1)), np.int64)
+    num_stages = plan.num_stages
+    stage = np.array(
+        [x if x is not None and 0 <= x < num_stages else -1 for x in map(_LEAF_STAGE, leaves)],
+        dtype=np.int64,
+    )  # -1: no stage of the plan
+    mb = list(map(_LEAF_MICROBATCH, leaves))
+    placed = np.array([*plan.placement, -1], dtype=np.int64)  # by stage; -1 for stage -1
+    bad = (kind < 0) | (placed[stage] != ranks)
+    if None in mb:
+        bad |= np.fromiter((x is None for x in mb), bool, len(mb))
+    if bad.any():
+        first = int(np.argmax(bad))
+        _reject_leaf(plan, int(ranks[first]), steps[owner[first]], leaves[first])
+    microbatch = _microbatches(mb)
+    (first_need, second_need, make), events, none = _numbered_events(
+        kind, stage, microbatch, num_stages, plan.num_microbatches
+    )
+    cost_of = np.array([costs[k] for k in _KINDS], dtype=np.int64)
+    ops: list[Op] = list(
+        zip(
+            zip(first_need.tolist(), second_need.tolist()),
+            zip(make.tolist()),
+            cost_of[kind].tolist(),
+        )
+    )
+    if len(leaves) != len(steps):
+        ops = _merged(ops, owner.tolist(), len(steps))
+    bounds = list(accumulate(map(len, rows), initial=0))
+    per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
+    leaf_table = _Leaves(owner, ranks, kind, stage, microbatch)
+    return _Compiled(rows, per_rank, events, none, leaf_table)
+
+
+Events = tuple[np.ndarray, np.ndarray, np.ndarray]  # per leaf: first need, second, make
+
+
+def _numbered_events(
+    kind: np.ndarray, stage: np.ndarray, mb: np.ndarray, num_stages: int, num_mbs: int
+) -> tuple[Events, list[int], int]:
+    """Each leaf's needs and make as event numbers 0.., every event's key (see above) by
+    number, and the number of `_NONE`. With micro-batches in range the numbers are
+    computed, ``2 * (stage * M + mb) + 1`` for an activation; otherwise the keys are
+    numbered in sorted order."""
+    last = num_stages - 1
+    if mb.dtype != object and mb.min(initial=0) >= 0 and mb.max(initial=-1) < num_mbs:
+        size = 2 * num_stages * num_mbs
+        activation = (stage * num_mbs + mb) * 2 + 1
+        numbered = _needs_and_makes(kind, stage, activation, 2 * num_mbs, (0, size + 1), last)
+        both = np.arange(size) >> 1
+        keys = (((both // num_mbs) << _MB_BITS) | (both % num_mbs)) << 1
+        return numbered, [_NONE, *(keys + (np.arange(size) & 1)).tolist(), _NOTHING], 0
+    activation = ((stage.astype(mb.dtype) << _MB_BITS) | mb) << 1
+    keyed = _needs_and_makes(kind, stage, activation, _ONE_STAGE, (_NONE, _NOTHING), last)
+    events, dense = np.unique(np.concatenate([[_NONE], *keyed]), return_inverse=True)
+    first_need, second_need, make = np.split(dense[1:], 3)
+    return (first_need, second_need, make), events.tolist(), int(dense[0])
+
+
+def _needs_and_makes(
+    kind: np.ndarray,
+    stage: np.ndarray,
+    activation: np.ndarray,
+    one_stage: int,
+    sentinels: tuple[int, int],
+    last: int,
+) -> Events:
+    """The event an F needs (the previous stage's activation) and makes (its own); a B or I
+    needs its forward's activation and the next stage's input gradient and makes its own
+    gradient (activation + 1); a W needs its I's gradient. ``sentinels``: what stands for
+    no input (`_NONE`) and no output (`_NOTHING`)."""
+    none, nothing = sentinels
+    is_f, is_w = kind == _KIND_INDEX[_KF], kind == _KIND_INDEX[_KW]
+    before = np.where(stage > 0, activation - one_stage, none)
+    grad_from_next = np.where(stage < last, activation + one_stage + 1, none)
+    first_need = np.where(is_f, before, np.where(is_w, activation + 1, activation))
+    second_need = np.where(is_f | is_w, none, grad_from_next)
+    make = np.where(is_f, activation, np.where(is_w, nothing, activation + 1))
+    return first_need, second_need, make
+
+
+def _microbatches(mb: list[int]) -> np.ndarray:
+    """Int64, or Python ints (dtype object) where the event keys could overflow int64."""
+    try:
+        array = np.array(mb, dtype=np.int64)
+    except OverflowError:
+        return np.array(mb, dtype=object)
+    return array if np.abs(array).max(initial=0) < 1 << 29 else np.array(mb, dtype=object)
+
+
+def _merged(ops: list[Op], owner: list[int], num_steps: int) -> list[Op]:
+    """Per step, its leaves' ops merged: a composite waits for every part's inputs, makes
+    every part's outputs and lasts as long as its longest part."""
+    parts: list[list[Op]] = [[] for _ in range(num_steps)]
+    for op, step in zip(ops, owner):
+        parts[step].append(op)
+    return [part[0] if len(part) == 1 else _merge_ops(part) for part in parts]
+
+
+def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
+    """`_reject` for the first leaf the simulation cannot interpret, found by position."""
+    position = next(i for i, s in enumerate(plan.ranks[rank]) if s is step)
+    _reject(plan, rank, position, step, leaf)
 
 
 def _merge_ops(parts: list[Op]) -> Op:
@@ -132,10 +240,12 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
     so each step is examined a bounded number of times. Raises ScheduleError naming every
     rank that can never finish.
     """
-    all_steps, all_ops = _compile(plan, costs)
+    compiled = _compile(plan, costs)
+    all_steps, all_ops = compiled.steps, compiled.ops
     num_ranks = len(all_ops)
-    done: dict[int, int] = {}  # event key -> time it becomes available
-    parked: dict[int, list[int]] = {}  # event key -> ranks waiting for it
+    done: list[int | None] = [None] * len(compiled.events)  # event -> when available
+    done[compiled.none] = 0  # `_NONE`: an input a step does not have
+    parked: list[list[int] | None] = [None] * len(compiled.events)  # event -> ranks waiting
     position = [0] * num_ranks
     free_at = [0] * num_ranks
     starts: list[list[int]] = [[] for _ in range(num_ranks)]
@@ -149,9 +259,13 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
             needs, makes, cost = ops[i]
             start = now
             for key in needs:
-                ready = done.get(key)
+                ready = done[key]
                 if ready is None:
-                    parked.setdefault(key, []).append(rank)
+                    waiting = parked[key]
+                    if waiting is None:
+                        parked[key] = [rank]
+                    else:
+                        waiting.append(rank)
                     break
                 if ready > start:
                     start = ready
@@ -161,33 +275,31 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
                 rank_ends.append(now)
                 for key in makes:
                     done[key] = now
-                    waiting = parked.pop(key, None)
+                    waiting = parked[key]
                     if waiting:
                         runnable.extend(waiting)
+                        parked[key] = None
                 i += 1
                 continue
             break
         position[rank], free_at[rank] = i, now
     stuck = [r for r in range(num_ranks) if position[r] < len(all_ops[r])]
     if stuck:
-        raise ScheduleError(_stuck_message(all_steps, all_ops, position, done, stuck))
-    return _Run(all_steps, starts, ends)
+        raise ScheduleError(_stuck_message(compiled, position, done, stuck))
+    return _Run(all_steps, starts, ends, compiled.leaves)
 
 
 def _stuck_message(
-    all_steps: list[list[Step]],
-    all_ops: list[list[Op]],
-    position: list[int],
-    done: dict[int, int],
-    stuck: list[int],
+    compiled: _Compiled, position: list[int], done: list[int | None], stuck: list[int]
 ) -> str:
     lines = []
     for rank in stuck:
         i = position[rank]
-        missing = [_describe_event(k) for k in all_ops[rank][i][0] if k not in done]
+        needs = compiled.ops[rank][i][0]
+        missing = [_describe_event(compiled.events[k]) for k in needs if done[k] is None]
         lines.append(
             f"rank {rank} waits forever at its compute step {i} "
-            f"({format_step(all_steps[rank][i])}) for {', '.join(missing)}"
+            f"({format_step(compiled.steps[rank][i])}) for {', '.join(missing)}"
         )
     return "the compute plan cannot run to the end (deadlock): " + "; ".join(lines)
 
@@ -221,67 +333,83 @@ def lower(plan: Plan, *, fsdp: bool = False) -> Plan:
     sees its messages in the same order on both sides.
     """
     with gc_paused():
-        lowered = _add_messages(plan)
+        lowered = _add_messages(plan, keep_program=not fsdp)
         return add_fsdp_steps(lowered) if fsdp else lowered
 
 
-# Sort keys are (2 * time + [0 message | 1 compute]) * _SEQ_SPAN + message number, packed in
-# one int; no plan has anywhere near 2**40 messages.
-_SEQ_SPAN = 1 << 40
-
-# How a compute step's output leaves its rank: per stage, the peer rank (-1: none, as there is
-# no neighbour stage or it lives on the same rank), the send and receive kinds, and the stage
-# the receive belongs to relative to the sender's.
-Route = tuple[list[int], StepKind, StepKind, int]
-
-
-def _message_routes(placement: tuple[int, ...]) -> dict[StepKind, Route]:
-    last = len(placement) - 1
-    to_next = [
-        placement[s + 1] if s < last and placement[s + 1] != placement[s] else -1
-        for s in range(last + 1)
-    ]
-    to_prev = [
-        placement[s - 1] if s > 0 and placement[s - 1] != placement[s] else -1
-        for s in range(last + 1)
-    ]
-    backward: Route = (to_prev, _SEND_B, _RECV_B, -1)
-    return {_KF: (to_next, _SEND_F, _RECV_F, 1), _KB: backward, _KI: backward}
+# How a compute leaf's output leaves its rank, by leaf kind: the route row (0: to the next
+# stage, activations; 1: to the previous stage, input gradients; -1: none, a W produces
+# nothing another stage needs).
+_ROUTES = np.array([0, 1, 1, -1])  # by index into `_KINDS`
+_SEND_CODE, _RECV_CODE = CODE_SEND_F, CODE_RECV_F  # plus the route: the executor's codes
+_SEND_KINDS = np.array([_SEND_F, _SEND_B], dtype=object)  # by route
+_RECV_KINDS = np.array([_RECV_F, _RECV_B], dtype=object)
+_RECV_STAGE = np.array([1, -1])  # the receiving stage, relative to the sender's
 
 
-def _add_messages(plan: Plan) -> Plan:
+def _neighbour_ranks(placement: tuple[int, ...]) -> np.ndarray:
+    """Per route and stage, the rank the message goes to: -1 when there is no neighbour
+    stage or it lives on the same rank (no message then)."""
+    ranks = np.array(placement, dtype=np.int64)
+    to_next = np.full(len(ranks), -1, dtype=np.int64)
+    to_prev = np.full(len(ranks), -1, dtype=np.int64)
+    to_next[:-1] = np.where(ranks[1:] != ranks[:-1], ranks[1:], -1)
+    to_prev[1:] = np.where(ranks[:-1] != ranks[1:], ranks[:-1], -1)
+    return np.stack([to_next, to_prev])
+
+
+def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
+    """Simulate the compute plan, then place every message and compute step by its stamp.
+
+    Every compute step and both ends of every message are one entry: (rank, time, 1 for
+    compute or 0 for a message, message number). One sort of all entries by rank, time,
+    kind and number gives every rank's new list; it is done on arrays, as the plan has
+    ~4e5 entries. With ``keep_program`` the entries' codes, stages and micro-batches, known
+    here, also give the lowered plan's compiled program (`execution.program_of`), which
+    the verifier and the simulator then reuse instead of reading every step back.
+    """
     run = _simulate(plan, _TIMED_COSTS)
-    routes = _message_routes(plan.placement)
-    # Per rank, parallel lists of sort keys and steps (no pair tuples: fewer objects to track).
-    keys: list[list[int]] = [[] for _ in range(plan.num_ranks)]
-    items: list[list[Step]] = [[] for _ in range(plan.num_ranks)]
-    seq = 0
-    for rank, (steps, starts, ends) in enumerate(zip(run.steps, run.starts, run.ends, strict=True)):
-        my_keys, my_items = keys[rank], items[rank]
-        for step, start, end in zip(steps, starts, ends, strict=True):
-            my_keys.append((2 * start + 1) * _SEQ_SPAN)
-            my_items.append(step)
-            for leaf in step.sub_steps or (step,):
-                route = routes.get(leaf.kind)
-                if route is None:  # a W produces nothing another stage needs
-                    continue
-                peers, send_kind, recv_kind, offset = route
-                stage, mb = leaf.stage, leaf.microbatch
-                assert stage is not None  # _compile checked every leaf
-                peer = peers[stage]
-                if peer < 0:
-                    continue
-                seq += 1
-                key = 2 * end * _SEQ_SPAN + seq
-                my_keys.append(key)
-                my_items.append(Step(send_kind, stage, mb))
-                keys[peer].append(key)
-                items[peer].append(Step(recv_kind, stage + offset, mb))
-    rows: list[list[Step | None]] = []
-    for rank_keys, rank_items in zip(keys, items, strict=True):
-        order = sorted(range(len(rank_keys)), key=rank_keys.__getitem__)
-        rows.append([rank_items[i] for i in order])
-    return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+    leaves = run.leaves
+    steps = list(chain.from_iterable(run.steps))
+    step_rank = np.repeat(np.arange(plan.num_ranks), [len(row) for row in run.steps])
+    route = _ROUTES[leaves.kind]
+    peer = np.where(route >= 0, _neighbour_ranks(plan.placement)[route, leaves.stage], -1)
+    sent = np.flatnonzero(peer >= 0)  # the leaves that send a message, in plan order
+    route, stage, peer = route[sent], leaves.stage[sent], peer[sent]
+    mb = leaves.microbatch[sent]
+    recv_stage = stage + _RECV_STAGE[route]
+    mbs = mb.tolist()
+    sends = list(map(Step, _SEND_KINDS[route].tolist(), stage.tolist(), mbs))
+    recvs = list(map(Step, _RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs))
+    message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))
+    message_time = message_time[leaves.owner[sent]]
+    number = np.arange(1, len(sent) + 1)
+    entry_rank = np.concatenate([step_rank, step_rank[leaves.owner[sent]], peer])
+    entry_time = np.concatenate(
+        [
+            np.fromiter(chain.from_iterable(run.starts), np.int64, len(steps)),
+            message_time,
+            message_time,
+        ]
+    )
+    entry_kind = np.concatenate([np.ones(len(steps), np.int64), np.zeros(2 * len(sent), np.int64)])
+    entry_number = np.concatenate([np.zeros(len(steps), np.int64), number, number])
+    order = np.lexsort((entry_number, entry_kind, entry_time, entry_rank))
+    items = list(map((steps + sends + recvs).__getitem__, order.tolist()))
+    bounds = np.cumsum(np.bincount(entry_rank, minlength=plan.num_ranks)).tolist()
+    rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
+    lowered = Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+    if keep_program:
+        simple = np.bincount(leaves.owner, minlength=len(steps)) == 1
+        leaf = np.searchsorted(leaves.owner, np.arange(len(steps)))  # each step's first leaf
+        codes = np.where(simple, leaves.kind[leaf], -1)  # _KINDS is in CODES order
+        fields = [
+            np.concatenate([codes, _SEND_CODE + route, _RECV_CODE + route])[order],
+            np.concatenate([np.where(simple, leaves.stage[leaf], 0), stage, recv_stage])[order],
+            np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
+        ]
+        program_of(lowered, [list(row) for row in rows], *fields)  # type: ignore[arg-type]
+    return lowered
 
 
 # ---------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
 
+import numpy as np
+
 from pipetrace.records import JsonRecord, record_json
 
 from .execution import (
@@ -346,6 +348,8 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
     available (the comms are implicit). Each step id is compared by arithmetic with the
     first index of its inputs' ids on the same rank.
     """
+    if _dependencies_met(program, checked, comms):
+        return []
     plan = program.plan
     one_stage = 8 * program.mb_stride
     last_stage = one_stage * (plan.num_stages - 1)
@@ -396,6 +400,67 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
     return findings
 
 
+def _dependencies_met(program: Program, checked: Checked, comms: bool) -> bool:
+    """Whether `_check_dependencies` finds nothing, decided with arrays: what it finds for
+    nearly every plan. False (the loop then says what is wrong) whenever a step may run
+    too early, and for plans the tables below cannot describe: composite steps,
+    out-of-range indices, or a step id present twice.
+
+    With every id present once, a table over the id space gives each id's index and rank;
+    an input that is absent, or on another rank, counts as "never" (after every step).
+    """
+    arrays, plan = program.arrays, program.plan
+    if arrays.ids.dtype == object or any(
+        leaves or ids is not compiled for (ids, leaves), compiled in zip(checked, program.ids)
+    ):
+        return False
+    ids, ranks = arrays.ids, arrays.ranks
+    one_stage = 8 * program.mb_stride
+    span = one_stage * (plan.num_stages + 2)  # every id looked up, shifted by one stage
+    present = ids >= 0
+    slot = ids[present] + one_stage
+    if np.bincount(slot, minlength=span).max(initial=0) > 1:
+        return False
+    lengths = list(map(len, program.ids))
+    index = np.arange(len(ids)) - np.repeat(np.cumsum([0, *lengths])[:-1], lengths)
+    never = np.iinfo(np.int64).max
+    at_index, on_rank = np.full(span, never), np.full(span, -1)
+    at_index[slot], on_rank[slot] = index[present], ranks[present]
+
+    def before(wanted: np.ndarray) -> np.ndarray:
+        """Whether the step with id ``wanted`` comes earlier on each step's own rank."""
+        at = np.clip(wanted + one_stage, 0, span - 1)
+        return (on_rank[at] == ranks) & (at_index[at] < index)
+
+    code, stage = ids & 7, ids // one_stage
+    base = ids - code
+    holder = np.array([*plan.placement, -2, -2])  # by stage, -2 past the last one
+    prev_here = holder[np.clip(stage - 1, -1, plan.num_stages)] == ranks
+    next_here = holder[np.clip(stage + 1, 0, plan.num_stages)] == ranks
+    sent = np.where(
+        code == CODE_SEND_F,
+        before(ids - CODE_SEND_F),
+        before(base + CODE_B) | before(base + CODE_I),
+    )
+    forward = (stage == 0) | before(ids + CODE_RECV_F) | before(ids - one_stage)
+    forward |= not comms and ~prev_here
+    own = np.where(code == CODE_W, ids - 1, base)  # the I a W needs, the F a B or I needs
+    own_ok = ~((on_rank[own + one_stage] == ranks) & (at_index[own + one_stage] >= index))
+    grad = (
+        (stage == plan.num_stages - 1)
+        | before(base + CODE_RECV_B)
+        | before(base + one_stage + CODE_B)
+        | before(base + one_stage + CODE_I)
+    )
+    grad |= not comms and ~next_here
+    ok = np.select(
+        [code == CODE_F, (code == CODE_B) | (code == CODE_I), code == CODE_W, code >= CODE_SEND_F],
+        [forward, own_ok & grad, own_ok, sent],
+        default=True,
+    )
+    return bool(ok[present].all())
+
+
 def _dependency(program: Program, rank: int, index: int, step_id: int, need: str) -> Finding:
     """The finding for a step that ran before what it needs (built only on failure)."""
     one_stage = 8 * program.mb_stride
@@ -412,6 +477,8 @@ def _dependency(program: Program, rank: int, index: int, step_id: int, need: str
 
 def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
     """Exactly one F and one B (or one I plus one W) per (stage, micro-batch), by counting."""
+    if _covered_once(program, checked):
+        return []
     plan, stride = program.plan, program.mb_stride
     counts: Counter[int] = Counter()
     for ids, leaves in checked:  # -1 & 7 is 7: skipped ids never count
@@ -471,6 +538,29 @@ def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
     return findings
 
 
+def _covered_once(program: Program, checked: Checked) -> bool:
+    """Whether every (stage, micro-batch) has one F and either one B or one I and one W,
+    and nothing else: what `_check_coverage` finds for nearly every plan, decided by
+    counting ids in an array. False when the plan has composite steps or out-of-range
+    indices (then the checked ids differ from the compiled ones) or anything is missing."""
+    plan, arrays = program.plan, program.arrays
+    if (
+        program.mb_stride != plan.num_microbatches
+        or arrays.ids.dtype == object
+        or any(
+            leaves or ids is not compiled for (ids, leaves), compiled in zip(checked, program.ids)
+        )
+    ):
+        return False
+    ids = arrays.ids[(arrays.ids >= 0) & ((arrays.ids & 7) <= CODE_W)]
+    size = plan.num_stages * program.mb_stride
+    counts = np.bincount(ids, minlength=size * 8).reshape(size, 8)
+    f, b, i, w = (counts[:, code] for code in (CODE_F, CODE_B, CODE_I, CODE_W))
+    split = (b == 0) & (i == 1) & (w == 1)
+    full = (b == 1) & (i == 0) & (w == 0)
+    return bool(counts.max(initial=0) <= 1 and (f == 1).all() and (full | split).all())
+
+
 # ---------------------------------------------------------------------------------------
 # Communication pairing and channel order
 # ---------------------------------------------------------------------------------------
@@ -482,13 +572,18 @@ def _check_comms(program: Program, semantics: str) -> list[Finding]:
     Messages are compared by id (see ``Program.comm_refs``), which names the destination
     rank, so a recv on a rank other than the one its sender targets counts as missing.
     """
+    findings = [
+        finding
+        for rank, peers in enumerate(program.peers)
+        if NO_PEER in peers
+        for finding in _unknown_peers(program, rank)
+    ]
+    if _comms_in_order(program):
+        return findings
     per_message = program.plan.num_ranks + 1
-    findings = []
     messages: tuple[list[int], list[int]] = ([], [])  # every send's and recv's message id
     lanes: tuple[dict, dict] = ({}, {})  # (src, dst, direction) -> message ids in order
     for rank, (keys, peers) in enumerate(zip(program.keys, program.peers)):
-        if NO_PEER in peers:
-            findings.extend(_unknown_peers(program, rank))
         comm = [(k, p) for k, p in zip(keys, peers) if p >= 0]  # with a rank at the other end
         for side in (0, 1):
             chosen = [(k >> 1, p) for k, p in comm if k & 1 == side]
@@ -510,6 +605,42 @@ def _check_comms(program: Program, semantics: str) -> list[Finding]:
                 finding.severity = "warning" if semantics == "eager" else "error"
                 findings.append(finding)
     return findings
+
+
+def _comms_in_order(program: Program) -> bool:
+    """Whether every message has exactly one send and one recv and every channel receives
+    in the order it sends: what `_check_comms` finds for nearly every plan, decided with
+    array sorts. Only when this is False do the per-rank lists name what is wrong.
+
+    Messages and channels are those of `_check_comms`: a message id names the destination
+    rank, a channel is (source rank, destination rank, direction). Sorting each side stably
+    by channel keeps every channel's messages in its rank's order.
+    """
+    arrays = program.arrays
+    if arrays.keys.dtype == object:
+        return False  # indices beyond int64: leave it to the exact lists
+    comm = arrays.peers >= 0  # a SEND or RECV with a rank at the other end
+    keys, peers, ranks = arrays.keys[comm], arrays.peers[comm], arrays.ranks[comm]
+    recv = (keys & 1) == 1
+    num_ranks = program.plan.num_ranks
+    message = keys >> 1
+    ident = message * (num_ranks + 1) + np.where(recv, ranks, peers)
+    lane = (np.where(recv, peers, ranks) * num_ranks + np.where(recv, ranks, peers)) * 2 + (
+        message & 1
+    )
+    sides = []
+    for chosen in (~recv, recv):
+        order = np.argsort(lane[chosen], kind="stable")
+        sides.append((lane[chosen][order], ident[chosen][order]))
+    (send_lanes, sent), (recv_lanes, received) = sides
+    if len(sent) != len(received):
+        return False
+    once = np.sort(sent)
+    return bool(
+        (once[1:] != once[:-1]).all()
+        and np.array_equal(send_lanes, recv_lanes)
+        and np.array_equal(sent, received)
+    )
 
 
 def _unknown_peers(program: Program, rank: int) -> list[Finding]:

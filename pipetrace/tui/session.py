@@ -20,6 +20,7 @@ from pipetrace.analyze.analysis import Analysis, analyze
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import Run
+from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.tui.lanes import STEPS
 from pipetrace.tui.plan_lane import PlannedRun, planned_run
 from pipetrace.tui.timeline_index import TimelineIndex
@@ -67,6 +68,8 @@ def open_session(
     run = load_run(
         path, progress=lambda done, total: report("reading", done, total), workers=workers
     )
+    if not any(rank.events for rank in run.ranks):
+        raise TraceFormatError(f"{path}: nothing to show: no rank log holds an event")
     report("analyzing", 0, 1)
     analysis = analyze(run)
     report("indexing", 0, 1)

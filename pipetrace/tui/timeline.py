@@ -174,6 +174,8 @@ class TimelineView(ScrollView, can_focus=True):
         dt = vp.span / max(vp.columns, 1)
         if columns <= 0:
             return Strip(gutter)
+        if not len(lane.cat):  # a rank whose log holds no step or op: nothing to look up
+            return Strip([*gutter, Segment(" " * columns, BLANK_STYLE)])
         cells = lane.columns(vp.start, dt, columns)
         cat, second = cells.cat.astype(np.int64), cells.second.astype(np.int64)
         owner = cells.item.copy()  # the item each column shows (-1: none, or zoomed out)

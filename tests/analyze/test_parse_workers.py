@@ -1,12 +1,13 @@
 """Parsing workers: capped at the logs and the usable CPUs, and never left behind.
 
-The rank logs here are named pipes nobody writes to: a worker that opens one blocks for good,
-so the parent is certainly still loading when it is killed, whatever the machine's speed.
+The rank logs here are a header followed by a sparse hole of 1 TiB of zero bytes: a worker
+reads through it for minutes (it is one over-long line, skipped without being kept), so the
+parent is certainly still loading when it is killed, whatever the machine's speed, while the
+files take no disk space.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import subprocess
@@ -30,12 +31,15 @@ def test_worker_count_never_exceeds_the_logs_or_the_cpus():
 
 
 def _blocking_run(tmp_path: Path) -> Path:
-    """A 3-rank run directory whose rank logs are FIFOs with no writer."""
+    """A 3-rank run directory whose rank logs take minutes to read (see the module doc)."""
     run = tmp_path / "run"
     run.mkdir()
     shutil.copy(SAMPLE / fmt.META_FILE, run / fmt.META_FILE)
     for rank in range(3):
-        os.mkfifo(fmt.rank_log_path(run, rank))
+        log = fmt.rank_log_path(run, rank)
+        with open(SAMPLE / fmt.rank_log_name(rank), "rb") as source, open(log, "wb") as out:
+            out.write(source.readline())
+            out.truncate(1 << 40)
     return run
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from collections import Counter, defaultdict, deque
 
 import pytest
@@ -283,16 +282,13 @@ def test_lower_ignores_bubbles_and_keeps_name() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_large_plan_builds_fast() -> None:
-    """P=64, V=2, M=512 interleaved (~400k steps) takes ~0.5 s; the bound leaves room for slow CI
-    but catches anything worse than linear."""
-    start = time.perf_counter()
+def test_large_plan_has_every_step() -> None:
+    """P=64, V=2, M=512 interleaved (~400k steps): how fast it builds is measured by
+    bench/bench_schedule.py, not asserted here (no timed tests)."""
     plan = build_plan(
         "interleaved-1f1b", num_ranks=64, num_microbatches=512, stages_per_rank=2, comms=True
     )
-    elapsed = time.perf_counter() - start
     assert sum(len(row) for row in plan.ranks) == 391168
-    assert elapsed < 3.0, f"{elapsed:.2f} s"
 
 
 # ---------------------------------------------------------------------------------------

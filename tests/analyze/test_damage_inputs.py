@@ -1,0 +1,188 @@
+"""Odd files and damaged lines: one-line errors or reported input problems, never a hang,
+a traceback or a clean exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipetrace.analyze.load import load_run
+from pipetrace.cli import main
+from pipetrace.limits import MAX_LINE_BYTES
+from pipetrace.recorder import format as fmt
+
+SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "clean-1f1b"
+RANK = 1
+
+
+def copy_run(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLE, run)
+    return run
+
+
+def edit_log(run: Path, edit) -> None:
+    """Replace rank 1's event lines (decoded, header kept) by ``edit(events)``."""
+    log = fmt.rank_log_path(run, RANK)
+    header, *lines = log.read_bytes().splitlines()
+    events = edit([orjson.loads(line) for line in lines])
+    log.write_bytes(b"\n".join([header, *(orjson.dumps(e) for e in events)]) + b"\n")
+
+
+def warnings_of(run: Path) -> list[str]:
+    return [p.message for p in load_run(run, workers=0).problems if p.severity == "warning"]
+
+
+def analyze_cli(run: Path, capsys) -> tuple[int, dict]:
+    code = main(["analyze", "--json", str(run)])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def cli_subprocess(*args: str) -> subprocess.CompletedProcess:
+    """The CLI in a child (a regression would hang: the timeout fails the test instead)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run(
+        [sys.executable, "-m", "pipetrace", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_a_fifo_as_meta_json_is_refused_without_blocking(tmp_path):
+    run = copy_run(tmp_path)
+    (run / fmt.META_FILE).unlink()
+    os.mkfifo(run / fmt.META_FILE)
+    for verb in (["analyze"], ["export", "-o", str(tmp_path / "t.json")], ["diff", str(run)]):
+        done = cli_subprocess(verb[0], str(run), *verb[1:])
+        assert done.returncode == 2 and "not a regular file" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_fifo_as_a_rank_log_makes_the_rank_missing(tmp_path):
+    run = copy_run(tmp_path)
+    fmt.rank_log_path(run, RANK).unlink()
+    os.mkfifo(fmt.rank_log_path(run, RANK))
+    done = cli_subprocess("analyze", str(run))
+    assert done.returncode == 1
+    assert "not a regular file" in done.stdout and "missing 1" in done.stdout
+
+
+def test_meta_json_as_a_directory_is_one_line(tmp_path, capsys):
+    run = copy_run(tmp_path)
+    (run / fmt.META_FILE).unlink()
+    (run / fmt.META_FILE).mkdir()
+    assert main(["analyze", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "not a regular file (a directory)" in err and err.count("\n") == 1
+
+
+def test_a_string_where_an_int_belongs_is_corrupt(tmp_path):
+    run = copy_run(tmp_path)
+
+    def stringify_pos(events):
+        first = next(e for e in events if e["e"] == fmt.STEP_BEGIN)
+        first["pos"] = str(first["pos"])
+        return events
+
+    edit_log(run, stringify_pos)
+    assert any("1 corrupt line(s)" in w for w in warnings_of(run))
+
+
+def test_a_negative_time_is_corrupt_and_exports(tmp_path, capsys):
+    run = copy_run(tmp_path)
+
+    def negative(events):
+        events[3]["t"] = -5
+        return events
+
+    edit_log(run, negative)
+    assert main(["export", str(run), "-o", str(tmp_path / "t.pftrace")]) == 0
+    err = capsys.readouterr().err
+    assert "1 corrupt line(s)" in err and "Traceback" not in err
+
+
+def test_header_only_logs_are_reported(tmp_path, capsys):
+    run = copy_run(tmp_path)
+    edit_log(run, lambda events: [])
+    code, doc = analyze_cli(run, capsys)
+    assert code == 1
+    assert any("no events after its header" in p["message"] for p in doc["input_problems"])
+
+
+def _time_back(events):
+    late = next(e for e in events[5:] if e["e"] == fmt.STEP_END)
+    late["t"] //= 10  # a lost digit: decades back
+    return events
+
+
+def _bad_step_text(events):
+    next(e for e in events if e["e"] == fmt.STEP_BEGIN)["step"] = "1SEND_B&"
+    return events
+
+
+def _dangling_completion(events):
+    next(e for e in events if e["e"] == fmt.STEP_END)["id"] = 99999
+    return events
+
+
+def _clock_without_phase(events):
+    del next(e for e in events if e["e"] == fmt.CLOCK)["phase"]
+    return events
+
+
+def _reused_id(events):
+    begins = [e for e in events if e["e"] == fmt.STEP_BEGIN]
+    begins[1]["id"] = begins[0]["id"]
+    return events
+
+
+def _cut_in_half(events):
+    return events[: len(events) // 2]
+
+
+@pytest.mark.parametrize(
+    "edit, reported",
+    [
+        (_time_back, "whose time goes back"),
+        (_bad_step_text, "unparsable step text(s): '1SEND_B&'"),
+        (_dangling_completion, "completion(s) of an id the log never began"),
+        (_clock_without_phase, "lacking a field the recorder always writes"),
+        (_reused_id, "begun or completed more than once"),
+        (_cut_in_half, "while its peers record until"),
+    ],
+)
+def test_damage_in_decoded_lines_is_an_input_problem(tmp_path, capsys, edit, reported):
+    run = copy_run(tmp_path)
+    edit_log(run, edit)
+    code, doc = analyze_cli(run, capsys)
+    assert code == 1
+    assert any(reported in p["message"] for p in doc["input_problems"]), doc["input_problems"]
+
+
+def test_an_overlong_line_is_skipped_not_gathered(tmp_path):
+    run = copy_run(tmp_path)
+    log = fmt.rank_log_path(run, RANK)
+    header, rest = log.read_bytes().split(b"\n", 1)
+    with open(log, "wb") as out:
+        out.write(header + b"\n")
+        out.truncate(len(header) + 1 + 4 * MAX_LINE_BYTES)  # zero bytes, no line end
+        out.seek(0, os.SEEK_END)
+        out.write(b"\n" + rest)
+    tracemalloc.start()
+    try:
+        warnings = warnings_of(run)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert any("1 corrupt line(s) skipped, first at line 2" in w for w in warnings)
+    assert peak < 3 * MAX_LINE_BYTES  # the line itself was never held whole
