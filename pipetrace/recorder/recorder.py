@@ -367,7 +367,7 @@ class Recorder:
         oldest first, for a stall dump, an exception or run_end; ``{}`` without a device."""
         if self._timer is None:
             return {}
-        return {"device_pending": [_pending_json(work) for work in self._timer.pending()]}
+        return {"device_pending": [work.to_json() for work in self._timer.pending()]}
 
     def oldest_device_pending(self) -> PendingWork | None:
         """The oldest work the device has not completed (None without a device or none)."""
@@ -478,17 +478,6 @@ class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
     def __missing__(self, value: str | tuple[int, ...]) -> bytes:
         literal = self[value] = orjson.dumps(value)
         return literal
-
-
-def _pending_json(work: PendingWork) -> dict[str, Any]:
-    return {
-        "id": work.key,
-        "step": work.label,
-        "stream": work.stream,
-        "enqueued_t": work.enqueued_ns,
-        "age_s": round(work.age_ns / 1e9, 3),
-        "started": work.started,
-    }
 
 
 def _short_stack(limit: int = 8) -> list[str]:
