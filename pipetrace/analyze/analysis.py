@@ -21,6 +21,7 @@ import numpy as np
 from pipetrace import __version__
 from pipetrace.analyze.critical import critical_path
 from pipetrace.analyze.deadlock import find_hangs
+from pipetrace.analyze.device_times import device_timing, timed_run
 from pipetrace.analyze.divergence import find_divergence
 from pipetrace.analyze.failures import find_failures
 from pipetrace.analyze.findings import DEADLOCK, ERROR, RANK_STALLED, Finding, counts, sort_findings
@@ -63,18 +64,22 @@ class Analysis:
 
 @gc_paused()  # the analyzers make many small acyclic objects: see gc_paused
 def analyze(run: Run) -> Analysis:
-    metrics = compute_metrics(run)
+    """Hangs and failures are read from the host times (where a host thread waits); the
+    performance analyzers from device times where the run has them (`timed_run`)."""
+    timed = timed_run(run)
+    metrics = compute_metrics(timed)
     ideal = ideal_timeline(run.plan, metrics.mean_costs())
     findings: list[Finding] = find_hangs(run)
     hung = {r for f in findings if f.kind in (DEADLOCK, RANK_STALLED) for r in f.ranks}
     findings += find_failures(run, hung)
     findings += find_message_problems(run)
     findings += find_divergence(run)
-    findings += find_stragglers(run, metrics, ideal)
-    findings += find_exposed_comm(run, metrics)
+    findings += find_stragglers(timed, metrics, ideal)
+    findings += find_exposed_comm(timed, metrics)
     which = _path_iteration(metrics)
-    critical = critical_path(run, which) if which is not None else None
-    return Analysis(run, sort_findings(findings), metrics, summarize(run, metrics, ideal, critical))
+    critical = critical_path(timed, which) if which is not None else None
+    summary = summarize(run, metrics, ideal, critical, device_timing(run))
+    return Analysis(run, sort_findings(findings), metrics, summary)
 
 
 def _path_iteration(metrics: Metrics) -> int | None:

@@ -435,6 +435,8 @@ def _timeline(
         s["pos"],
         remap[s["code"]] if len(remap) else s["code"],
         thread_map[s["thread"]].astype(np.int8) if len(thread_map) else s["thread"],
+        s["dbegin"],
+        s["dend"],
     )
     empty = np.empty(0, np.int32)
     p2p = P2PTable(
@@ -451,6 +453,8 @@ def _timeline(
         remap[p["code"]] if len(remap) else p["code"],
         empty,
         empty.astype(np.int64),
+        p["dbegin"],
+        p["dend"],
     )
     its = sorted(raw.iterations)
     rows = [raw.iterations[i] for i in its]

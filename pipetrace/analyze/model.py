@@ -218,15 +218,16 @@ class StepTable:
     pos: np.ndarray  # int32 plan position (bubbles excluded)
     code: np.ndarray  # int32 into Run.catalog
     thread: np.ndarray  # int8 into Run.threads
+    dbegin: np.ndarray  # int64: device begin (a `device` event), OPEN without one
+    dend: np.ndarray  # int64: device end, OPEN without one
 
     def __len__(self) -> int:
         return len(self.begin)
 
     @classmethod
     def empty(cls) -> StepTable:
-        return cls(
-            *(np.empty(0, dt) for dt in (np.int64, np.int64, np.int32, np.int32, np.int32, np.int8))
-        )
+        types = (np.int64, np.int64, np.int32, np.int32, np.int32, np.int8, np.int64, np.int64)
+        return cls(*(np.empty(0, dt) for dt in types))
 
 
 @dataclass
@@ -246,6 +247,8 @@ class P2PTable:
     code: np.ndarray  # int32: the SEND/RECV step that posted it, into Run.catalog
     match_rank: np.ndarray  # int32: the rank of the counterpart op, -1 when unmatched
     match_index: np.ndarray  # int64: its row in that rank's P2PTable, -1 when unmatched
+    dbegin: np.ndarray  # int64: device begin on the P2P stream, OPEN without one
+    dend: np.ndarray  # int64: device end, OPEN without one
 
     def __len__(self) -> int:
         return len(self.post)
@@ -265,6 +268,8 @@ class P2PTable:
             np.int32,
             np.int32,
             np.int32,
+            np.int64,
+            np.int64,
             np.int64,
         )
         return cls(*(np.empty(0, dt) for dt in types))
@@ -347,7 +352,8 @@ class RankTimeline:
     path: Path | None = None
 
     def time_columns(self) -> tuple[np.ndarray, ...]:
-        """Every time column of its tables (steps, P2P ops, iterations); OPEN where none."""
+        """Every time column of its tables (steps, P2P ops, iterations, device times); OPEN
+        where none."""
         return (
             self.steps.begin,
             self.steps.end,
@@ -355,6 +361,10 @@ class RankTimeline:
             self.p2p.done,
             self.iterations.begin,
             self.iterations.end,
+            self.steps.dbegin,
+            self.steps.dend,
+            self.p2p.dbegin,
+            self.p2p.dend,
         )
 
     def last_time(self) -> int:

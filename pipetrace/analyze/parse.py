@@ -63,6 +63,7 @@ class RawRank:
     iterations: dict[int, list] = field(default_factory=dict)  # it -> [begin, end, loss]
     lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     run_start: dict[str, Any] | None = None
+    device: list[tuple[int, int, int]] = field(default_factory=list)  # (id, db, de) per event
 
 
 class _Columns:
@@ -344,6 +345,8 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
         row[2] = (
             float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
         )
+    elif e == fmt.DEVICE:
+        raw.device.append((d["id"], d["db"], d["de"]))
     elif e in _LIFECYCLE:
         fields = {k: v for k, v in d.items() if k not in ("e", "t")}
         if e == fmt.RUN_START and raw.run_start is None:
@@ -378,6 +381,7 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         "pos": sb["pos"].astype(np.int32),
         "code": sb["code"],
         "thread": sb["thread"].astype(np.int8),
+        **_device_columns(raw.device, sb["id"]),
     }
     raw.p2p = {
         "post": pp["t"],
@@ -391,7 +395,23 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         "shape": pp["shape"],
         "dtype": pp["dtype"],
         "code": pp["code"],
+        **_device_columns(raw.device, pp["id"]),
     }
+
+
+def _device_columns(device: list[tuple[int, int, int]], ids: np.ndarray) -> dict[str, np.ndarray]:
+    """``dbegin``/``dend`` of the rows ``ids``: their `device` event's times, joined by id
+    (the event comes later in the log than the row's end), OPEN for a row without one."""
+    dbegin, dend = np.full(len(ids), OPEN, _I64), np.full(len(ids), OPEN, _I64)
+    if device and len(ids):
+        events = np.array(device, _I64)
+        order = np.argsort(ids, kind="stable")
+        found = np.searchsorted(ids[order], events[:, 0])
+        found_c = np.minimum(found, len(ids) - 1)
+        hit = ids[order][found_c] == events[:, 0]
+        rows = order[found_c[hit]]
+        dbegin[rows], dend[rows] = events[hit, 1], events[hit, 2]
+    return {"dbegin": dbegin, "dend": dend}
 
 
 def _check_ids(problems: LogProblems, begun: np.ndarray, ended: np.ndarray) -> None:

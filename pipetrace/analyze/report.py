@@ -10,6 +10,7 @@ from typing import IO, Any
 
 from pipetrace.analyze.analysis import Analysis, run_summary
 from pipetrace.analyze.critical import CriticalPath
+from pipetrace.analyze.device_times import DEVICE, DeviceTiming
 from pipetrace.analyze.findings import ERROR, WARNING, Finding, counts
 from pipetrace.analyze.model import Run
 from pipetrace.analyze.summary import Bubble, MetricsSummary, RankBubble, StageCost
@@ -98,12 +99,34 @@ def _metric_lines(m: MetricsSummary) -> list[Line]:
         ),
         (f"  bubble ratio (idle/busy): {_bubble_text(m.bubble)}", None),
         (f"  P2P mode: {'overlap' if m.overlap_mode else 'plain'}", None),
+        *_timing_lines(m.timing),
     ]
     lines += _rank_lines(m.ranks)
     lines += _stage_lines(m.stages)
     if m.critical_path:
         lines.append(_critical_line(m.critical_path))
     lines.append(_clock_line(m.clocks))
+    return lines
+
+
+def _timing_lines(timing: DeviceTiming) -> list[Line]:
+    """Which times the metrics use; on a device, how steps were bound and what never ran."""
+    if timing.source != DEVICE:
+        return [("  times: host (no device times recorded)", None)]
+    lines: list[Line] = [("  times: device (host times where a step has none)", None)]
+    for r in timing.ranks:
+        if r.source == DEVICE:
+            lines.append(
+                (
+                    f"    rank {r.rank}: {r.device_bound_steps} of {r.device_steps} steps "
+                    f"device-bound, {r.launch_bound_steps} launch-bound; longest lag "
+                    f"{ms(r.max_lag_ns)} ({r.worst_step})",
+                    None,
+                )
+            )
+    for pending in timing.device_pending:
+        behind = f" ({pending.behind} more after it)" if pending.behind else ""
+        lines.append((f"    {pending.message}{behind}", _STYLE[ERROR]))
     return lines
 
 

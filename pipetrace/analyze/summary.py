@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze.critical import CriticalPath
+from pipetrace.analyze.device_times import DeviceTiming
 from pipetrace.analyze.ideal import IdealTimeline
 from pipetrace.analyze.metrics import OVERLAPPED, Metrics, reduce_groups
 from pipetrace.analyze.model import Run
@@ -116,6 +117,7 @@ class MetricsSummary:
     stages: list[StageCost]
     critical_path: CriticalPath | None
     clocks: dict[str, Any]  # the run's clock quality, plus each rank's `ClockInfo`
+    timing: DeviceTiming  # host or device times, launch/device-bound steps, stuck device work
 
     def to_json(self, *, segments: bool = True) -> dict[str, Any]:
         """``segments=False`` leaves the critical path's segments out (they can be many)."""
@@ -129,11 +131,16 @@ class MetricsSummary:
             "stages": [s.to_json() for s in self.stages],
             "critical_path": cp.to_json(segments=segments) if cp is not None else None,
             "clocks": self.clocks,
+            "timing": self.timing.to_json(),
         }
 
 
 def summarize(
-    run: Run, m: Metrics, ideal: IdealTimeline, critical: CriticalPath | None
+    run: Run,
+    m: Metrics,
+    ideal: IdealTimeline,
+    critical: CriticalPath | None,
+    timing: DeviceTiming,
 ) -> MetricsSummary:
     steady = m.steady()
     times = m.iteration_time
@@ -163,6 +170,7 @@ def summarize(
             **run.clock_quality,
             "ranks": [{"rank": r.rank, **r.clock.to_json()} for r in run.ranks],
         },
+        timing=timing,
     )
 
 

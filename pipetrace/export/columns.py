@@ -21,6 +21,7 @@ TRACK_ORDER = {
     "events": 1,
     "iterations": 2,
     "steps": 10,
+    "device": 30,
     "bubbles": 40,
     "p2p": 50,
     "counters": 100_000,

@@ -9,6 +9,10 @@
 - ``iterations``: one slice per iteration;
 - ``compute``: the main thread's steps (a composite holds its forward sub-step);
   ``overlap (backward)``: the backward sub-steps of OVERLAP_F_B steps (thread ``overlap``);
+- with device timing (CUDA), beside the host tracks: ``device (launch-bound)`` and ``device
+  (device-bound)``, the steps at the times the device ran them, split by
+  `pipetrace.analyze.device_times.step_boundness`, and ``device p2p``, the P2P ops on the
+  device's P2P stream;
 - ``bubbles``: idle gaps of the compute inside iterations (`derived.bubbles`);
 - ``p2p 0``, ``p2p 1``, ...: P2P ops from post to completion, one op per track at a time
   (slices of a track must nest), the lowest free track first;
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipetrace.analyze.device_times import device_rows, step_boundness
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import OP_RECV, OP_SEND, OPEN, RankState, RankTimeline, Run
 from pipetrace.export import derived
@@ -62,6 +67,7 @@ class _Ops:
     slice_index: np.ndarray
     track: np.ndarray
     end: np.ndarray
+    name: np.ndarray  # each op's slice name (into Layout.names)
 
 
 def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
@@ -81,6 +87,8 @@ def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
         step_index[rank.rank] = _steps(b, run, rank, proc, t_end)
         ops[rank.rank] = _p2p(b, run, rank, proc, t_end)
         _iterations(b, rank, proc, t_end)
+        _device_steps(b, rank, proc)
+        _device_ops(b, rank, proc, ops[rank.rank])
         _bubbles(b, run, rank, proc, t_end)
         b.add_counter(
             b.track(
@@ -213,7 +221,58 @@ def _p2p(b: Builder, run: Run, rank: RankTimeline, proc: int, t_end: int) -> _Op
             p2p.done[sel] == OPEN,
         )
         track_of[sel] = track
-    return _Ops(index, track_of, end)
+    return _Ops(index, track_of, end, names)
+
+
+def _device_steps(b: Builder, rank: RankTimeline, proc: int) -> None:
+    """The steps the device ran, at their device times: launch-bound ones on one track,
+    device-bound ones (the device finished them long after the host enqueued them) on
+    another, so that a device backlog stands out."""
+    bound = step_boundness(rank)
+    steps = rank.steps
+    for order, (name, which) in enumerate(
+        (
+            ("device (launch-bound)", ~bound.device_bound),
+            ("device (device-bound)", bound.device_bound),
+        )
+    ):
+        sel = bound.rows[which]
+        if not len(sel):
+            continue
+        track = b.track(name, parent=proc, rank=rank.rank, order=TRACK_ORDER["device"] + order)
+        begin, end = steps.dbegin[sel], steps.dend[sel]
+        lanes = nest_lanes(begin, end)
+        for lane in np.unique(lanes).tolist():
+            mine = lanes == lane
+            if lane:
+                track = b.track(
+                    f"{name} ({lane})", parent=proc, rank=rank.rank, order=TRACK_ORDER["device"] + 2
+                )
+            rows = sel[mine]
+            code = steps.code[rows]
+            b.add_slices(track, begin[mine], end[mine], code, SLICE_STEP, rank.rank, rows, False)
+
+
+def _device_ops(b: Builder, rank: RankTimeline, proc: int, ops: _Ops) -> None:
+    """The P2P ops at the times the device's P2P stream ran them (named as on the host)."""
+    p2p = rank.p2p
+    sel = np.flatnonzero(device_rows(p2p.dbegin, p2p.dend))
+    if not len(sel):
+        return
+    begin, end = p2p.dbegin[sel], p2p.dend[sel]
+    lanes = pool_lanes(begin, end)
+    names = ops.name[sel]
+    for lane in np.unique(lanes).tolist():
+        mine = lanes == lane
+        track = b.track(
+            f"device p2p {lane}",
+            parent=proc,
+            rank=rank.rank,
+            order=TRACK_ORDER["device"] + 3 + lane,
+        )
+        b.add_slices(
+            track, begin[mine], end[mine], names[mine], SLICE_P2P, rank.rank, sel[mine], False
+        )
 
 
 def _iterations(b: Builder, rank: RankTimeline, proc: int, t_end: int) -> None:

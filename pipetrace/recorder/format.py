@@ -47,6 +47,14 @@ SIGNAL = "signal"
 EXCEPTION = "exception"
 ABORT = "abort"
 RUN_END = "run_end"
+DEVICE = "device"
+DEVICE_ANCHOR = "device_anchor"
+
+DEVICE_TIMING_VERSION = 1
+"""The version of the device-timing fields (the header's ``device.timing``); they are
+optional, so adding them needed no schema bump: older readers skip the new events."""
+STREAMS = ("compute", "p2p")
+"""The values of ``device.stream``."""
 
 OPS = ("send", "recv")
 """The values of ``p2p_post.op``."""
@@ -220,6 +228,10 @@ HEADER = record(
     framework_version | string | always   | the framework's version string
     record_mode       | string | always   | `"steps"` or `"full"`
     t0                | int    | always   | wall-clock ns of the clock anchor
+    device            | object | sometimes | only with device timing: `{"kind": "cuda",
+                                             "name": "NVIDIA H200", "timing": 1}`; `timing` is
+                                             the version of the device fields; without
+                                             `device`, every time is a host time
     """,
 )
 """The first line of a rank log."""
@@ -306,6 +318,11 @@ EVENTS: dict[str, Record] = {
                                                       outside iterations: `"the end-of-run clock
                                                       exchange"`
             idle_s     | float          | always    | seconds since the last event
+            device_pending | list of object | sometimes | only with device timing: work
+                                                          enqueued and not completed on the
+                                                          device, oldest first: `{"id",
+                                                          "step", "stream", "enqueued_t",
+                                                          "age_s", "started"}`
             """,
         ),
         record(
@@ -316,6 +333,7 @@ EVENTS: dict[str, Record] = {
             inflight   | list of object | always    | as in `stall`
             waiting_in | string         | sometimes | as in `stall`
             reason     | string         | always    | `"SIGUSR1"`
+            device_pending | list of object | sometimes | as in `stall`
             """,
         ),
         record(
@@ -332,6 +350,7 @@ EVENTS: dict[str, Record] = {
             message    | string         | always | `str(exception)`
             traceback  | string         | always | the formatted traceback
             open_steps | list of object | always | as in `stall`
+            device_pending | list of object | sometimes | as in `stall`
             """,
         ),
         record(
@@ -342,7 +361,29 @@ EVENTS: dict[str, Record] = {
             waiting_in | string | sometimes | as in `stall`
             """,
         ),
-        record(RUN_END, ""),
+        record(RUN_END, "device_pending | list of object | sometimes | as in `stall`"),
+        record(
+            DEVICE,
+            """
+            id     | int    | required | the `step_begin` or `p2p_post` it times; its `t` is
+                                         when the device timer resolved it, so it comes after
+                                         the `step_end` / `p2p_done`: readers join by `id`
+            db     | int    | required | device begin, ns on the rank's clock (as `t`: the
+                                         `clock` offsets apply)
+            de     | int    | required | device end, same clock
+            stream | string | always   | `"compute"` or `"p2p"`
+            unc    | int    | always   | the anchor's uncertainty, ns: `db` and `de` lie
+                                         within ± this
+            """,
+        ),
+        record(
+            DEVICE_ANCHOR,
+            """
+            index          | int   | always | 0 at start, then 1, 2, ... (every re-anchor)
+            uncertainty_ns | int   | always | ± of the anchor's host time, which is `t`
+            rate           | float | always | host ns per device ns since the previous anchor
+            """,
+        ),
     )
 }
 """Every event type, by name."""

@@ -42,8 +42,14 @@ class RecorderHooks(Protocol):
         nbytes: int,
         shape: tuple[int, ...],
         dtype: str,
+        stream: Any = None,  # CUDA: the stream it is posted from, to time it on the device
     ) -> Any:
-        """A send or recv was posted (isend/irecv issued). Returns a token for `p2p_completed`."""
+        """A send or recv is being posted (called right before isend/irecv). Returns a token
+        for `p2p_enqueued` and `p2p_completed`."""
+
+    def p2p_enqueued(self, token: Any) -> None:
+        """Its wait is enqueued on ``stream`` (CUDA: after ``work.wait()``), so the device
+        end of the op can be marked there; a no-op without a stream."""
 
     def p2p_completed(self, token: Any) -> None:
         """The op completed (its wait returned)."""
@@ -75,6 +81,9 @@ class NullRecorder:
 
     def p2p_posted(self, **kwargs: Any) -> Any:
         return None
+
+    def p2p_enqueued(self, token: Any) -> None:
+        pass
 
     def p2p_completed(self, token: Any) -> None:
         pass

@@ -12,8 +12,11 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipetrace.recorder.clock import RecvInts, SendInts
+from pipetrace.recorder.device.cuda import cuda_backend
+from pipetrace.recorder.device.protocol import DeviceBackend
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.recorder.recorder import ProfilerRanges, Recorder
 from pipetrace.settings import (
@@ -90,9 +93,14 @@ FrameworkParts = tuple[str, ProfilerRanges, tuple[SendInts, RecvInts]]
 """A framework's version, profiler ranges and clock exchange, imported only when recording."""
 
 
-def torch_recorder(settings: RecordSettings) -> RecorderHooks:
-    """The recorder for a torch rank: profiler ranges and clock alignment over torch.distributed."""
-    return _framework_recorder(settings, "torch", _torch_parts)
+def torch_recorder(settings: RecordSettings, device: Any = None) -> RecorderHooks:
+    """The recorder for a torch rank: profiler ranges and clock alignment over
+    torch.distributed, and device timing when ``device`` (the rank's torch device) is a CUDA
+    device (docs/device-timing.md): there a host time is only an enqueue time."""
+    if not settings.enabled:
+        return NullRecorder()
+    timed = None if device is None else cuda_backend(device)
+    return _framework_recorder(settings, "torch", _torch_parts, timed)
 
 
 def mindspore_recorder(settings: RecordSettings) -> RecorderHooks:
@@ -104,7 +112,10 @@ def mindspore_recorder(settings: RecordSettings) -> RecorderHooks:
 
 
 def _framework_recorder(
-    settings: RecordSettings, framework: str, parts: Callable[[], FrameworkParts]
+    settings: RecordSettings,
+    framework: str,
+    parts: Callable[[], FrameworkParts],
+    device: DeviceBackend | None = None,
 ) -> RecorderHooks:
     if not settings.enabled:
         return NullRecorder()
@@ -115,6 +126,7 @@ def _framework_recorder(
         framework_version=version,
         profiler=profiler,
         clock_exchange=exchange,
+        device=device,
     )
 
 

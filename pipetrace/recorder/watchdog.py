@@ -170,6 +170,7 @@ class Watchdog:
             inflight=recorder.describe_inflight(),
             **self._waiting_in(),
             **fields,
+            **recorder.describe_device_pending(),
         )
 
     def _waiting_in(self) -> dict[str, str]:
@@ -194,7 +195,10 @@ class Watchdog:
         if steps:
             return f" in step {steps[-1]['step']}"
         waiting_in = self.recorder.waiting_in
-        return f" in {waiting_in}" if waiting_in else ""
+        if waiting_in:
+            return f" in {waiting_in}"
+        pending = self.recorder.oldest_device_pending()
+        return f"; on the device: {pending.describe()}" if pending is not None else ""
 
     def _say(self, message: str) -> None:
         print(f"pipetrace: rank {self.recorder.rank}: {message}", file=sys.stderr, flush=True)

@@ -18,6 +18,13 @@ Two modes:
 Every data message is reported to the recorder when posted and when its wait returns; the
 metadata messages are not (they exist only in the first iteration).
 
+On CUDA (NCCL) ops are posted and waited on a P2P stream of the runtime's own
+(`CudaP2PStreams`): NCCL's ``wait()`` makes the current stream wait, not the host, so the
+recorder times each op on that stream and the compute stream waits for it before using a
+received buffer. NCCL ignores tags and matches the ops between two ranks in posting order:
+the runtime relies on lowered plans posting both sides in the same order (the verifier's
+``fifo`` semantics; docs/runtime.md).
+
 Fault injection (`pipetrace.runtime.inject`) sends some messages wrongly on purpose, through
 `send`'s ``wire`` argument (`WireFault`): the one place that can put a message on the wire
 under another message's tag, with an unchecked shape, late, or without ever waiting for it.
@@ -33,7 +40,13 @@ import torch
 import torch.distributed as dist
 
 from pipetrace.recorder.hooks import RecorderHooks
-from pipetrace.runtime.p2p_common import HEADER_LEN, P2PBookkeeping, PendingRecv, StreamMeta
+from pipetrace.runtime.p2p_common import (
+    HEADER_LEN,
+    P2PBookkeeping,
+    P2PStreams,
+    PendingRecv,
+    StreamMeta,
+)
 from pipetrace.schedule.ir import Step
 
 __all__ = ["P2P", "PendingRecv", "TensorMeta", "WireFault"]
@@ -72,6 +85,29 @@ class WireFault:
     """Never wait for the send (a leaked request): it stays posted, never done."""
 
 
+class CudaP2PStreams:
+    """The `P2PStreams` of a CUDA device: one P2P stream beside the calling thread's current
+    (compute) stream."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def prepare(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+
+    def current(self) -> Any:
+        return torch.cuda.stream(self.stream)
+
+    def consumed(self) -> None:
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+
+def p2p_streams(device: torch.device) -> P2PStreams | None:
+    """`CudaP2PStreams` on a CUDA device; None elsewhere (gloo waits on the host)."""
+    return CudaP2PStreams(device) if device.type == "cuda" else None
+
+
 class P2P(P2PBookkeeping):
     """Sends and receives the messages of one rank's plan.
 
@@ -90,8 +126,14 @@ class P2P(P2PBookkeeping):
         overlap: bool = False,
         group: dist.ProcessGroup | None = None,
         known: dict[tuple[str, int], TensorMeta] | None = None,
+        streams: P2PStreams | None = None,
     ) -> None:
-        super().__init__(num_stages=num_stages, recorder=recorder, overlap=overlap, known=known)
+        """``streams``: where ops are posted and waited; by default `p2p_streams(device)`
+        (tests pass fakes to check the CUDA arrangement on CPU)."""
+        streams = p2p_streams(torch.device(device)) if streams is None else streams
+        super().__init__(
+            num_stages=num_stages, recorder=recorder, overlap=overlap, known=known, streams=streams
+        )
         self.device = device
         self.group = group
         self._detached: list[tuple[Any, torch.Tensor, Any]] = []  # kept alive, never waited
@@ -132,14 +174,16 @@ class P2P(P2PBookkeeping):
         if wire.delay > 0:
             time.sleep(wire.delay)
         if wire.detached:
-            self._detached.append(
-                (dist.isend(tensor, group=self.group, group_dst=peer, tag=tag), tensor, token)
-            )
+            with self.posting():
+                work = dist.isend(tensor, group=self.group, group_dst=peer, tag=tag)
+            self._detached.append((work, tensor, token))
         else:
             self._post_send(tensor, peer, tag, token)
 
     def _post_send(self, tensor: torch.Tensor, peer: int, tag: int, token: Any) -> None:
-        self._sent(dist.isend(tensor, group=self.group, group_dst=peer, tag=tag), tensor, token)
+        with self.posting():
+            work = dist.isend(tensor, group=self.group, group_dst=peer, tag=tag)
+        self._sent(work, tensor, token)
 
     def recv(
         self, step: Step, *, peer: int, channel: str, src_stage: int
@@ -155,11 +199,13 @@ class P2P(P2PBookkeeping):
         if meta is None:
             header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
             tag = self._tag(channel, src_stage, mb, True)
-            dist.irecv(header, group=self.group, group_src=peer, tag=tag).wait()
+            with self.posting():
+                work = dist.irecv(header, group=self.group, group_src=peer, tag=tag)
+            self.complete(work, None)
             meta = self._meta[key] = TensorMeta.from_header(header.tolist())
         buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
         token = self._posted("recv", step, peer, channel, meta)
-        work = dist.irecv(
-            buffer, group=self.group, group_src=peer, tag=self._tag(channel, src_stage, mb)
-        )
+        tag = self._tag(channel, src_stage, mb)
+        with self.posting():
+            work = dist.irecv(buffer, group=self.group, group_src=peer, tag=tag)
         return self._received(work, buffer, token)

@@ -6,11 +6,18 @@ Per (channel, sending stage) stream, the first message is preceded by its shape 
 (or they are given up front) and later messages must match them. Each data message is
 reported to the recorder when posted, with its sequence number per (op, peer, channel)
 from 0 each iteration, and again when its wait returns.
+
+On a device whose transport waits on streams (CUDA with NCCL), a backend gives `P2PStreams`:
+ops are posted and waited on a P2P stream of the runtime's own, so that the recorder can
+time them on the device there (``p2p_posted(stream=...)``, then ``p2p_enqueued`` once the
+wait is enqueued), and the compute stream waits for that stream before a received buffer is
+used (docs/device-timing.md, "Where it is wired", item 4).
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,21 +93,40 @@ class StreamMeta:
         return cls(tuple(values[2 : 2 + ndim]), cls.dtype_named(DTYPE_NAMES[values[0]]))
 
 
+class P2PStreams(Protocol):
+    """Where a device backend posts and waits P2P ops (CUDA: a stream of the runtime's own,
+    since NCCL's internal stream is not exposed and its ``wait()`` makes the *current* stream
+    wait, not the host)."""
+
+    stream: Any
+    """The P2P stream, for the recorder's device timing."""
+
+    def prepare(self) -> None:
+        """Before a post: the P2P stream waits for the work queued so far on the compute
+        stream (which produced the tensor to send, or last used the buffer to fill)."""
+
+    def current(self) -> AbstractContextManager[Any]:
+        """The P2P stream as the current stream, for posting and for enqueuing waits."""
+
+    def consumed(self) -> None:
+        """The compute stream waits for the P2P stream (before a received buffer is used,
+        or a sent one is released)."""
+
+
 class PendingRecv:
     """A posted recv (overlap mode); `wait` returns the received tensor (once) and reports
     completion."""
 
-    __slots__ = ("_buffer", "_recorder", "_token", "_work")
+    __slots__ = ("_buffer", "_owner", "_token", "_work")
 
-    def __init__(self, work: Work, buffer: Any, token: Any, recorder: RecorderHooks) -> None:
+    def __init__(self, work: Work, buffer: Any, token: Any, owner: P2PBookkeeping) -> None:
         self._work = work
         self._buffer = buffer
         self._token = token
-        self._recorder = recorder
+        self._owner = owner
 
     def wait(self) -> Any:
-        self._work.wait()
-        self._recorder.p2p_completed(self._token)
+        self._owner.complete(self._work, self._token)
         return self._buffer
 
 
@@ -114,9 +140,11 @@ class P2PBookkeeping:
         recorder: RecorderHooks,
         overlap: bool,
         known: dict[tuple[str, int], StreamMeta] | None,
+        streams: P2PStreams | None = None,
     ) -> None:
         self.num_stages = num_stages
         self.recorder = recorder
+        self.streams = streams
         self.overlap = overlap
         self._meta: dict[tuple[str, int], StreamMeta] = dict(known or {})
         self._seq: dict[tuple[str, int, str], int] = {}
@@ -143,6 +171,9 @@ class P2PBookkeeping:
         key = (op, peer, channel)
         seq = self._seq.get(key, 0)
         self._seq[key] = seq + 1
+        streams = self.streams
+        if streams is not None:
+            streams.prepare()
         return self.recorder.p2p_posted(
             op=op,
             step=step,
@@ -152,7 +183,33 @@ class P2PBookkeeping:
             nbytes=meta.nbytes,
             shape=meta.shape,
             dtype=meta.dtype_name,
+            stream=None if streams is None else streams.stream,
         )
+
+    def posting(self) -> AbstractContextManager[Any]:
+        """Where isend/irecv are issued: on the P2P stream when there is one, once it has
+        waited for the compute stream (a metadata message is not `_posted`)."""
+        streams = self.streams
+        if streams is None:
+            return nullcontext()
+        streams.prepare()
+        return streams.current()
+
+    def complete(self, work: Work, token: Any) -> None:
+        """Wait for ``work`` and report it (``token`` None: a metadata message, unreported).
+        With P2P streams the wait is enqueued on the P2P stream, the recorder marks the op's
+        device end there, and the compute stream then waits for the P2P stream."""
+        streams = self.streams
+        if streams is None:
+            work.wait()
+        else:
+            with streams.current():
+                work.wait()
+            if token is not None:
+                self.recorder.p2p_enqueued(token)
+            streams.consumed()
+        if token is not None:
+            self.recorder.p2p_completed(token)
 
     def _sent(self, work: Work, tensor: Any, token: Any) -> None:
         """A send was posted: wait now (plain mode), or at `drain` (overlap). ``token`` is
@@ -160,22 +217,17 @@ class P2PBookkeeping:
         if self.overlap:
             self._sends.append((work, tensor, token))
             return
-        work.wait()
-        if token is not None:
-            self.recorder.p2p_completed(token)
+        self.complete(work, token)
 
     def _received(self, work: Work, buffer: Any, token: Any) -> Any:
         """A recv was posted: the tensor (plain mode) or a `PendingRecv` (overlap)."""
         if self.overlap:
-            return PendingRecv(work, buffer, token, self.recorder)
-        work.wait()
-        self.recorder.p2p_completed(token)
+            return PendingRecv(work, buffer, token, self)
+        self.complete(work, token)
         return buffer
 
     def drain(self) -> None:
         """Wait for every send still in flight (overlap mode); called at iteration end."""
         sends, self._sends = self._sends, []
         for work, _tensor, token in sends:
-            work.wait()
-            if token is not None:
-                self.recorder.p2p_completed(token)
+            self.complete(work, token)

@@ -124,7 +124,7 @@ class TorchBackend(Backend):
         return tensor.split(size)
 
     def make_recorder(self, settings: RecordSettings) -> RecorderHooks:
-        return torch_recorder(settings)
+        return torch_recorder(settings, self.device)
 
     # -- numbers ---------------------------------------------------------------------------
 

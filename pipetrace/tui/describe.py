@@ -8,7 +8,7 @@ import numpy as np
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS
 from pipetrace.tui import units
-from pipetrace.tui.lanes import P2P, PLAN
+from pipetrace.tui.lanes import DEVICE, MAIN, P2P, PLAN
 from pipetrace.tui.session import Session
 
 _KIND_WORDS = {
@@ -76,9 +76,7 @@ def _describe_step(session: Session, lane_id: int, item: int) -> Description:
     text = run.catalog.texts[code]
     it, pos = int(steps.it[row]), int(steps.pos[row])
     begin, end = int(steps.begin[row]), int(steps.end[row])
-    d = Description(
-        f"rank {lane.rank} · {text}" + (f" · thread {lane.name}" if lane.role != "main" else "")
-    )
+    d = Description(f"rank {lane.rank} · {text}" + _lane_suffix(lane.role, lane.name))
     d.rows += _step_parts(session, code)
     d.rows.append(("iteration", str(it)))
     d.rows.append(("plan position", f"{pos} of {len(rank.plan)}" if rank.plan else str(pos)))
@@ -91,6 +89,7 @@ def _describe_step(session: Session, lane_id: int, item: int) -> Description:
     else:
         d.rows.append(("end", units.duration(end)))
         d.rows.append(("duration", units.duration(end - begin)))
+    d.rows += _device_rows(steps.dbegin[row], steps.dend[row], end)
     planned = session.planned.offsets.get(lane.rank, {}).get(pos) if session.planned else None
     if planned is not None and span is not None:
         late = (begin - span[0]) - planned[0]
@@ -106,6 +105,22 @@ def _describe_step(session: Session, lane_id: int, item: int) -> Description:
     _sub_step_rows(session, lane.rank, row, d)
     _finding_notes(session, lane_id, item, d)
     return d
+
+
+def _lane_suffix(role: str, name: str) -> str:
+    if role == MAIN:
+        return ""
+    return " · on the device" if role == DEVICE else f" · thread {name}"
+
+
+def _device_rows(dbegin: int, dend: int, host_end: int) -> list[tuple[str, str]]:
+    """When the device ran the step (with device timing), and how far behind the host."""
+    if dbegin == OPEN or dend == OPEN:
+        return []
+    rows = [("on the device", f"{units.duration(dbegin)} for {units.duration(dend - dbegin)}")]
+    if host_end != OPEN:
+        rows.append(("device lag", units.duration(dend - host_end)))
+    return rows
 
 
 def _sub_step_rows(session: Session, rank_id: int, row: int, d: Description) -> None:

@@ -1,8 +1,9 @@
 """One row of the timeline and what it costs to draw, with no UI.
 
-A *lane* is one screen row: a rank's main-thread steps, one of its other threads, its P2P
-ops in flight, or its planned steps. Its *items* are its spans sorted by begin time; ``item``
-numbers index that order. Each item has a *category* (what it is coloured by).
+A *lane* is one screen row: a rank's main-thread steps, one of its other threads, its steps
+as the device ran them (with device timing), its P2P ops in flight, or its planned steps.
+Its *items* are its spans sorted by begin time; ``item`` numbers index that order. Each item
+has a *category* (what it is coloured by).
 
 Zoomed out, a screen column covers many spans. `Lane.columns` answers "which category covers
 most of this column" for every column at once, in O(columns x categories x log n): per
@@ -49,7 +50,7 @@ CATEGORY_OF_KIND_CODE = np.array(
     [CAT_OTHER] + [_CAT_OF_KIND.get(k, CAT_OTHER) for k in KINDS], np.int8
 )
 
-MAIN, THREAD, COMM, PLAN = "main", "thread", "comm", "plan"
+MAIN, THREAD, DEVICE, COMM, PLAN = "main", "thread", "device", "comm", "plan"
 SHORT_THREAD_NAMES = {"overlap": "ovlp"}  # lane names are 4 characters in the gutter
 STEPS, P2P = "steps", "p2p"
 
@@ -99,8 +100,8 @@ class Lane:
     """One row of the timeline. Arrays are per item, items sorted by begin."""
 
     rank: int
-    role: str  # MAIN, THREAD, COMM or PLAN
-    name: str  # gutter label: "main", a thread name, "p2p", "plan"
+    role: str  # MAIN, THREAD, DEVICE, COMM or PLAN
+    name: str  # gutter label: "main", a thread name, "dev", "p2p", "plan"
     source: str  # STEPS (rows of the rank's StepTable), P2P (its P2PTable) or PLAN
     rows: np.ndarray  # int64: row in the source table (PLAN: plan position)
     begin: np.ndarray  # int64 ns since Run.t0_ns

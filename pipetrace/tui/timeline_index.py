@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipetrace.analyze.derive import top_level
+from pipetrace.analyze.device_times import device_rows
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, Run
 from pipetrace.tui.lanes import (
     CAT_DIM,
@@ -15,6 +16,7 @@ from pipetrace.tui.lanes import (
     CAT_SEND,
     CATEGORY_OF_KIND_CODE,
     COMM,
+    DEVICE,
     MAIN,
     P2P,
     PLAN,
@@ -60,7 +62,7 @@ class TimelineIndex:
         threads: bool = True,
     ) -> list[int]:
         """The lanes to draw, top to bottom, for the given rank filter and sub-row toggles."""
-        shown = {MAIN: True, THREAD: threads, COMM: comm, PLAN: plan}
+        shown = {MAIN: True, THREAD: threads, DEVICE: threads, COMM: comm, PLAN: plan}
         out = []
         for rank, ids in self.lanes_of_rank.items():
             if ranks is not None and rank not in ranks:
@@ -224,6 +226,7 @@ def _rank_lanes(run: Run, rank_id: int, log_end: int) -> list[Lane]:
                 run, rank_id, THREAD, SHORT_THREAD_NAMES.get(name, name[:4]), rows, log_end, spans
             )
         )
+    lanes.append(_device_lane(run, rank_id))
     p = rank.p2p
     order = np.argsort(p.post, kind="stable")
     done = p.done[order]
@@ -247,6 +250,28 @@ def _rank_lanes(run: Run, rank_id: int, log_end: int) -> list[Lane]:
     )
     del catalog
     return lanes
+
+
+def _device_lane(run: Run, rank_id: int) -> Lane:
+    """The rank's steps at the times the device ran them (empty without device timing):
+    beside the main lane, a device backlog shows as this lane running behind it."""
+    steps = run.ranks[rank_id].steps
+    rows = np.flatnonzero(device_rows(steps.dbegin, steps.dend))
+    rows = rows[np.argsort(steps.dbegin[rows], kind="stable")].astype(np.int64)
+    code = steps.code[rows].astype(np.int32)
+    return Lane(
+        rank_id,
+        DEVICE,
+        "dev",
+        STEPS,
+        rows,
+        steps.dbegin[rows].astype(np.int64),
+        steps.dend[rows].astype(np.int64),
+        np.zeros(len(rows), bool),
+        code,
+        steps.it[rows].astype(np.int32),
+        CATEGORY_OF_KIND_CODE[run.catalog.kind[code].astype(np.int64) + 1],
+    )
 
 
 def _step_lane(

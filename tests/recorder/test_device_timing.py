@@ -9,13 +9,13 @@ import threading
 import time
 
 import pytest
-from fake_device import NEVER, FakeClock, FakeDevice, FakeStream, ShiftedClock
 
 from pipetrace.recorder.clock import align_clocks
 from pipetrace.recorder.device.anchor import Anchor
 from pipetrace.recorder.device.classify import Boundness, classify
 from pipetrace.recorder.device.spans import DeviceSpan
 from pipetrace.recorder.device.timer import DeviceTimer, TimerSettings
+from pipetrace.testing.fake_device import NEVER, FakeClock, FakeDevice, FakeStream, ShiftedClock
 
 MS = 1_000_000
 S = 1_000_000_000

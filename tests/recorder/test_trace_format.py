@@ -26,6 +26,8 @@ from pipetrace.recorder.format_doc import RECORDS, documented, with_tables
 from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
 from pipetrace.runtime.faults import Crash
 from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.device_replay import record_device_run
+from pipetrace.testing.fake_device import NEVER
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")
@@ -55,11 +57,14 @@ def recorded_records(run_dir: Path) -> list[tuple[str, dict]]:
 
 def record_sessions(tmp_path: Path) -> list[Path]:
     """Runs that between them write every record: clean, full mode and crash (fake cluster),
-    hang, and a wait interrupted by SIGUSR1, a stall and SIGTERM (real processes)."""
-    runs = {name: tmp_path / name for name in ("clean", "full", "crash", "hang", "wait")}
+    one with device timing whose device never finishes one step (fake devices), hang, and a
+    wait interrupted by SIGUSR1, a stall and SIGTERM (real processes)."""
+    names = ("clean", "full", "crash", "device", "hang", "wait")
+    runs = {name: tmp_path / name for name in names}
     record_fake(runs["clean"])
     record_fake(runs["full"], record_mode="full")
     record_fake(runs["crash"], faults=[Crash(rank=1, step=0, microbatch=1, phase="F")])
+    record_device_run(runs["device"], lambda rank, it, text: NEVER if text == "1B1" else 1_000)
     assert run_session(runs["hang"], "hang").wait(30) == WATCHDOG_EXIT_CODE
     waiting = run_session(runs["wait"], "wait", stdout=subprocess.PIPE)
     assert waiting.stdout.readline().strip() == b"waiting"

@@ -15,6 +15,7 @@ class CudaBackend:
 
         self._cuda = torch.cuda
         self.device = torch.device("cuda") if device is None else torch.device(device)
+        self.description = torch.cuda.get_device_name(self.device)
 
     def new_event(self) -> Any:
         return self._cuda.Event(enable_timing=True)

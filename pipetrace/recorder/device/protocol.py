@@ -31,6 +31,8 @@ class DeviceBackend(Protocol):
 
     name: str
     """Short device kind for the trace, e.g. ``"cuda"``."""
+    description: str
+    """The device's own name for the trace header, e.g. ``"NVIDIA H200"``."""
 
     def new_event(self) -> DeviceEvent:
         """A fresh timing-enabled event (the timer pools them)."""

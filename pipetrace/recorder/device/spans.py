@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,14 @@ class PendingWork:
     started: bool
     """Whether the device has reached its beginning (running, or stuck inside it) or not
     (queued behind other work)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry of a ``device_pending`` list in the trace (docs/trace-format.md)."""
+        age_s = round(self.age_ns / 1e9, 3)
+        names = ("id", "step", "stream", "enqueued_t", "age_s", "started")
+        return dict(
+            zip(names, (self.key, self.label, self.stream, self.enqueued_ns, age_s, self.started))
+        )
 
     def describe(self) -> str:
         """``3SEND_B5 enqueued 41 s ago, never completed on the device``."""

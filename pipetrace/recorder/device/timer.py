@@ -24,6 +24,7 @@ tell a hung transfer or kernel from a host thread stuck in Python.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,6 +65,12 @@ class TimerSettings:
     """Anchor measurements per anchor; the one with the shortest wait wins."""
     poll_interval_s: float = 0.005
     """Seconds between two polls of the poller thread."""
+    drain_s: float = 2.0
+    """At the run's end, seconds to let the device finish what is queued before the rest is
+    reported pending (`DeviceTimer.drain`)."""
+    poller: bool = True
+    """Whether the recorder runs the poller thread; without it, the recorder polls at each
+    iteration end (no re-anchoring then: for runs on a virtual clock, as the CPU tests)."""
 
 
 class DeviceTimer:
@@ -136,6 +143,19 @@ class DeviceTimer:
             self._poller.join(timeout=2)
             self._poller = None
         self.poll()
+
+    def drain(self) -> None:
+        """Resolve until nothing is queued or ``drain_s`` has passed: at the run's end the
+        device may still be running the last iteration's work, which is not a hang. Never
+        synchronizes the device (a hung one would never return)."""
+        deadline = time.monotonic() + self.settings.drain_s
+        while True:
+            self.poll()
+            with self._lock:
+                queued = any(self._queued.values())
+            if not queued or time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
 
     def _poll_loop(self) -> None:
         interval = self.settings.poll_interval_s

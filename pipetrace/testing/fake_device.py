@@ -59,6 +59,7 @@ class FakeDevice:
     """The `DeviceBackend` of a fake device whose clock drifts against ``clock``."""
 
     name = "fake"
+    description = "a fake device with controlled times"
 
     def __init__(self, clock: FakeClock | ShiftedClock, *, drift_ppm: float = 0.0) -> None:
         self.clock = clock
