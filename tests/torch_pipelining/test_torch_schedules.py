@@ -46,10 +46,15 @@ def test_every_schedule_class_records_a_clean_run(ranks, classes, tmp_path):
         run_dir = Path(case.run_dir)
         code, report = analyze_json(run_dir)
         assert code == 0 and not errors(report), (case.schedule, errors(report))
-        plan = meta(run_dir)["plan"]
+        plan, placement = meta(run_dir)["plan"], meta(run_dir)["placement"]
         assert len(plan) == ranks
         for rank in range(ranks):
             check_rank(run_dir, rank, [text for text in plan[rank] if text], case)
+            losses = [e["loss"] for e in events(run_dir, rank) if e["e"] == "iter_end"]
+            if rank == placement[-1]:  # the last stage's rank reports the mean loss
+                assert all(isinstance(loss, float) and loss > 0 for loss in losses)
+            else:
+                assert losses == [None] * case.steps
 
 
 def check_rank(run_dir: Path, rank: int, plan: list[str], case: TorchCase) -> None:
