@@ -47,6 +47,17 @@ class Recording:
     def active(self) -> bool:
         return self._instrumentation is not None
 
+    def suspend(self) -> None:
+        """Run torch's own code until `resume` (the recorder stays open; iterations run
+        meanwhile are not in the log). For measuring the recording's cost, or recording
+        only some iterations."""
+        if self._instrumentation is not None:
+            self._instrumentation.undo()
+
+    def resume(self) -> None:
+        if self._instrumentation is not None and not self._instrumentation.installed:
+            self._instrumentation.install()
+
     def close(self, *, clean: bool = True) -> None:
         """Restore torch's code and end the run (``clean=False`` after a failure: the rank's
         log then has no ``run_end``, which is how the analyzers know it failed)."""

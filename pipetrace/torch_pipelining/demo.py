@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +69,24 @@ class TorchCase:
 def run_torch_demo(cases: list[TorchCase], world_size: int, *, timeout: float = 120.0) -> list[int]:
     """Run ``cases`` on ``world_size`` local ranks; returns each rank's exit code (ranks
     still running after ``timeout`` seconds are killed, -9)."""
-    port = free_port()
     payload = json.dumps([dataclasses.asdict(case) for case in cases])
+    return launch_local_ranks(
+        [sys.executable, "-m", "pipetrace.torch_pipelining.demo"],
+        world_size,
+        env={CASES_ENV: payload},
+        timeout=timeout,
+    )
+
+
+def launch_local_ranks(
+    command: list[str], world_size: int, *, env: dict[str, str], timeout: float
+) -> list[int]:
+    """Start ``command`` once per rank with torchrun's variables (gloo on 127.0.0.1) and
+    wait; returns the exit codes, -9 for a rank killed after ``timeout`` seconds."""
+    port = free_port()
     processes = []
     for rank in range(world_size):
-        env = dict(
+        rank_env = dict(
             os.environ,
             RANK=str(rank),
             WORLD_SIZE=str(world_size),
@@ -81,11 +94,9 @@ def run_torch_demo(cases: list[TorchCase], world_size: int, *, timeout: float = 
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             OMP_NUM_THREADS="1",
-            **{CASES_ENV: payload},
+            **env,
         )
-        processes.append(
-            subprocess.Popen([sys.executable, "-m", "pipetrace.torch_pipelining.demo"], env=env)
-        )
+        processes.append(subprocess.Popen(command, env=rank_env))
     deadline = time.monotonic() + timeout
     codes = []
     for process in processes:
@@ -119,14 +130,7 @@ def _placement(schedule: str, world_size: int, num_stages: int) -> tuple[int, ..
     return stage_to_rank(shape, world_size, num_stages)
 
 
-@dataclass
-class _Rank:
-    rank: int
-    world_size: int
-    device: Any = field(default=None)
-
-
-def _build_schedule(case: TorchCase, me: _Rank) -> Any:
+def build_schedule(case: TorchCase, rank: int, world_size: int) -> Any:
     """The case's torch schedule over this rank's stages of the demo model."""
     import torch
     from torch.distributed.pipelining import PipelineStage, schedules
@@ -137,16 +141,16 @@ def _build_schedule(case: TorchCase, me: _Rank) -> Any:
 
     source = case.csv_from if case.schedule == CSV_RUNTIME else case.schedule
     per_rank = 1 if source in SINGLE_STAGE else case.stages_per_rank
-    num_stages = per_rank * me.world_size
+    num_stages = per_rank * world_size
     demo = DemoConfig(width=case.width, blocks_per_stage=1, microbatch_size=case.microbatch_size)
     chunks = split_sequential(build_demo_model(num_stages, demo, seed=SEED), num_stages)
-    placement = _placement(source, me.world_size, num_stages)
+    placement = _placement(source, world_size, num_stages)
     stages = [
         PipelineStage(chunks[s], s, num_stages, torch.device("cpu"))
         for s in range(num_stages)
-        if placement[s] == me.rank
+        if placement[s] == rank
     ]
-    if case.fault is not None and case.fault.rank == me.rank:
+    if case.fault is not None and case.fault.rank == rank:
         _inject(case.fault, stages)
     cls = getattr(schedules, source)
     if source in SINGLE_STAGE:
@@ -154,11 +158,12 @@ def _build_schedule(case: TorchCase, me: _Rank) -> Any:
     schedule = cls(stages, n_microbatches=case.microbatches, loss_fn=demo_loss)
     if case.schedule != CSV_RUNTIME:
         return schedule
-    path = Path(case.run_dir).with_suffix(f".rank{me.rank}.csv")
+    path = Path(case.run_dir).with_suffix(f".rank{rank}.csv")
     order = {r: list(actions) for r, actions in schedule.pipeline_order_with_comms.items()}
     if case.swap is not None:
-        rank, i, j = case.swap
-        order[rank][i], order[rank][j] = order[rank][j], order[rank][i]
+        swap_rank, i, j = case.swap
+        row = order[swap_rank]
+        row[i], row[j] = row[j], row[i]
     schedule.pipeline_order_with_comms = order
     schedule._dump_csv(str(path), format="compute_comms")
     runtime = schedules._PipelineScheduleRuntime(
@@ -205,7 +210,7 @@ def _inject(fault: TorchFault, stages: list[Any]) -> None:
         stage.get_fwd_send_ops = dropping_sends
 
 
-def run_case(case: TorchCase, me: _Rank) -> None:
+def run_case(case: TorchCase, rank: int, world_size: int) -> None:
     """Train the demo for ``case.steps`` iterations, recorded into ``case.run_dir``."""
     import torch
 
@@ -213,7 +218,7 @@ def run_case(case: TorchCase, me: _Rank) -> None:
     from pipetrace.runtime.demo import demo_batch
     from pipetrace.torch_pipelining.api import record
 
-    schedule = _build_schedule(case, me)
+    schedule = build_schedule(case, rank, world_size)
     settings = RecordSettings(
         run_dir=case.run_dir,
         stall_timeout=case.stall_timeout,
@@ -241,11 +246,11 @@ def main() -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    me = _Rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-    dist.init_process_group("gloo", rank=me.rank, world_size=me.world_size)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         for case in _load_cases(os.environ[CASES_ENV]):
-            run_case(case, me)
+            run_case(case, rank, world_size)
             dist.barrier()
     finally:
         dist.destroy_process_group()

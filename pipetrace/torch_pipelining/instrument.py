@@ -27,6 +27,7 @@ from pipetrace.torch_pipelining.messages import OP_SOURCES, MessageLog
 from pipetrace.torch_pipelining.steps import Entry, Key, StepIndex
 
 _ACTION_PREFIX = "PP:"
+_MISSING = object()
 _active_lock = threading.Lock()
 _active: list[Instrumentation] = []  # at most one: the module functions are process-wide
 
@@ -61,7 +62,7 @@ class Instrumentation:
         self.iteration = -1
         self._composite: Entry | None = None  # the OVERLAP_F_B action being performed
         self._module = schedules
-        self._originals: dict[str, Any] = {}
+        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, what it held)
 
     # -- install / undo --------------------------------------------------------------------
 
@@ -70,43 +71,45 @@ class Instrumentation:
             if _active:
                 raise RuntimeError("another schedule is already being recorded in this process")
             _active.append(self)
-        self.schedule.step = self._step_wrapper(self.schedule.step)
+        schedule = self.schedule
+        self._patch(schedule, "step", self._step_wrapper(schedule.step))
         for stage in self.stages:
             for name, (kind, channel) in OP_SOURCES.items():
-                setattr(stage, name, self._ops_wrapper(getattr(stage, name), stage, kind, channel))
-            stage.forward_one_chunk = self._compute_wrapper(
-                stage.forward_one_chunk, stage, lambda args, kwargs: StepKind.F
-            )
-            stage.backward_one_chunk = self._compute_wrapper(
-                stage.backward_one_chunk, stage, _backward_kind
-            )
-            stage.backward_weight_one_chunk = self._compute_wrapper(
-                stage.backward_weight_one_chunk, stage, lambda args, kwargs: StepKind.W
-            )
-            if self.single:
-                stage.perform_reduce_grad = self._reduce_grad_wrapper(
-                    stage.perform_reduce_grad, stage
+                self._patch(
+                    stage, name, self._ops_wrapper(getattr(stage, name), stage, kind, channel)
                 )
-        self._originals["_batch_p2p"] = self._module._batch_p2p
-        self._module._batch_p2p = self._batch_wrapper(self._module._batch_p2p)
+            for name, kind_of in _COMPUTE.items():
+                self._patch(
+                    stage, name, self._compute_wrapper(getattr(stage, name), stage, kind_of)
+                )
+            if self.single:
+                self._patch(
+                    stage,
+                    "perform_reduce_grad",
+                    self._reduce_grad_wrapper(stage.perform_reduce_grad, stage),
+                )
+        module = self._module
+        self._patch(module, "_batch_p2p", self._batch_wrapper(module._batch_p2p))
         if not self.single:
-            self._originals["record_function"] = self._module.record_function
-            self._module.record_function = self._action_ranges(self._module.record_function)
+            self._patch(module, "record_function", self._action_ranges(module.record_function))
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._saved)
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        """Set ``owner.name``, remembering what ``owner`` itself held (an instance attribute
+        someone else set, or nothing: then the class's method shows through again)."""
+        self._saved.append((owner, name, vars(owner).get(name, _MISSING)))
+        setattr(owner, name, replacement)
 
     def undo(self) -> None:
-        for name, original in self._originals.items():
-            setattr(self._module, name, original)
-        self._originals.clear()
-        self.schedule.__dict__.pop("step", None)
-        for stage in self.stages:
-            for name in (
-                *OP_SOURCES,
-                "forward_one_chunk",
-                "backward_one_chunk",
-                "backward_weight_one_chunk",
-                "perform_reduce_grad",
-            ):
-                stage.__dict__.pop(name, None)
+        while self._saved:
+            owner, name, previous = self._saved.pop()
+            if previous is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, previous)
         with _active_lock:
             if self in _active:
                 _active.remove(self)
@@ -265,6 +268,13 @@ def _backward_kind(args: tuple, kwargs: dict) -> StepKind:
     """``backward_one_chunk(mb, loss=None, full_backward=True, ...)``: B, or I (dx only)."""
     full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
     return StepKind.B if full else StepKind.I
+
+
+_COMPUTE: dict[str, Callable[[tuple, dict], StepKind]] = {
+    "forward_one_chunk": lambda args, kwargs: StepKind.F,
+    "backward_one_chunk": _backward_kind,
+    "backward_weight_one_chunk": lambda args, kwargs: StepKind.W,
+}
 
 
 def _mean(losses: list[Any]) -> float:
