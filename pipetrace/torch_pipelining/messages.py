@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.runtime.p2p_common import P2PBookkeeping
 from pipetrace.schedule.ir import Step, StepKind
 
 # get_*_ops method name -> (the step kind its ops belong to, channel)
@@ -47,18 +48,21 @@ class RecordedWork:
         return getattr(self._work, name)
 
 
-class MessageLog:
+class MessageLog(P2PBookkeeping):
     """The ops of the current iteration: noted when a stage makes them, reported when
-    posted, sequence numbers per (op, peer, channel) from 0 each iteration."""
+    posted. The reports (sequence numbers per (op, peer, channel) from 0 each iteration,
+    sizes, dtype names) are pipetrace's runtime's own `P2PBookkeeping`'s."""
 
     def __init__(self, recorder: RecorderHooks) -> None:
-        self.recorder = recorder
+        from pipetrace.runtime.p2p import TensorMeta
+
+        super().__init__(num_stages=0, recorder=recorder, overlap=True, known=None)
+        self._tensor_meta = TensorMeta
         self._pending: dict[int, tuple[Any, Step, int, str]] = {}  # id(op) -> (op, step, pos, ch)
-        self._seq: dict[tuple[str, int, str], int] = {}
 
     def begin_iteration(self) -> None:
+        super().begin_iteration()
         self._pending.clear()
-        self._seq.clear()
 
     def note(self, ops: Sequence[Any], step: Step, position: int, channel: str) -> None:
         """``ops`` were made for ``step``; the op object is kept so its id stays unique."""
@@ -83,21 +87,9 @@ class MessageLog:
 
     def _posted(self, op: Any, step: Step, channel: str) -> Any:
         kind = "send" if step.kind in (StepKind.SEND_F, StepKind.SEND_B) else "recv"
-        peer = op.group_peer
-        key = (kind, peer, channel)
-        seq = self._seq.get(key, 0)
-        self._seq[key] = seq + 1
         tensor = op.tensor
-        return self.recorder.p2p_posted(
-            op=kind,
-            step=step,
-            peer=peer,
-            channel=channel,
-            seq=seq,
-            nbytes=tensor.numel() * tensor.element_size(),
-            shape=tuple(tensor.shape),
-            dtype=str(tensor.dtype).removeprefix("torch."),
-        )
+        meta = self._tensor_meta(tuple(tensor.shape), tensor.dtype)
+        return self._posted(kind, step, op.group_peer, channel, meta)
 
     def wrap_works(self, works: list[Any], tokens: list[Any]) -> list[Any]:
         """Works that report completion when waited: one per op when torch returned one per

@@ -28,32 +28,28 @@ def _step(kind: StepKind, stage: int, mb: int | None = None) -> Step:
     return Step(kind, stage, mb)
 
 
+# Message kinds -> the end of the pipeline that has no such message (the first stage
+# receives no activations and sends no input gradient; the last the reverse).
+_NO_PEER_AT = {
+    StepKind.RECV_F: "first",
+    StepKind.SEND_B: "first",
+    StepKind.SEND_F: "last",
+    StepKind.RECV_B: "last",
+}
+
+
 class _Order:
-    """Appends a single-stage rank's steps; messages to or from a missing neighbour (the
-    first stage receives no activations, the last no gradients) are left out, as torch's
-    ``get_*_ops`` return no ops for them."""
+    """Appends a single-stage rank's steps; messages to or from a missing neighbour are left
+    out, as torch's ``get_*_ops`` return no ops for them."""
 
     def __init__(self, stage: int, num_stages: int) -> None:
         self.stage = stage
-        self.first = stage == 0
-        self.last = stage == num_stages - 1
+        self.ends = {"first": stage == 0, "last": stage == num_stages - 1}
         self.steps: list[Step] = []
 
-    def recv_f(self, mb: int) -> None:
-        if not self.first:
-            self.steps.append(_step(StepKind.RECV_F, self.stage, mb))
-
-    def send_f(self, mb: int) -> None:
-        if not self.last:
-            self.steps.append(_step(StepKind.SEND_F, self.stage, mb))
-
-    def recv_b(self, mb: int) -> None:
-        if not self.last:
-            self.steps.append(_step(StepKind.RECV_B, self.stage, mb))
-
-    def send_b(self, mb: int) -> None:
-        if not self.first:
-            self.steps.append(_step(StepKind.SEND_B, self.stage, mb))
+    def message(self, kind: StepKind, mb: int) -> None:
+        if not self.ends[_NO_PEER_AT[kind]]:
+            self.steps.append(_step(kind, self.stage, mb))
 
     def compute(self, kind: StepKind, mb: int | None = None) -> None:
         self.steps.append(_step(kind, self.stage, mb))
@@ -63,13 +59,13 @@ def gpipe_order(stage: int, num_stages: int, num_microbatches: int) -> list[Step
     """`ScheduleGPipe._step_microbatches`: all forwards, then all backwards."""
     order = _Order(stage, num_stages)
     for mb in range(num_microbatches):
-        order.recv_f(mb)
+        order.message(StepKind.RECV_F, mb)
         order.compute(StepKind.F, mb)
-        order.send_f(mb)
+        order.message(StepKind.SEND_F, mb)
     for mb in range(num_microbatches):
-        order.recv_b(mb)
+        order.message(StepKind.RECV_B, mb)
         order.compute(StepKind.B, mb)
-        order.send_b(mb)
+        order.message(StepKind.SEND_B, mb)
     order.compute(StepKind.REDUCE_GRAD)
     return order.steps
 
@@ -82,27 +78,27 @@ def one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int) -> lis
     warmup = min(num_microbatches, num_stages - stage)
     fwd = bwd = 0
     for k in range(warmup):
-        order.recv_f(fwd)
+        order.message(StepKind.RECV_F, fwd)
         order.compute(StepKind.F, fwd)
         if k != warmup - 1:
-            order.send_f(fwd)
+            order.message(StepKind.SEND_F, fwd)
         fwd += 1
     while True:
-        order.send_f(fwd - 1)  # batched with the next recv_b
-        order.recv_b(bwd)
+        order.message(StepKind.SEND_F, fwd - 1)  # batched with the next recv_b
+        order.message(StepKind.RECV_B, bwd)
         order.compute(StepKind.B, bwd)
         bwd += 1
         if fwd == num_microbatches:
             break
-        order.send_b(bwd - 1)  # batched with the next recv_f
-        order.recv_f(fwd)
+        order.message(StepKind.SEND_B, bwd - 1)  # batched with the next recv_f
+        order.message(StepKind.RECV_F, fwd)
         order.compute(StepKind.F, fwd)
         fwd += 1
-    order.send_b(bwd - 1)
+    order.message(StepKind.SEND_B, bwd - 1)
     while bwd < num_microbatches:
-        order.recv_b(bwd)
+        order.message(StepKind.RECV_B, bwd)
         order.compute(StepKind.B, bwd)
-        order.send_b(bwd)
+        order.message(StepKind.SEND_B, bwd)
         bwd += 1
     order.compute(StepKind.REDUCE_GRAD)
     return order.steps
