@@ -18,6 +18,7 @@ Undo restores every original: a schedule that is no longer recorded runs torch's
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,8 @@ class Instrumentation:
         self.stages = stages_of(schedule)
         self.holds_last = any(stage.is_last for stage in self.stages)
         self.iteration = -1
+        self.messages_failed = False
+        """Set when reporting P2P ops failed: torch's code runs on, no longer recorded."""
         self._composite: Entry | None = None  # the OVERLAP_F_B action being performed
         self._module = schedules
         self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, what it held)
@@ -238,30 +241,45 @@ class Instrumentation:
 
     def _batch_wrapper(self, batch_p2p: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
         messages = self.messages
-        recorder = self.recorder
-        single = self.single
 
         def recorded(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
-            if single:
-                # Single-stage loops have no SEND/RECV actions: each op's step is opened and
-                # closed around its post, consecutively for the ops of one batch.
-                opened: list[tuple[Step, Any]] = []  # the step open now, and its token
-
-                def open_step(position: int, step: Step) -> None:
-                    if opened and opened[0][0] is step:
-                        return  # another tensor of the same message step
-                    if opened:
-                        recorder.end_step(opened.pop()[1])
-                    opened.append((step, recorder.begin_step(position, step)))
-
-                tokens = messages.post(p2p_ops, open_step)
-                if opened:
-                    recorder.end_step(opened.pop()[1])
-            else:
-                tokens = messages.post(p2p_ops, None)
+            if self.messages_failed:
+                return batch_p2p(p2p_ops, desc)
+            try:
+                tokens = self._post_batch(p2p_ops)
+            except Exception as exc:  # a recording bug must not stop the training
+                self.messages_failed = True
+                warnings.warn(
+                    f"pipetrace stopped recording P2P ops ({type(exc).__name__}: {exc}); "
+                    "training continues",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return batch_p2p(p2p_ops, desc)
             return messages.wrap_works(batch_p2p(p2p_ops, desc), tokens)
 
         return recorded
+
+    def _post_batch(self, p2p_ops: list[Any]) -> list[Any]:
+        """Report a batch's ops as posted; returns their completion tokens."""
+        if not self.single:
+            return self.messages.post(p2p_ops, None)
+        # Single-stage loops have no SEND/RECV actions: each op's step is opened and closed
+        # around its post, consecutively for the ops of one batch.
+        recorder = self.recorder
+        opened: list[tuple[Step, Any]] = []  # the step open now, and its token
+
+        def open_step(position: int, step: Step) -> None:
+            if opened and opened[0][0] is step:
+                return  # another tensor of the same message step
+            if opened:
+                recorder.end_step(opened.pop()[1])
+            opened.append((step, recorder.begin_step(position, step)))
+
+        tokens = self.messages.post(p2p_ops, open_step)
+        if opened:
+            recorder.end_step(opened.pop()[1])
+        return tokens
 
 
 def _backward_kind(args: tuple, kwargs: dict) -> StepKind:

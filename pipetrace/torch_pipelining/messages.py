@@ -82,10 +82,10 @@ class MessageLog(P2PBookkeeping):
             _, step, position, channel = noted
             if on_step is not None:
                 on_step(position, step)
-            tokens.append(self._posted(op, step, channel))
+            tokens.append(self._report(op, step, channel))
         return tokens
 
-    def _posted(self, op: Any, step: Step, channel: str) -> Any:
+    def _report(self, op: Any, step: Step, channel: str) -> Any:
         kind = "send" if step.kind in (StepKind.SEND_F, StepKind.SEND_B) else "recv"
         tensor = op.tensor
         meta = self._tensor_meta(tuple(tensor.shape), tensor.dtype)
