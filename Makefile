@@ -27,6 +27,8 @@ demo: $(STAMP)
 	$(VENV)/bin/pipetrace analyze $(DEMO_DIR)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q
 
 clean:

@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_analyze.py --ranks 1024 --events-per-rank 10000
     .venv/bin/python bench/bench_analyze.py --ranks 64 --events-per-rank 2000   # quick
-    .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 --baseline HEAD~5
+    .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 \\
+        --baseline HEAD~5
 
 Writes a synthetic run in the documented trace format (`pipetrace.analyze.synthetic`: a 1F1B
 schedule with P = --ranks, timed by the shared executor, every rank's log written exactly
@@ -162,13 +163,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{events / wall / 1e6:.2f} M events/s end to end"
         )
         print(
-            f"{side}: peak RSS: analyzing process {parent_kb / 1024:.0f} MiB ({parent_kb * 1024 / size:.2f}x "
-            f"the logs), with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)"
+            f"{side}: peak RSS: analyzing process {parent_kb / 1024:.0f} MiB "
+            f"({parent_kb * 1024 / size:.2f}x the logs), "
+            f"with its workers {tree_kb / 1024:.0f} MiB ({tree_kb * 1024 / size:.2f}x)"
         )
     if args.baseline:
         (base, *_), (tree, *_) = best.values()
         print(
-            f"this tree / baseline wall time: {tree / base:.3f} (best of {args.repeat} each, alternating)"
+            f"this tree / baseline wall time: {tree / base:.3f} "
+            f"(best of {args.repeat} each, alternating)"
         )
         shutil.rmtree(baseline_dir, ignore_errors=True)  # type: ignore[arg-type]
     if not args.keep and not args.run_dir:

@@ -141,31 +141,37 @@ def main() -> None:
     )
     print(f"run: {source}; {run.num_events:,} recorded events")
     print(
-        f"export: {slices:,} slices, {len(layout.instants):,} instants, {len(layout.counters):,} counter samples, "
-        f"{layout.num_flows:,} flows, {len(layout.tracks):,} tracks = {events:,} trace events"
+        f"export: {slices:,} slices, {len(layout.instants):,} instants, "
+        f"{len(layout.counters):,} counter samples, {layout.num_flows:,} flows, "
+        f"{len(layout.tracks):,} tracks = {events:,} trace events"
     )
     print()
     print("| figure | result |")
     print("|---|---|")
     print(
-        f"| export (layout + protobuf), slices/s | {slices / export_s:,.0f} ({export_s:.2f} s; layout {layout_s:.2f} s) |"
+        f"| export (layout + protobuf), slices/s | {slices / export_s:,.0f} "
+        f"({export_s:.2f} s; layout {layout_s:.2f} s) |"
     )
     print(
         f"| load + analyze + export, slices/s | {slices / (load_s + analyze_s + export_s):,.0f} "
         f"(load {load_s:.2f} s, analyze {analyze_s:.2f} s) |"
     )
     print(
-        f"| protobuf bytes per trace event | {len(data) / events:.1f} ({len(data) / 2**20:.1f} MiB) |"
+        f"| protobuf bytes per trace event | {len(data) / events:.1f} "
+        f"({len(data) / 2**20:.1f} MiB) |"
     )
     print(
         f"| perfetto builders, per slice (same process) | {base_per_slice * 1e6:.1f} µs = "
-        f"{1 / base_per_slice:,.0f} slices/s; export is {base_per_slice / (export_s / slices):.0f}x faster |"
+        f"{1 / base_per_slice:,.0f} slices/s; "
+        f"export is {base_per_slice / (export_s / slices):.0f}x faster |"
     )
     print(
-        f"| builders' bytes per event (inline names, absolute times) | {base_bytes / base_events:.1f} |"
+        "| builders' bytes per event (inline names, absolute times) | "
+        f"{base_bytes / base_events:.1f} |"
     )
     print(
-        f"| Chrome JSON, slices/s and bytes per event | {slices / json_s:,.0f}; {json_bytes / events:.1f} |"
+        f"| Chrome JSON, slices/s and bytes per event | {slices / json_s:,.0f}; "
+        f"{json_bytes / events:.1f} |"
     )
 
 

@@ -31,7 +31,7 @@ def drive(recorder, plan, events: int) -> list[float]:
     steps = plan.steps(0)
     per_event: list[float] = []
     clock = time.perf_counter_ns
-    for batch in range(events // BATCH):
+    for _ in range(events // BATCH):
         t0 = clock()
         for i in range(BATCH // 4):
             step = steps[i % len(steps)]
@@ -91,7 +91,7 @@ def _demo_rank(rank: int, iterations: int, port: int, results: object) -> None:
     from pipetrace.runtime.api import PipelineRunner
     from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
-    from pipetrace.runtime.split import split_sequential
+    from pipetrace.runtime.torch_backend import split_sequential
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -149,7 +149,8 @@ def demo_overhead(iterations: int) -> None:
     off, on = statistics.median(times["off"]), statistics.median(times["steps"])
     print(
         f"4-rank 1f1b demo (M=8), {iterations} alternating iterations: median step time "
-        f"off {off * 1e3:.2f} ms, steps {on * 1e3:.2f} ms, overhead {on / off - 1:+.1%} (target <= 3 %)"
+        f"off {off * 1e3:.2f} ms, steps {on * 1e3:.2f} ms, "
+        f"overhead {on / off - 1:+.1%} (target <= 3 %)"
     )
     cpu_off = sum(statistics.median(cpu["off"]) for _, _, cpu in reports)
     cpu_on = sum(statistics.median(cpu["steps"]) for _, _, cpu in reports)

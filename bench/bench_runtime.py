@@ -37,7 +37,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, results: object) 
     from pipetrace.runtime.api import PipelineRunner
     from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
-    from pipetrace.runtime.split import split_sequential
+    from pipetrace.runtime.torch_backend import split_sequential
     from pipetrace.schedule.builders import build_plan
 
     torch.set_num_threads(1)
@@ -85,7 +85,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, results: object) 
         )
         torch_params = [p for st in torch_stages for p in st.submod.parameters()]
         variants["torch"] = (
-            lambda: schedule.step(inputs, target=targets),
+            lambda schedule=schedule: schedule.step(inputs, target=targets),
             torch.optim.SGD(torch_params, lr=0.01),
         )
 
@@ -159,16 +159,19 @@ def main() -> None:
     )
     rows = results.get()
     print(
-        f"{args.ranks} ranks, M={args.microbatches}, width {args.width}, micro-batch {args.microbatch_size}, "
+        f"{args.ranks} ranks, M={args.microbatches}, width {args.width}, "
+        f"micro-batch {args.microbatch_size}, "
         f"{args.iterations} timed iterations (median step time, ms)"
     )
     print(
-        f"{'schedule':18} {'torch class':26} {'torch':>8} {'plain':>8} {'overlap':>8} {'plain/torch':>12} {'overlap/torch':>14}"
+        f"{'schedule':18} {'torch class':26} {'torch':>8} {'plain':>8} {'overlap':>8} "
+        f"{'plain/torch':>12} {'overlap/torch':>14}"
     )
     for name, torch_class, medians in rows:
         t, plain, over = medians["torch"], medians["ours-plain"], medians["ours-overlap"]
         print(
-            f"{name:18} {torch_class:26} {t * 1e3:8.2f} {plain * 1e3:8.2f} {over * 1e3:8.2f} {plain / t:12.3f} {over / t:14.3f}"
+            f"{name:18} {torch_class:26} {t * 1e3:8.2f} {plain * 1e3:8.2f} {over * 1e3:8.2f} "
+            f"{plain / t:12.3f} {over / t:14.3f}"
         )
     print(f"executor dispatch per step (no-op handlers, NullRecorder): {dispatch_cost_ns():.0f} ns")
     sys.stdout.flush()

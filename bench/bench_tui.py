@@ -81,7 +81,8 @@ def _full_redraw(app) -> None:
 
 
 def load_outside_the_tui(run_dir: Path) -> None:
-    """The same loading work with no UI running, by phase (the floor for the first timeline frame)."""
+    """The same loading work with no UI running, by phase: the floor for the first timeline
+    frame."""
     from pipetrace.tui.session import open_session
 
     marks: dict[str, float] = {}
@@ -96,7 +97,8 @@ def load_outside_the_tui(run_dir: Path) -> None:
     analyzing = marks.get("indexing", total) - reading
     print(
         f"load outside the TUI: {total * 1e3:.0f} ms (load_run {reading * 1e3:.0f} ms, analyze "
-        f"{analyzing * 1e3:.0f} ms, TUI index + plan lanes {(total - reading - analyzing) * 1e3:.0f} ms)"
+        f"{analyzing * 1e3:.0f} ms, "
+        f"TUI index + plan lanes {(total - reading - analyzing) * 1e3:.0f} ms)"
     )
 
 
@@ -115,9 +117,11 @@ async def bench(
         await pilot.pause()
         t_timeline = time.perf_counter()
         run = app.session.run
+        max_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(
-            f"run: {run.num_events:,} events, {run.world_size} ranks, {len(run.iterations())} iterations; "
-            f"terminal {size[0]}x{size[1]}; max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB"
+            f"run: {run.num_events:,} events, {run.world_size} ranks, "
+            f"{len(run.iterations())} iterations; "
+            f"terminal {size[0]}x{size[1]}; max RSS {max_rss_mb:.0f} MB"
         )
         print(f"first frame (loading view)      {(t_first - t_start) * 1e3:8.0f} ms")
         print(f"first timeline frame            {(t_timeline - t_start) * 1e3:8.0f} ms")

@@ -83,20 +83,20 @@ def main() -> int:
             inputs, targets = batch(step, args.microbatches * args.microbatch_size)
             loss = runner.step(inputs, targets)
             if reference is not None:
-                ref_loss, ref_grads = parity.reference_gradients(
-                    reference, inputs, targets, loss_fn
-                )
-                report = parity.compare(
-                    rank=rank,
-                    stage_modules=runner.stage_modules,
+                report = parity.check(
+                    runner,
+                    reference,
+                    inputs,
+                    targets,
                     loss=loss,
-                    reference_loss=ref_loss,
-                    reference_grads=ref_grads,
+                    loss_fn=loss_fn,
+                    rank=rank,
                     tolerance=1e-4,  # float32
                 )
                 verdict = "match" if report.ok else f"DIFFER: {report.mismatches}"
                 say(
-                    f"rank {rank}: stages {sorted(runner.stages)}: {report.compared} checked, {verdict}"
+                    f"rank {rank}: stages {sorted(runner.stages)}: "
+                    f"{report.compared} checked, {verdict}"
                 )
                 status |= not report.ok
                 reference = None

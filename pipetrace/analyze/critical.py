@@ -5,7 +5,8 @@ running before t (a gap before t is *idle*). If the step finished by waiting for
 (a RECV, a consumer waiting on an early-posted recv, a send waiting for its receiver) and the
 peer posted its side after the wait began, the path spends [peer post, done] on the message
 and jumps to the peer at its post time; otherwise the step's own time is on the path (a wait
-at its start for a message already on its way counted as p2p) and the walk continues before it. Time strictly decreases at each step, so the walk ends.
+at its start for a message already on its way counted as p2p) and the walk continues before
+it. Time strictly decreases at each step, so the walk ends.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from pipetrace.analyze.model import (
     SEND_CODES,
     Run,
 )
+from pipetrace.records import JsonRecord
 
 
 @dataclass
-class Segment:
+class Segment(JsonRecord):
     rank: int
     start_ns: int
     end_ns: int
@@ -37,15 +39,66 @@ class Segment:
     step: str | None  # step text (compute / p2p in a step)
     kind: str | None  # F, B, I, W, OVERLAP_F_B, SEND_F, ... or None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
+
+@dataclass
+class CriticalPath:
+    """The critical path of one iteration and where its time went (ns on the aligned clock).
+
+    Computed once by `pipetrace.analyze.analysis.analyze`; the report, the diff and the JSON
+    read these totals rather than adding up the segments again."""
+
+    iteration: int
+    start_ns: int
+    end_ns: int
+    length_ns: int
+    by_what_ns: dict[str, int]  # "compute", "p2p", "idle", "other" -> time
+    compute_by_kind_ns: dict[str, int]  # F, B, ... -> compute time on the path
+    by_rank_ns: dict[int, int]  # rank -> time on the path, by rank
+    rank_hops: int  # times the path moves to another rank
+    segments: list[Segment]  # in time order
+
+    @classmethod
+    def of(cls, iteration: int, begin: int, end: int, segments: list[Segment]) -> CriticalPath:
+        """The totals of a walked path."""
+        by_what: dict[str, int] = defaultdict(int)
+        by_kind: dict[str, int] = defaultdict(int)
+        by_rank: dict[int, int] = defaultdict(int)
+        for s in segments:
+            d = s.end_ns - s.start_ns
+            by_what[s.what] += d
+            if s.what == "compute" and s.kind:
+                by_kind[s.kind] += d
+            by_rank[s.rank] += d
+        hops = sum(1 for a, b in zip(segments, segments[1:]) if a.rank != b.rank)
+        return cls(
+            iteration,
+            begin,
+            end,
+            sum(by_what.values()),
+            dict(by_what),
+            dict(by_kind),
+            dict(sorted(by_rank.items())),
+            hops,
+            segments,
+        )
+
+    def to_json(self, *, segments: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "iteration": self.iteration,
             "start_ns": self.start_ns,
             "end_ns": self.end_ns,
-            "what": self.what,
-            "step": self.step,
-            "kind": self.kind,
+            "length_ns": self.length_ns,
+            "by_what_ns": self.by_what_ns,
+            "compute_by_kind_ns": self.compute_by_kind_ns,
+            "by_rank_ns": {str(k): v for k, v in self.by_rank_ns.items()},
+            "rank_hops": self.rank_hops,
         }
+        if segments:
+            out["segments"] = [s.to_json() for s in self.segments]
+        return out
+
+
+_Label = tuple[str, str, str | None]  # (what, step text, kind) of a step on the path
 
 
 class _RankView:
@@ -54,6 +107,8 @@ class _RankView:
 
     def __init__(self, run: Run, rank: int, iteration: int, partner_post: np.ndarray) -> None:
         r = run.ranks[rank]
+        self.rank = rank
+        self.texts = run.catalog.texts
         top = top_level(r, run.catalog)
         top = top[r.steps.it[top] == iteration]
         self.begin = r.steps.begin[top]
@@ -65,20 +120,66 @@ class _RankView:
         self.op_done = p.done[sel]
         self.op_post = p.post[sel]
         self.op_peer = p.match_rank[sel]
-        self.op_row = sel
         self.op_partner_post = partner_post[sel]
         self.op_holder = containing_rows(self.begin, self.end, self.op_done)
 
+    def label(self, i: int) -> _Label:
+        """What step ``i`` counts as on the path, its text and its kind."""
+        k = int(self.kind[i])
+        what = (
+            "compute"
+            if (k in COMPUTE_CODES or k == COMPOSITE_CODE)
+            else "p2p"
+            if (k in SEND_CODES or k in RECV_CODES)
+            else "other"
+        )
+        return what, self.texts[int(self.code[i])], KINDS[k].value if k >= 0 else None
 
-def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> dict[str, Any] | None:
-    views: dict[int, _RankView] = {}
-    partners = counterpart_values(run.ranks, "post")
+    def jump(self, i: int, b: int, t: int) -> tuple[int, int, int] | None:
+        """(peer, its post time, done) of the latest message step ``i`` (begun at ``b``)
+        waited for before ``t`` whose other side was posted after the wait began."""
+        ops = np.flatnonzero((self.op_holder == i) & (self.op_done <= t) & (self.op_peer >= 0))
+        for j in ops[np.argsort(-self.op_done[ops])]:
+            wait_from = max(b, int(self.op_post[j]))
+            partner = int(self.op_partner_post[j])
+            if partner > wait_from and partner < t:
+                return int(self.op_peer[j]), partner, int(self.op_done[j])
+        return None
 
-    def view(rank: int) -> _RankView:
-        if rank not in views:
-            views[rank] = _RankView(run, rank, iteration, partners[rank])
-        return views[rank]
+    def own_time(self, i: int, b: int, t: int, label: _Label) -> list[Segment]:
+        """Step ``i``'s own time [b, t], latest first. A compute step that first waited for
+        a message already on its way (posted by an earlier RECV, overlap mode) spent that
+        wait on P2P, the rest on compute."""
+        what = label[0]
+        waited = np.flatnonzero(
+            (self.op_holder == i) & (self.op_done <= t) & (self.op_done > b) & (self.op_post < b)
+        )
+        if what == "compute" and len(waited):
+            arrived = int(self.op_done[waited].max())
+            return [
+                Segment(self.rank, arrived, t, *label),
+                Segment(self.rank, b, arrived, "p2p", *label[1:]),
+            ]
+        return [Segment(self.rank, b, t, *label)]
 
+
+class _Views:
+    """Each rank's `_RankView`, built when the walk first reaches the rank."""
+
+    def __init__(self, run: Run, iteration: int) -> None:
+        self.run, self.iteration = run, iteration
+        self.partners = counterpart_values(run.ranks, "post")
+        self.views: dict[int, _RankView] = {}
+
+    def __call__(self, rank: int) -> _RankView:
+        if rank not in self.views:
+            self.views[rank] = _RankView(self.run, rank, self.iteration, self.partners[rank])
+        return self.views[rank]
+
+
+def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> CriticalPath | None:
+    """The iteration's critical path, or None when no step of it ended."""
+    view = _Views(run, iteration)
     start_rank, t = -1, -1
     for r in run.present_ranks:
         v = view(r.rank)
@@ -87,14 +188,17 @@ def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> dict
             start_rank, t = r.rank, int(ended.max())
     if start_rank < 0:
         return None
-    end_t = t
     begin_t = min(
         (int(view(r.rank).begin.min()) for r in run.present_ranks if len(view(r.rank).begin)),
         default=t,
     )
+    segments = _walk(view, start_rank, t, begin_t, max_segments)
+    return CriticalPath.of(iteration, begin_t, t, segments)
+
+
+def _walk(view: _Views, rank: int, t: int, begin_t: int, max_segments: int) -> list[Segment]:
+    """The path's segments, in time order, walking back from ``t`` on ``rank``."""
     segments: list[Segment] = []
-    rank = start_rank
-    texts = run.catalog.texts
     while len(segments) < max_segments:
         v = view(rank)
         i = int(np.searchsorted(v.begin, t, side="left")) - 1
@@ -107,69 +211,18 @@ def critical_path(run: Run, iteration: int, max_segments: int = 200_000) -> dict
         if e < t:
             segments.append(Segment(rank, e, t, "idle", None, None))
             t = e
-        k = int(v.kind[i])
-        kind = KINDS[k].value if k >= 0 else None
-        what = (
-            "compute"
-            if (k in COMPUTE_CODES or k == COMPOSITE_CODE)
-            else "p2p"
-            if (k in SEND_CODES or k in RECV_CODES)
-            else "other"
-        )
-        text = texts[int(v.code[i])]
-        # a message this step waited for, whose other side was posted after the wait began
-        ops = np.flatnonzero((v.op_holder == i) & (v.op_done <= t) & (v.op_peer >= 0))
-        jump = None
-        for j in ops[np.argsort(-v.op_done[ops])]:
-            wait_from = max(b, int(v.op_post[j]))
-            partner = int(v.op_partner_post[j])
-            if partner > wait_from and partner < t:
-                jump = (int(v.op_peer[j]), partner, int(v.op_done[j]))
-                break
+        label = v.label(i)
+        jump = v.jump(i, b, t)
         if jump is not None:
             peer, partner, done = jump
             if done < t:
-                segments.append(Segment(rank, done, t, what, text, kind))
-            segments.append(Segment(rank, partner, min(done, t), "p2p", text, kind))
+                segments.append(Segment(rank, done, t, *label))
+            segments.append(Segment(rank, partner, min(done, t), "p2p", *label[1:]))
             rank, t = peer, partner
             continue
-        # a compute step that first waited for a message already on its way (posted by an
-        # earlier RECV, overlap mode): the wait is P2P time, the rest compute
-        waited = np.flatnonzero(
-            (v.op_holder == i) & (v.op_done <= t) & (v.op_done > b) & (v.op_post < b)
-        )
-        if what == "compute" and len(waited):
-            arrived = int(v.op_done[waited].max())
-            segments.append(Segment(rank, arrived, t, what, text, kind))
-            segments.append(Segment(rank, b, arrived, "p2p", text, kind))
-        else:
-            segments.append(Segment(rank, b, t, what, text, kind))
+        segments += v.own_time(i, b, t, label)
         if b >= t and i == 0:
             break
         t = b if b < t else t - 1
     segments.reverse()
-    return _summary(iteration, begin_t, end_t, segments)
-
-
-def _summary(iteration: int, begin: int, end: int, segments: list[Segment]) -> dict[str, Any]:
-    by_what: dict[str, int] = defaultdict(int)
-    by_kind: dict[str, int] = defaultdict(int)
-    by_rank: dict[int, int] = defaultdict(int)
-    for s in segments:
-        d = s.end_ns - s.start_ns
-        by_what[s.what] += d
-        if s.what == "compute" and s.kind:
-            by_kind[s.kind] += d
-        by_rank[s.rank] += d
-    hops = sum(1 for a, b in zip(segments, segments[1:]) if a.rank != b.rank)
-    return {
-        "iteration": iteration,
-        "start_ns": begin,
-        "end_ns": end,
-        "length_ns": sum(by_what.values()),
-        "by_what_ns": dict(by_what),
-        "compute_by_kind_ns": dict(by_kind),
-        "by_rank_ns": {str(k): v for k, v in sorted(by_rank.items())},
-        "rank_hops": hops,
-        "segments": [s.to_json() for s in segments],
-    }
+    return segments

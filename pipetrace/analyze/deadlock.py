@@ -15,19 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.derive import counterpart_text, message_identity
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
-from pipetrace.recorder import format as fmt
-
-_ALIVE_STATES = (
-    RankState.STALLED,
-    RankState.ABORTED,
-    RankState.ENDED,
-    RankState.SIGNALED,
-    RankState.FAILED,
-)
+from pipetrace.schedule import waitfor
 
 
 @dataclass
@@ -46,12 +39,18 @@ class Blocked:
 
 
 def blocked_ranks(run: Run) -> dict[int, Blocked]:
+    """Every rank that waits on a P2P op, with what it waits for. A rank that raised an error
+    of its own waits for nobody; a rank whose counterpart was posted by such a rank waits for
+    it (the crash, not the transport, is why the transfer never completes)."""
+    crashed = en.failed_first_hand(run)
     out: dict[int, Blocked] = {}
     for rank in run.present_ranks:
-        if rank.status.state == RankState.FINISHED:
+        if rank.status.state == RankState.FINISHED or rank.rank in crashed:
             continue
         b = _blocking_op(run, rank)
         if b is not None:
+            if b.waits_for is None and b.peer in crashed:
+                b.waits_for = b.peer
             out[rank.rank] = b
     return out
 
@@ -217,59 +216,70 @@ def _ref(run: Run, b: Blocked, note: str) -> StepRef:
 
 
 def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str, str, str]:
-    """(state word, description, likely cause) of the rank at the end of a wait-for chain."""
+    """(terminal state, description, likely cause) of the rank at the end of a wait-for
+    chain: its `endings` verdict, the one `rank_failed` tells too."""
     if not 0 <= rank_id < run.world_size:
         return (
-            "missing",
+            en.MISSING,
             f"rank {rank_id} does not exist (world size {run.world_size})",
             "the plan or the runtime addresses a rank outside the job",
         )
     rank = run.ranks[rank_id]
-    status = rank.status
-    executed = _executed(run, rank, wanted, iteration)
+    ending = en.rank_endings(run)[rank_id]
+    at = en.where(run, rank)
     in_plan = wanted in rank.plan
     never = (
         (f"it never ran {wanted}" + ("" if in_plan else ", which is not in its plan"))
-        if not executed
+        if not _executed(run, rank, wanted, iteration)
         else f"it ran {wanted} but the message never arrived"
     )
-    if status.state == RankState.MISSING:
+    if ending.state == en.MISSING:
         return (
-            "missing",
+            en.MISSING,
             f"rank {rank_id} has no log",
             "the rank never started recording (crashed at start?)",
         )
-    if status.state == RankState.FINISHED:
+    if ending.state == en.EXITED:
         return (
-            "exited",
-            f"rank {rank_id} finished its plan; {never}",
+            en.EXITED,
+            f"rank {rank_id} {ending.evidence}; {never}",
             (
                 "the plans of the two ranks disagree: the counterpart step is missing"
                 if not in_plan
                 else "the counterpart was skipped (a custom step function that does not send/recv?)"
             ),
         )
-    if status.state in (RankState.FAILED, RankState.SIGNALED):
+    if ending.state == en.CRASHED:
+        how = rank.status.detail
+        if rank.status.state == RankState.ENDED:
+            how = f"died without a trace ({ending.evidence})"
         return (
-            "crashed",
-            f"rank {rank_id} {status.detail} in {status.last_step}",
+            en.CRASHED,
+            f"rank {rank_id} {how} {at.phrase}",
             f"rank {rank_id} failed before reaching {wanted}",
         )
-    open_rows = _open_rows(rank)
-    if len(open_rows):
-        row = int(open_rows[-1])
-        text = run.catalog.texts[int(rank.steps.code[row])]
-        end = max((ev.t for ev in rank.lifecycle), default=int(rank.steps.begin[row]))
+    if ending.state == en.COMPUTING:
+        text = at.step if at.open else run.catalog.texts[rank.steps.code[_open_rows(rank)[-1]]]
+        begun = _open_since(run, rank, text)
+        begun = ending.last_alive_ns if begun is None else begun
         return (
-            "computing",
-            f"rank {rank_id} is still in {text} (begun {_fmt_s(rank.steps.begin[row])}, "
-            f"open for at least {(end - int(rank.steps.begin[row])) / 1e9:.3g} s); {never}",
-            f"step {text} on rank {rank_id} never returns (an infinite loop, a lock, or a very slow step)",
+            en.COMPUTING,
+            f"rank {rank_id} is still in {text} (begun {_fmt_s(begun)}, open for at least "
+            f"{max(0, ending.last_alive_ns - begun) / 1e9:.3g} s); {never}",
+            f"step {text} on rank {rank_id} never returns (an infinite loop, a lock, or a "
+            "very slow step)",
+        )
+    if ending.state == en.HUNG:
+        return (
+            en.HUNG,
+            f"rank {rank_id} stalled {at.phrase} ({ending.evidence}); {never}",
+            f"rank {rank_id} is stuck outside the pipeline's steps (user code between steps, "
+            "a lock, a data loader)",
         )
     return (
-        "stopped",
-        f"rank {rank_id}'s log ends ({status.detail}) outside any step; {never}",
-        f"rank {rank_id} died or stopped between steps",
+        en.UNKNOWN,
+        f"rank {rank_id}'s log stops {at.phrase} ({ending.evidence}); {never}",
+        f"rank {rank_id} hung or was killed {at.phrase}: look at its process and its stderr",
     )
 
 
@@ -281,56 +291,48 @@ def _executed(run: Run, rank: RankTimeline, text: str, iteration: int) -> bool:
     return bool((rows & (rank.steps.it == iteration)).any())
 
 
+def _open_since(run: Run, rank: RankTimeline, text: str | None) -> int | None:
+    """When the rank began the still-open step ``text`` (its latest open row)."""
+    rows = _open_rows(rank)
+    begun = [
+        int(rank.steps.begin[r]) for r in rows if run.catalog.texts[rank.steps.code[r]] == text
+    ]
+    return begun[-1] if begun else None
+
+
 def _fmt_s(t: int) -> str:
     return f"{t / 1e9:.3f} s"
 
 
 def find_hangs(run: Run) -> list[Finding]:
     blocked = blocked_ranks(run)
-    findings: list[Finding] = []
-    seen_cycle: set[int] = set()
-    terminal_groups: dict[int, list[int]] = {}
-    stuck_transfers: list[Blocked] = []
-    for start in blocked:
-        path, on_path = [], set()
-        node = start
-        while node in blocked and node not in on_path:
-            path.append(node)
-            on_path.add(node)
-            nxt = blocked[node].waits_for
-            if nxt is None:
-                node = -1
-                break
-            node = nxt
-        if node in on_path:  # a cycle
-            cycle = path[path.index(node) :]
-            if not seen_cycle.intersection(cycle):
-                seen_cycle.update(cycle)
-                findings.append(_deadlock(run, blocked, cycle))
-        elif node == -1:
-            stuck_transfers.append(blocked[path[-1]])
-        else:
-            terminal_groups.setdefault(node, []).append(start)
-    for terminal, starts in sorted(terminal_groups.items()):
-        findings.append(_stalled(run, blocked, terminal, starts))
-    for b in {x.rank: x for x in stuck_transfers}.values():
+    groups = waitfor.solve({r: b.waits_for for r, b in blocked.items()}, blocked)
+    by_kind = {kind: [g for g in groups if g.kind == kind] for kind in waitfor.KINDS}
+    findings = [_deadlock(run, blocked, g.cycle, g.members) for g in by_kind[waitfor.CYCLE]]
+    for g in sorted(by_kind[waitfor.ENDS_AT], key=lambda g: g.end):
+        findings.append(_stalled(run, blocked, g.end, g.members))
+    for b in (blocked[g.end] for g in by_kind[waitfor.DEAD_END]):
         findings.append(
             Finding(
                 fk.RANK_STALLED,
                 fk.ERROR,
-                f"{_describe_blocked(b)} never completed although rank {b.peer} posted the counterpart "
-                f"{b.counterpart} ({b.counterpart_state})",
-                "the transfer itself is stuck: the two sides disagree on the message (size, tag) or the "
-                "transport lost it",
+                f"{_describe_blocked(b)} never completed although rank {b.peer} posted the "
+                f"counterpart {b.counterpart} ({b.counterpart_state})",
+                "the transfer itself is stuck: the two sides disagree on the message (size, tag) "
+                "or the transport lost it",
                 ranks=[b.rank, b.peer],
                 steps=[_ref(run, b, "blocked")],
                 iterations=[b.iteration],
                 time_ns=(b.posted_ns, _end_of_log(run)),
-                details={"chain": [b.rank, b.peer], "terminal_state": "transfer"},
+                details={
+                    "chain": [b.rank, b.peer],
+                    "terminal_rank": b.peer,
+                    "terminal_state": "transfer",
+                },
             )
         )
     in_findings = {r for f in findings for r in f.ranks}
-    waiting = waiting_outside_iterations(run)
+    waiting = en.waiting_outside_iterations(run)
     for rank in run.present_ranks:
         if (
             rank.status.state in (RankState.STALLED, RankState.ABORTED)
@@ -347,23 +349,14 @@ def find_hangs(run: Run) -> list[Finding]:
                     f"rank {rank.rank} stalled: {text.split(';')[0]}",
                     cause,
                     ranks=[rank.rank],
-                    details={"chain": [rank.rank], "terminal_state": word},
+                    details={
+                        "chain": [rank.rank],
+                        "terminal_rank": rank.rank,
+                        "terminal_state": word,
+                    },
                 )
             )
     return findings
-
-
-def waiting_outside_iterations(run: Run) -> dict[int, str]:
-    """Ranks whose watchdog caught them waiting in a collective outside iterations (the
-    end-of-run clock exchange), with what they waited in."""
-    waiting = {}
-    for rank in run.present_ranks:
-        for name in (fmt.ABORT, fmt.STALL):
-            ev = rank.last_of(name)
-            if ev is not None and isinstance(ev.fields.get("waiting_in"), str):
-                waiting[rank.rank] = ev.fields["waiting_in"]
-                break
-    return waiting
 
 
 def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Finding:
@@ -371,6 +364,7 @@ def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Fi
         r.rank for r in run.ranks if r.rank not in waiting and r.status.state != RankState.FINISHED
     ]
     who = f"rank(s) {', '.join(map(str, absent))}" if absent else "a peer"
+    terminal = absent[0] if absent else rank.rank  # no absent rank known: its own end
     return Finding(
         fk.RANK_STALLED,
         fk.ERROR,
@@ -381,20 +375,22 @@ def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Fi
         ranks=[rank.rank, *absent],
         details={
             "chain": [rank.rank, *absent],
-            "terminal_state": "stopped",
+            "terminal_rank": terminal,
+            "terminal_state": en.rank_endings(run)[terminal].state,
             "waiting_in": waiting[rank.rank],
         },
     )
 
 
 def _end_of_log(run: Run) -> int:
-    return max((ev.t for r in run.present_ranks for ev in r.lifecycle), default=0)
+    """The last moment any log shows its rank alive: where a hang's time span ends."""
+    return max((en.last_alive(r) for r in run.present_ranks), default=0)
 
 
-def _deadlock(run: Run, blocked: dict[int, Blocked], cycle: list[int]) -> Finding:
-    feeders = sorted(
-        r for r, b in blocked.items() if r not in cycle and _reaches(blocked, r, set(cycle))
-    )
+def _deadlock(
+    run: Run, blocked: dict[int, Blocked], cycle: list[int], members: list[int]
+) -> Finding:
+    feeders = sorted(r for r in members if r not in cycle)
     parts = [_describe_blocked(blocked[r]) for r in cycle]
     steps = [_ref(run, blocked[r], f"waits for rank {blocked[r].waits_for}") for r in cycle]
     steps += [_ref(run, blocked[r], "blocked behind the cycle") for r in feeders]
@@ -428,19 +424,6 @@ def _deadlock(run: Run, blocked: dict[int, Blocked], cycle: list[int]) -> Findin
             "blocked": {str(r): _blocked_json(blocked[r]) for r in list(cycle) + feeders},
         },
     )
-
-
-def _reaches(blocked: dict[int, Blocked], start: int, targets: set[int]) -> bool:
-    node, seen = start, set()
-    while node in blocked and node not in seen:
-        if node in targets:
-            return True
-        seen.add(node)
-        nxt = blocked[node].waits_for
-        if nxt is None:
-            return False
-        node = nxt
-    return node in targets
 
 
 def _stalled(run: Run, blocked: dict[int, Blocked], terminal: int, starts: list[int]) -> Finding:

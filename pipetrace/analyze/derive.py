@@ -92,7 +92,8 @@ def counterpart_values(ranks: list[RankTimeline], column: str) -> dict[int, np.n
 
 
 def counterpart_text(op: int, channel: int, src_stage: int, mb: int) -> str:
-    """The step the peer must run to complete a message: its SEND for a recv, its RECV for a send."""
+    """The step the peer must run to complete a message: its SEND for a recv, its RECV for a
+    send."""
     ch = "FB"[channel] if channel in (0, 1) else "?"
     if op == OP_SEND:
         dst = src_stage + 1 if ch == "F" else src_stage - 1

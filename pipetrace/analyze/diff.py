@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import IO, Any
 
-from pipetrace.analyze.analysis import Analysis, metrics_json, run_summary
+from pipetrace.analyze.analysis import Analysis, run_summary
 from pipetrace.analyze.findings import counts
 from pipetrace.analyze.report import ms, ratio
+from pipetrace.analyze.summary import MetricsSummary, RankBubble, StageCost
 
 DIFF_FORMAT = "pipetrace-diff"
 
@@ -22,54 +23,66 @@ def _pair(a: float | None, b: float | None) -> dict[str, float | None]:
 
 
 def diff_runs(a: Analysis, b: Analysis) -> dict[str, Any]:
-    ma = metrics_json(a.run, a.metrics, a.critical, segments=False)
-    mb = metrics_json(b.run, b.metrics, b.critical, segments=False)
-    stages_a = {(s["stage"], s["kind"], s["overlapped"]): s for s in ma["stages"]}
-    stages_b = {(s["stage"], s["kind"], s["overlapped"]): s for s in mb["stages"]}
-    stages = []
-    for key in sorted(set(stages_a) | set(stages_b)):
-        sa, sb = stages_a.get(key, {}), stages_b.get(key, {})
-        stages.append(
-            {
-                "stage": key[0],
-                "kind": key[1],
-                "overlapped": key[2],
-                "mean_ns": _pair(sa.get("mean_ns"), sb.get("mean_ns")),
-                "p95_ns": _pair(sa.get("p95_ns"), sb.get("p95_ns")),
-            }
-        )
-    ranks_a = {r["rank"]: r for r in ma["ranks"]}
-    ranks_b = {r["rank"]: r for r in mb["ranks"]}
-    ranks = []
-    for rank in sorted(set(ranks_a) | set(ranks_b)):
-        ra, rb = ranks_a.get(rank, {}), ranks_b.get(rank, {})
-        ranks.append(
-            {
-                "rank": rank,
-                **{
-                    name: _pair(ra.get(name), rb.get(name))
-                    for name in ("busy_ns", "p2p_wait_ns", "bubble_ns", "bubble_ratio")
-                },
-            }
-        )
+    ma, mb = a.summary, b.summary
     return {
         "format": DIFF_FORMAT,
         "version": 1,
         "a": run_summary(a.run),
         "b": run_summary(b.run),
         "iteration_time_ns": _pair(
-            ma["iteration_time"]["steady_mean_ns"], mb["iteration_time"]["steady_mean_ns"]
+            ma.iteration_time.steady_mean_ns, mb.iteration_time.steady_mean_ns
         ),
-        "bubble_ratio": _pair(ma["bubble"]["measured_ratio"], mb["bubble"]["measured_ratio"]),
-        "ideal_bubble_ratio": _pair(ma["bubble"]["ideal_ratio"], mb["bubble"]["ideal_ratio"]),
-        "critical_path_ns": _pair(
-            (ma["critical_path"] or {}).get("length_ns"),
-            (mb["critical_path"] or {}).get("length_ns"),
-        ),
-        "stages": stages,
-        "ranks": ranks,
+        "bubble_ratio": _pair(ma.bubble.measured_ratio, mb.bubble.measured_ratio),
+        "ideal_bubble_ratio": _pair(ma.bubble.ideal.bubble_ratio, mb.bubble.ideal.bubble_ratio),
+        "critical_path_ns": _pair(_path_length(ma), _path_length(mb)),
+        "stages": _stage_changes(ma.stages, mb.stages),
+        "ranks": _rank_changes(ma.ranks, mb.ranks),
         "findings": {"a": counts(a.findings), "b": counts(b.findings)},
     }
+
+
+def _path_length(m: MetricsSummary) -> int | None:
+    return m.critical_path.length_ns if m.critical_path is not None else None
+
+
+def _stage_changes(a: list[StageCost], b: list[StageCost]) -> list[dict[str, Any]]:
+    """Per (stage, kind, overlapped) of either run: its mean and p95 step time in both."""
+    stages_a = {(s.stage, s.kind, s.overlapped): s.stats for s in a}
+    stages_b = {(s.stage, s.kind, s.overlapped): s.stats for s in b}
+    out = []
+    for key in sorted(set(stages_a) | set(stages_b)):
+        sa, sb = stages_a.get(key), stages_b.get(key)
+        out.append(
+            {
+                "stage": key[0],
+                "kind": key[1],
+                "overlapped": key[2],
+                **{name: _pair(_get(sa, name), _get(sb, name)) for name in ("mean_ns", "p95_ns")},
+            }
+        )
+    return out
+
+
+def _rank_changes(a: list[RankBubble], b: list[RankBubble]) -> list[dict[str, Any]]:
+    """Per rank of either run: its busy, P2P wait and bubble in both."""
+    ranks_a = {r.rank: r for r in a}
+    ranks_b = {r.rank: r for r in b}
+    names = ("busy_ns", "p2p_wait_ns", "bubble_ns", "bubble_ratio")
+    return [
+        {
+            "rank": rank,
+            **{
+                name: _pair(_get(ranks_a.get(rank), name), _get(ranks_b.get(rank), name))
+                for name in names
+            },
+        }
+        for rank in sorted(set(ranks_a) | set(ranks_b))
+    ]
+
+
+def _get(record: object | None, name: str) -> float | None:
+    """A field of a record one run lacks (None)."""
+    return getattr(record, name) if record is not None else None
 
 
 def _change(p: dict[str, float | None], fmt=ms) -> str:
@@ -80,11 +93,16 @@ def _change(p: dict[str, float | None], fmt=ms) -> str:
     return f"{sign}{fmt(abs(p['delta']))}{pct}"
 
 
+def _run_line(label: str, run: dict[str, Any]) -> str:
+    name = (run["schedule"] or {}).get("name", "?")
+    return f"{label}: {run['path']} ({name}, {run['world_size']} ranks)"
+
+
 def render(d: dict[str, Any], out: IO[str]) -> None:
     w = 14
     lines = [
-        f"A: {d['a']['path']} ({(d['a']['schedule'] or {}).get('name', '?')}, {d['a']['world_size']} ranks)",
-        f"B: {d['b']['path']} ({(d['b']['schedule'] or {}).get('name', '?')}, {d['b']['world_size']} ranks)",
+        _run_line("A", d["a"]),
+        _run_line("B", d["b"]),
         "",
         f"{'':<22}{'A':>{w}}{'B':>{w}}  change",
     ]
@@ -98,14 +116,16 @@ def render(d: dict[str, Any], out: IO[str]) -> None:
         lines.append(f"{label:<22}{f(p['a']):>{w}}{f(p['b']):>{w}}  {_change(p, f)}")
     fa, fb = d["findings"]["a"], d["findings"]["b"]
     lines.append(
-        f"{'findings (err/warn)':<22}{fa['error']:>{w - 4}}/{fa['warning']:<3}{fb['error']:>{w - 4}}/{fb['warning']:<3}"
+        f"{'findings (err/warn)':<22}{fa['error']:>{w - 4}}/{fa['warning']:<3}"
+        f"{fb['error']:>{w - 4}}/{fb['warning']:<3}"
     )
     lines += ["", "per stage mean step time:"]
     for s in d["stages"]:
         p = s["mean_ns"]
         label = f"{s['kind']}{'*' if s['overlapped'] else ''}"
         lines.append(
-            f"  stage {s['stage']:>3} {label:<3}{'':<9}{ms(p['a']):>{w}}{ms(p['b']):>{w}}  {_change(p)}"
+            f"  stage {s['stage']:>3} {label:<3}{'':<9}{ms(p['a']):>{w}}{ms(p['b']):>{w}}  "
+            f"{_change(p)}"
         )
     if any(s["overlapped"] for s in d["stages"]):
         lines.append("  (* inside OVERLAP_F_B composites)")

@@ -1,216 +1,163 @@
 """rank_failed: ranks that raised, were killed, died silently or left no log.
 
-A rank's state comes from how its log ends (`load._status`). Only root causes are errors: a
-"connection closed" failure after another rank's first failure is named a consequence of it
-(gloo tears down the peers of a dead rank), and a P2P timeout of a rank caught in a deadlock
-or stall a symptom of that hang; both are warnings.
+How a rank ended is decided once, in `endings`; this module turns the verdicts into findings.
+Only root causes are errors: a "connection closed" failure after another rank's first failure
+is named a consequence of it (gloo tears down the peers of a dead rank), a signal after it the
+launcher ending the ranks left behind, and a P2P timeout of a rank caught in a deadlock or
+stall a symptom of that hang; those are warnings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
-from pipetrace.analyze.deadlock import _open_rows, waiting_outside_iterations
-from pipetrace.analyze.findings import Finding, StepRef
-from pipetrace.analyze.model import OPEN, RankState, RankTimeline, Run
+from pipetrace.analyze.findings import Finding
+from pipetrace.analyze.model import RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
 
-_CLOSED = ("connection closed", "connection reset", "broken pipe")
-_TIMED_OUT = ("timed out", "timeout")
+
+@dataclass(frozen=True)
+class _FirstFailure:
+    """The earliest failure of the run: what later failures may be consequences of."""
+
+    t: int
+    rank: int
+
+    def explains(self, rank: int, t: int) -> bool:
+        return self.rank != rank and t > self.t
+
+    def follows(self, t: int, what: str) -> str:
+        return f"follows rank {self.rank}'s failure {(t - self.t) / 1e9:.3g} s earlier: {what}"
 
 
 def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # type: ignore[assignment]
     """``hung``: ranks in a deadlock or stall finding; their P2P timeouts are symptoms."""
+    endings = en.rank_endings(run)
+    first = _first_failure(run, endings)
     findings = []
-    finished = sum(r.status.state == RankState.FINISHED for r in run.ranks)
-    failures = sorted(
-        (ev.t, r.rank) for r in run.present_ranks for ev in r.events_of(fmt.EXCEPTION)
-    )
-    # A rank killed outright (SIGKILL, OOM) leaves no event; its peers then fail with
-    # "connection closed". Its last event is when it was last alive: count it as a failure.
-    # A rank its watchdog ended (a hang) or a signal ended drops its connections too.
-    ended = [
-        (ev.t, r.rank)
-        for r in run.present_ranks
-        for e in (fmt.ABORT, fmt.SIGNAL)
-        for ev in r.events_of(e)
-    ]
-    later = failures + ended
-    # A log that stops mid-step (its last flush caught the step open) is a hang, unless a
-    # peer's connection to it closed afterwards: a hung process keeps its sockets open.
-    closed = [
-        (ev.t, r.rank)
-        for r in run.present_ranks
-        for ev in r.events_of(fmt.EXCEPTION)
-        if any(w in str(ev.fields.get("message", "")).lower() for w in _CLOSED)
-    ]
-    silent: dict[int, _Death] = {}
     for rank in run.ranks:
-        if rank.status.state != RankState.ENDED:
-            continue
-        last = _last_time(rank)
-        idle = not len(_open_rows(rank)) and not (rank.p2p.done == OPEN).any()
-        after = any(t > last and r != rank.rank for t, r in (later if idle else closed))
-        if after or (idle and finished):
-            silent[rank.rank] = _Death(last, open=not idle)
-    failures = sorted(later + [(d.t, r) for r, d in silent.items()])
-    first_failure = failures[0] if failures else None
-    waiting = waiting_outside_iterations(run)
-    for rank in run.ranks:
-        st = rank.status
-        where = _last_step(run, rank)
-        if st.state == RankState.FAILED:
-            exc = rank.last_of(fmt.EXCEPTION)
-            tb = str(exc.fields.get("traceback", "")) if exc else ""
-            frame = _last_frame(tb)
-            cause = f"an exception in step {where.step}" + (f" at {frame}" if frame else "")
-            error = str(st.error).lower()
-            severity = fk.ERROR
-            if (
-                any(w in error for w in _CLOSED)
-                and first_failure
-                and first_failure[1] != rank.rank
-                and exc
-                and exc.t > first_failure[0]
-            ):
-                severity = fk.WARNING
-                cause = (
-                    f"follows rank {first_failure[1]}'s failure {(exc.t - first_failure[0]) / 1e9:.3g} s "
-                    "earlier: its connection to a failed peer closed"
-                )
-            elif any(w in error for w in _TIMED_OUT) and rank.rank in hung:
-                severity = fk.WARNING
-                cause = (
-                    "a P2P wait gave up: a symptom of the hang reported as deadlock / rank_stalled"
-                )
-            findings.append(
-                Finding(
-                    fk.RANK_FAILED,
-                    severity,
-                    f"rank {rank.rank} raised {_one_line(st.error)} in {where.step}",
-                    cause,
-                    ranks=[rank.rank],
-                    steps=[where],
-                    iterations=_it(where),
-                    time_ns=(exc.t, exc.t) if exc else None,
-                    details={"error": st.error, "traceback": tb, "last_step": where.step},
-                )
-            )
-        elif st.state == RankState.SIGNALED:
-            sig = rank.last_of(fmt.SIGNAL)
-            severity, cause = (
-                fk.ERROR,
-                (
-                    "killed from outside (job scheduler timeout, a user's Ctrl-C, "
-                    "or a peer's failure tearing the job down)"
-                ),
-            )
-            if sig and first_failure and first_failure[1] != rank.rank and sig.t > first_failure[0]:
-                severity = fk.WARNING
-                cause = (
-                    f"follows rank {first_failure[1]}'s failure {(sig.t - first_failure[0]) / 1e9:.3g} s "
-                    "earlier: the launcher ended the ranks left behind"
-                )
-            findings.append(
-                Finding(
-                    fk.RANK_FAILED,
-                    severity,
-                    f"rank {rank.rank} was ended by {st.error} in {where.step}",
-                    cause,
-                    ranks=[rank.rank],
-                    steps=[where],
-                    iterations=_it(where),
-                    time_ns=(sig.t, sig.t) if sig else None,
-                    details={"signal": st.error, "last_step": where.step},
-                )
-            )
-        elif st.state == RankState.MISSING:
-            findings.append(
-                Finding(
-                    fk.RANK_FAILED,
-                    fk.WARNING,
-                    f"rank {rank.rank} has no usable log ({st.detail})",
-                    "the rank never started recording (it crashed at start) or its file was lost",
-                    ranks=[rank.rank],
-                    details={"last_step": None},
-                )
-            )
-        elif rank.rank in silent:
-            cause = "the process died without a trace (SIGKILL, the OOM killer, a segfault)"
-            if silent[rank.rank].open:
-                cause += ": a peer's connection to it closed later"
-            elif waiting:
-                cause = (
-                    f"it never reached the end of the run that rank(s) {', '.join(map(str, sorted(waiting)))} "
-                    f"waited in: hung or slow between iterations, or {cause}"
-                )
-            findings.append(
-                Finding(
-                    fk.RANK_FAILED,
-                    fk.ERROR,
-                    f"rank {rank.rank}'s log stops {'inside' if silent[rank.rank].open else 'after'} {where.step} "
-                    "with no run_end and no error",
-                    cause,
-                    ranks=[rank.rank],
-                    steps=[where],
-                    iterations=_it(where),
-                    details={"last_step": where.step},
-                )
-            )
+        state = rank.status.state
+        if state == RankState.FAILED:
+            findings.append(_raised(run, rank, endings[rank.rank], first, rank.rank in hung))
+        elif state == RankState.SIGNALED:
+            findings.append(_signaled(run, rank, endings[rank.rank], first))
+        elif state == RankState.MISSING:
+            findings.append(_missing(rank, endings[rank.rank]))
+        elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
+            findings.append(_died_silently(run, rank, endings[rank.rank]))
     return findings
 
 
-@dataclass(frozen=True)
-class _Death:
-    t: int
-    """The last moment the log shows the rank alive."""
-    open: bool
-    """The log stops inside a step or P2P op."""
-
-
-def _last_time(rank: RankTimeline) -> int:
-    """The last moment the rank's log shows it alive."""
-    times = [
-        int(rank.steps.begin.max()) if len(rank.steps) else 0,
-        int(rank.steps.end.max()) if len(rank.steps) else 0,
-        int(rank.p2p.done.max()) if len(rank.p2p) else 0,
-        int(rank.iterations.end.max()) if len(rank.iterations) else 0,
-        max((ev.t for ev in rank.lifecycle), default=0),
+def _first_failure(run: Run, endings: dict[int, en.Ending]) -> _FirstFailure | None:
+    """The earliest exception, abort or signal, or silent death (at its last sign of life)."""
+    times = en.failure_events(run)
+    times += [
+        (e.last_alive_ns, r)
+        for r, e in endings.items()
+        if e.state == en.CRASHED and run.ranks[r].status.state == RankState.ENDED
     ]
-    return max(times)
+    return _FirstFailure(*min(times)) if times else None
 
 
-def _it(ref: StepRef) -> list[int]:
-    return [ref.iteration] if ref.iteration is not None and ref.iteration >= 0 else []
+def _raised(
+    run: Run, rank: RankTimeline, ending: en.Ending, first: _FirstFailure | None, hung: bool
+) -> Finding:
+    st = rank.status
+    exc = rank.last_of(fmt.EXCEPTION)
+    tb = str(exc.fields.get("traceback", "")) if exc else ""
+    at = en.where(run, rank)
+    frame = _last_frame(tb)
+    severity = fk.ERROR
+    cause = (f"an exception in step {at.step}" if at.open else f"an exception {at.phrase}") + (
+        f" at {frame}" if frame else ""
+    )
+    closed, timed_out = en.error_words(rank)
+    if closed and first and exc and first.explains(rank.rank, exc.t):
+        severity = fk.WARNING
+        cause = first.follows(exc.t, "its connection to a failed peer closed")
+    elif timed_out and hung:
+        severity = fk.WARNING
+        cause = "a P2P wait gave up: a symptom of the hang reported as deadlock / rank_stalled"
+    message = f"rank {rank.rank} raised {_one_line(st.error)} {at.phrase}"
+    details = {"error": st.error, "traceback": tb}
+    return _told(rank, ending, at, exc.t if exc else None, severity, message, cause, details)
 
 
-def _last_step(run: Run, rank: RankTimeline) -> StepRef:
-    for e in (fmt.EXCEPTION, fmt.SIGNAL, fmt.STALL):
-        ev = rank.last_of(e)
-        listed = ev.fields.get("open_steps") if ev else None
-        if listed and isinstance(listed[-1], dict) and isinstance(listed[-1].get("step"), str):
-            item = listed[-1]
-            pos = item.get("pos") if isinstance(item.get("pos"), int) else None
-            its = rank.iterations.it
-            return StepRef(
-                rank.rank, item["step"], int(its[-1]) if len(its) else None, pos, None, "open"
-            )
-    if len(rank.steps):
-        row = len(rank.steps) - 1
-        return StepRef(
-            rank.rank,
-            run.catalog.texts[int(rank.steps.code[row])],
-            int(rank.steps.it[row]),
-            int(rank.steps.pos[row]),
-            int(rank.steps.begin[row]),
-            "last step begun",
-        )
-    return StepRef(rank.rank, "(no step)", None, None, None, None)
+def _signaled(
+    run: Run, rank: RankTimeline, ending: en.Ending, first: _FirstFailure | None
+) -> Finding:
+    st = rank.status
+    sig = rank.last_of(fmt.SIGNAL)
+    at = en.where(run, rank)
+    severity = fk.ERROR
+    cause = (
+        "killed from outside (job scheduler timeout, a user's Ctrl-C, "
+        "or a peer's failure tearing the job down)"
+    )
+    if sig and first and first.explains(rank.rank, sig.t):
+        severity = fk.WARNING
+        cause = first.follows(sig.t, "the launcher ended the ranks left behind")
+    message = f"rank {rank.rank} was ended by {st.error} {at.phrase}"
+    details = {"signal": st.error}
+    return _told(rank, ending, at, sig.t if sig else None, severity, message, cause, details)
+
+
+def _missing(rank: RankTimeline, ending: en.Ending) -> Finding:
+    return Finding(
+        fk.RANK_FAILED,
+        fk.WARNING,
+        f"rank {rank.rank} has no usable log ({rank.status.detail})",
+        "the rank never started recording (it crashed at start) or its file was lost",
+        ranks=[rank.rank],
+        details={"last_step": None, "ending": ending.state},
+    )
+
+
+def _stopped_for_good(ending: en.Ending) -> bool:
+    """A silent log that is a root cause: the process died, or it never came to the end of
+    the run that its peers wait in (hung or dead, it is the rank at fault either way)."""
+    return ending.state == en.CRASHED or ending.keeps_peers_waiting
+
+
+def _died_silently(run: Run, rank: RankTimeline, ending: en.Ending) -> Finding:
+    """A log that stops with no run_end and no error, where the evidence blames the rank."""
+    at = en.where(run, rank)
+    cause = ending.evidence
+    if ending.state == en.CRASHED:
+        cause = f"the process died without a trace (SIGKILL, the OOM killer, a segfault): {cause}"
+    stops = f"inside {at.step}" if at.open else at.phrase
+    message = f"rank {rank.rank}'s log stops {stops} with no run_end and no error"
+    return _told(rank, ending, at, ending.last_alive_ns, fk.ERROR, message, cause, {})
+
+
+def _told(
+    rank: RankTimeline,
+    ending: en.Ending,
+    at: en.Where,
+    t: int | None,
+    severity: str,
+    message: str,
+    cause: str,
+    details: dict[str, object],
+) -> Finding:
+    """The rank_failed finding of a rank whose end was recorded at ``t`` (None: unknown)."""
+    return Finding(
+        fk.RANK_FAILED,
+        severity,
+        message,
+        cause,
+        ranks=[rank.rank],
+        steps=[at.ref] if at.ref else [],
+        iterations=at.iterations,
+        time_ns=(t, t) if t is not None else None,
+        details={**details, "last_step": at.step, "ending": ending.state},
+    )
 
 
 def _one_line(text: str | None, limit: int = 160) -> str:
-    line = (text or "").splitlines()[0] if text else ""
+    line = text.splitlines()[0] if text else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipetrace.records import JsonRecord, record_json
+
 ERROR, WARNING, INFO = "error", "warning", "info"
 SEVERITIES = (ERROR, WARNING, INFO)
 _RANK = {ERROR: 0, WARNING: 1, INFO: 2}
@@ -35,7 +37,7 @@ KINDS = (
 
 
 @dataclass(frozen=True)
-class StepRef:
+class StepRef(JsonRecord):
     """One step on one rank: what a finding points at."""
 
     rank: int
@@ -45,19 +47,17 @@ class StepRef:
     time_ns: int | None = None  # when it began (ns since Run.t0_ns)
     note: str | None = None  # e.g. "blocked in recv from rank 2"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "step": self.step,
-            "iteration": self.iteration,
-            "position": self.position,
-            "time_ns": self.time_ns,
-            "note": self.note,
-        }
-
 
 @dataclass
 class Finding:
+    """What went wrong in a recorded run, where and when, and its likely cause.
+
+    The static verifier has its own `pipetrace.schedule.verify.Finding`, on purpose: it is
+    about a plan, not a run, so it has no cause, time, iteration or details, and its step
+    positions count the plan's bubbles while these (`StepRef.position`) do not. Each is a
+    documented JSON contract (docs/schedules.md, docs/analyze.md); one type for both would
+    give a field two meanings depending on who made it. They share the severity words."""
+
     kind: str
     severity: str
     message: str  # one line: what happened
@@ -75,18 +75,11 @@ class Finding:
         self.iterations = sorted({int(i) for i in self.iterations})
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "severity": self.severity,
-            "message": self.message,
-            "cause": self.cause,
-            "ranks": self.ranks,
-            "steps": [s.to_json() for s in self.steps],
-            "microbatches": self.microbatches,
-            "iterations": self.iterations,
-            "time_ns": list(self.time_ns) if self.time_ns else None,
-            "details": self.details,
-        }
+        return record_json(
+            self,
+            steps=[s.to_json() for s in self.steps],
+            time_ns=list(self.time_ns) if self.time_ns else None,
+        )
 
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:

@@ -45,10 +45,11 @@ from pipetrace.analyze.model import (
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
+from pipetrace.gc_pause import gc_paused
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
-from pipetrace.schedule.lowering import gc_paused
 
 Progress = Callable[[int, int], None]
 """Called as ``progress(files_done, files_total)`` while logs are parsed."""
@@ -105,8 +106,8 @@ class _Parsing:
         self.paths, self.progress = paths, progress
         if workers is None:
             size = sum(p.stat().st_size for p in paths if p.exists())
-            workers = min(os.cpu_count() or 1, len(paths)) if size >= _PARALLEL_MIN_BYTES else 0
-        self.workers = workers
+            workers = len(paths) if size >= _PARALLEL_MIN_BYTES else 0
+        self.workers = worker_count(workers, len(paths))
         self._pool: ProcessPoolExecutor | None = None
         self._futures: list[Future[RawRank]] = []
 
@@ -117,13 +118,22 @@ class _Parsing:
                 threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
             )
             context = multiprocessing.get_context("fork" if fork else "spawn")
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=context,
+                initializer=exit_with_parent,
+                initargs=(os.getpid(),),
+            )
             self._futures = [self._pool.submit(parse_rank_file, p) for p in self.paths]
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if self._pool is None:
+            return
+        if exc_type is None:
             self._pool.shutdown(cancel_futures=True)
+        else:  # interrupted (Ctrl-C, SIGTERM turned into an exception) or failed
+            stop_workers(self._pool)
 
     def in_rank_order(self) -> Iterator[RawRank]:
         for done, path in enumerate(self.paths, 1):
@@ -382,7 +392,8 @@ class _Assembly:
         ]
         self.texts.extend(extra)
         texts = self.texts.values
-        # the ranks' texts come parsed by the workers; the plans' extra ones are parsed by build (-2)
+        # the ranks' texts come parsed by the workers; the plans' extra ones are parsed by
+        # build (-2)
         kind = np.full(len(texts), -2, np.int32)
         stage, mb = np.full(len(texts), -1, np.int32), np.full(len(texts), -1, np.int32)
         for column, parts in zip((kind, stage, mb), zip(*self.text_parts)):
@@ -477,18 +488,6 @@ def _missing(rank: int, raw: RawRank) -> RankTimeline:
     )
 
 
-def _time_columns(rank: RankTimeline) -> tuple[np.ndarray, ...]:
-    """The rank's time columns (`_shift_times` shifts them in place)."""
-    return (
-        rank.steps.begin,
-        rank.steps.end,
-        rank.p2p.post,
-        rank.p2p.done,
-        rank.iterations.begin,
-        rank.iterations.end,
-    )
-
-
 def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn]) -> int:
     """Put every time on rank 0's clock (chosen offset, then correction) and make it
     relative to the earliest event; returns that event's time (t0, epoch ns)."""
@@ -496,7 +495,7 @@ def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn])
     for rank in present:
         fn = offsets[rank.rank]
         correction = rank.clock.correction_ns
-        for arr in _time_columns(rank):
+        for arr in rank.time_columns():
             ended = arr != OPEN
             if ended.all():
                 arr += correction - fn(arr)
@@ -515,7 +514,7 @@ def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn])
         firsts.extend(ev.t for ev in rank.lifecycle)
     t0 = min(firsts) if firsts else 0
     for rank in present:
-        for arr in _time_columns(rank):
+        for arr in rank.time_columns():
             np.subtract(arr, t0, out=arr, where=arr != OPEN)
         for ev in rank.lifecycle:
             ev.t -= t0
@@ -542,6 +541,15 @@ def _status(rank: RankTimeline, catalog: StepCatalog) -> RankStatus:
         )
     if rank.last_of(fmt.RUN_END) is not None:
         return RankStatus(RankState.FINISHED, "finished cleanly", last_step, last_it)
+    if any(ev.fields.get("phase") == "end" for ev in rank.events_of(fmt.CLOCK)):
+        # only a rank that ends cleanly records the end-of-run clock exchange: its run_end was
+        # lost after it (a torn last line, a kill during the last write)
+        return RankStatus(
+            RankState.FINISHED,
+            "finished (its end-of-run clock exchange completed; run_end lost)",
+            last_step,
+            last_it,
+        )
     if rank.last_of(fmt.STALL) is not None:
         return RankStatus(
             RankState.STALLED, "stalled (watchdog) and the log ends there", last_step, last_it

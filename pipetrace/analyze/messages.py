@@ -25,7 +25,7 @@ import numpy as np
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.derive import counterpart_text, message_identity
 from pipetrace.analyze.findings import Finding, StepRef
-from pipetrace.analyze.model import CHANNELS, OP_SEND, OPEN, RankState, Run
+from pipetrace.analyze.model import CHANNELS, OP_SEND, OPEN, P2PTable, RankState, Run
 
 Group = tuple[int, int, int, int]  # (sender, receiver, channel, iteration)
 
@@ -80,7 +80,12 @@ def find_message_problems(run: Run) -> list[Finding]:
     return out
 
 
-def _group(rank: int, p, row: int) -> Group:
+def _channel(ch: int) -> str | int:
+    """A channel's name ("F", "B"), or its number when it has none."""
+    return CHANNELS[ch] if ch in (0, 1) else ch
+
+
+def _group(rank: int, p: P2PTable, row: int) -> Group:
     peer = int(p.peer[row])
     sender, receiver = (rank, peer) if p.op[row] == OP_SEND else (peer, rank)
     return sender, receiver, int(p.ch[row]), int(p.it[row])
@@ -185,7 +190,10 @@ def _why_never(run: Run, peer: int, wanted: str | None, it: int) -> str | None:
             (other.steps.code == code) & (other.steps.it == it) & (other.steps.end != OPEN)
         )
         if code >= 0 and len(done_rows):
-            return f"rank {peer} ran {wanted} without posting it (a custom step function that skips the message?)"
+            return (
+                f"rank {peer} ran {wanted} without posting it (a custom step function that "
+                "skips the message?)"
+            )
     if other.status.state == RankState.FINISHED:
         return f"rank {peer} finished without {wanted or 'a counterpart'}"
     if (
@@ -216,8 +224,8 @@ def _unmatched(run: Run, key: tuple[int, int, int], items: list, send: bool) -> 
     return Finding(
         fk.UNMATCHED_SEND if send else fk.UNMATCHED_RECV,
         fk.ERROR,
-        f"rank {rank} {what} {text} (channel {CHANNELS[ch] if ch in (0, 1) else ch}, iteration {it}) "
-        f"{direction} rank {peer} with no counterpart{more}",
+        f"rank {rank} {what} {text} (channel {_channel(ch)}, iteration {it}) {direction} "
+        f"rank {peer} with no counterpart{more}",
         cause,
         ranks=[rank, peer],
         steps=[_ref(run, rank, r[0], r[4]) for r in items[:20]],
@@ -225,7 +233,7 @@ def _unmatched(run: Run, key: tuple[int, int, int], items: list, send: bool) -> 
         iterations=sorted({r[1] for r in items}),
         time_ns=(int(run.ranks[rank].p2p.post[row]), int(run.ranks[rank].p2p.post[items[-1][0]])),
         details={
-            "channel": CHANNELS[ch] if ch in (0, 1) else ch,
+            "channel": _channel(ch),
             "count": len(items),
             "counterpart": wanted,
             "ops": [
@@ -242,14 +250,24 @@ def _count_meant(run: Run, rank: int, peer: int, ch: int, it: int, mb: int, send
     return int((mbs[rows] == mb).sum())
 
 
+def _wire(run: Run, p: P2PTable, row: int) -> dict[str, object]:
+    """What one side of a message put on the wire: shape, dtype and size."""
+    return {
+        "shape": list(run.shapes[int(p.shape[row])]),
+        "dtype": run.dtypes[int(p.dtype[row])],
+        "bytes": int(p.nbytes[row]),
+    }
+
+
+def _describe_wire(wire: dict[str, object]) -> str:
+    return f"{wire['shape']} {wire['dtype']} ({wire['bytes']} bytes)"
+
+
 def _mismatch(run: Run, key: tuple[int, int, int], pairs: list[tuple[int, int]]) -> Finding:
     sender, receiver, ch = key
     sp, rp = run.ranks[sender].p2p, run.ranks[receiver].p2p
     row, orow = pairs[0]
-
-    def desc(p, r: int) -> str:
-        return f"{list(run.shapes[int(p.shape[r])])} {run.dtypes[int(p.dtype[r])]} ({int(p.nbytes[r])} bytes)"
-
+    sent, expected = _wire(run, sp, row), _wire(run, rp, orow)
     diffs = [
         name
         for name, a, b in (
@@ -259,35 +277,28 @@ def _mismatch(run: Run, key: tuple[int, int, int], pairs: list[tuple[int, int]])
         )
         if a != b
     ]
-    _, mbs = message_identity(run.ranks[sender], run.catalog)
+    src, mbs = message_identity(run.ranks[sender], run.catalog)
+    what = "output" if ch == 0 else "input gradient"
     return Finding(
         fk.MESSAGE_MISMATCH,
         fk.ERROR,
-        f"rank {sender} sent {run.catalog.texts[int(sp.code[row])]} as {desc(sp, row)} but rank {receiver} "
-        f"expected {desc(rp, orow)} in {run.catalog.texts[int(rp.code[orow])]}"
+        f"rank {sender} sent {run.catalog.texts[int(sp.code[row])]} as {_describe_wire(sent)} "
+        f"but rank {receiver} expected {_describe_wire(expected)} in "
+        f"{run.catalog.texts[int(rp.code[orow])]}"
         + (f" ({len(pairs)} messages on this channel)" if len(pairs) > 1 else ""),
-        f"the {'/'.join(diffs)} of stage {int(message_identity(run.ranks[sender], run.catalog)[0][row])}'s "
-        f"{'output' if ch == 0 else 'input gradient'} changed after the receiver learned it (or the two "
-        "stages disagree on it)",
+        f"the {'/'.join(diffs)} of stage {int(src[row])}'s {what} changed after the receiver "
+        "learned it (or the two stages disagree on it)",
         ranks=[sender, receiver],
         steps=[_ref(run, sender, row), _ref(run, receiver, orow)],
         microbatches=sorted({int(mbs[r]) for r, _ in pairs if mbs[r] >= 0}),
         iterations=sorted({int(sp.it[r]) for r, _ in pairs}),
         time_ns=(int(sp.post[row]), int(max(rp.done[orow], sp.post[row]))),
         details={
-            "channel": CHANNELS[ch] if ch in (0, 1) else ch,
+            "channel": _channel(ch),
             "count": len(pairs),
             "differs": diffs,
-            "send": {
-                "shape": list(run.shapes[int(sp.shape[row])]),
-                "dtype": run.dtypes[int(sp.dtype[row])],
-                "bytes": int(sp.nbytes[row]),
-            },
-            "recv": {
-                "shape": list(run.shapes[int(rp.shape[orow])]),
-                "dtype": run.dtypes[int(rp.dtype[orow])],
-                "bytes": int(rp.nbytes[orow]),
-            },
+            "send": sent,
+            "recv": expected,
         },
     )
 
@@ -309,7 +320,7 @@ def _crossing(run: Run, key: tuple[int, int, int], items: list) -> Finding:
     return Finding(
         fk.ORDER_CROSSING,
         fk.ERROR,
-        f"channel {CHANNELS[ch] if ch in (0, 1) else ch} rank {sender} -> rank {receiver}, iteration {it}: "
+        f"channel {_channel(ch)} rank {sender} -> rank {receiver}, iteration {it}: "
         f"sends in order {', '.join(sends[:6])} but receives in order {', '.join(recvs[:6])}"
         + (f" ({len(items)} iterations affected)" if len(items) > 1 else ""),
         "the sender's and receiver's plans order these messages differently; with order-matched "
@@ -323,7 +334,7 @@ def _crossing(run: Run, key: tuple[int, int, int], items: list) -> Finding:
             int(run.ranks[receiver].p2p.post[crossed[-1][1]]),
         ),
         details={
-            "channel": CHANNELS[ch] if ch in (0, 1) else ch,
+            "channel": _channel(ch),
             "send_order": sends,
             "recv_order": recvs,
             "iterations": len(items),

@@ -1,5 +1,5 @@
-"""Timing metrics: iteration time, per-rank busy / P2P wait / bubble, per-stage step costs,
-the ideal bubble from the simulator, and exposed communication.
+"""Timing metrics: iteration time, per-rank busy / P2P wait / bubble, per-stage step costs
+and exposed communication, per iteration (`pipetrace.analyze.summary` reduces them).
 
 Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
 
@@ -10,8 +10,7 @@ Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
   drain of sends.
 - *bubble*: iteration time minus busy (as the simulator counts it: waiting is idle).
   ``bubble_ratio`` = bubble / busy, the simulator's definition, so it compares directly with
-  the ideal: `pipetrace.schedule.simulate.simulate` fed this run's mean per-stage F/B/I/W
-  costs, with free communication.
+  the ideal (`pipetrace.analyze.ideal`, fed `Metrics.mean_costs`).
 - *exposed comm*: in overlap mode, the part of a wait after the peer had already posted its
   side: transfer time that the schedule meant to hide behind compute.
 """
@@ -19,8 +18,7 @@ Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -69,7 +67,6 @@ class Metrics:
     complete: np.ndarray  # bool: every present rank began and ended it
     per_rank: dict[int, RankIterations]
     stage_costs: dict[tuple[int, str], np.ndarray]  # (stage, kind[+OVERLAPPED]) -> durations (ns)
-    ideal: dict[str, Any] = field(default_factory=dict)
     overlap_mode: bool = False
 
     @property
@@ -150,80 +147,59 @@ def compute_metrics(run: Run) -> Metrics:
         for key, values in costs.items():
             stage_costs.setdefault(key, []).append(values)
     merged = {k: np.concatenate(v) for k, v in sorted(stage_costs.items())}
-    metrics = Metrics(its, start, end, complete, per_rank, merged, overlap_mode=overlap)
-    metrics.ideal = ideal_timeline(run, metrics.mean_costs())
-    return metrics
+    return Metrics(its, start, end, complete, per_rank, merged, overlap_mode=overlap)
+
+
+@dataclass
+class _TopSteps:
+    """One rank's top-level steps (the plan's, not composites' parts), as `_rank_metrics`
+    uses them; ``leaf_kind`` is the kind code of every step row."""
+
+    begin: np.ndarray
+    end: np.ndarray
+    it_idx: np.ndarray  # index into the run's iterations
+    is_comm: np.ndarray
+    leaf_kind: np.ndarray
+
+    @property
+    def ended(self) -> np.ndarray:
+        return self.end != OPEN
+
+
+@dataclass
+class _Waits:
+    """A rank's P2P waits: per iteration, exposed (overlap mode) and blocking (plain mode)
+    transfer time; per step row, the time it waited for an input; whether it overlapped."""
+
+    exposed: np.ndarray
+    blocking: np.ndarray
+    waited: np.ndarray
+    overlap: bool = False
 
 
 def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.ndarray):
     """One rank's `RankIterations`, its step costs by (stage, kind) and whether it ran in
     overlap mode. ``partner``: per P2P row, when the matched op was posted (-1: unmatched)."""
-    catalog = run.catalog
-    n = len(its)
-    steps, p2p = rank.steps, rank.p2p
+    catalog, steps, n = run.catalog, rank.steps, len(its)
     top = top_level(rank, catalog)
-    begin, end = steps.begin[top], steps.end[top]
     leaf_kind = catalog.kind[steps.code]
     kind = leaf_kind[top]
-    it_idx = np.minimum(np.searchsorted(its, steps.it[top]), max(n - 1, 0))  # np.clip is slower
-    ended = end != OPEN
-    dur = np.where(ended, end - begin, 0)
+    t = _TopSteps(
+        steps.begin[top],
+        steps.end[top],
+        np.minimum(np.searchsorted(its, steps.it[top]), max(n - 1, 0)),  # np.clip is slower
+        IS_COMM[kind],
+        leaf_kind,
+    )
+    dur = np.where(t.ended, t.end - t.begin, 0)
     is_compute = IS_COMPUTE_OR_COMPOSITE[kind]
-    is_comm = IS_COMM[kind]
-    busy = np.bincount(it_idx, weights=np.where(is_compute, dur, 0), minlength=n).astype(np.float64)
-    wait = np.bincount(it_idx, weights=np.where(is_comm, dur, 0), minlength=n).astype(np.float64)
-    exposed = np.zeros(n)
-    blocking = np.zeros(n)
-    waited = np.zeros(len(steps), np.int64)  # per step row: time spent waiting for an input
-    overlap = False
-    if len(p2p) and n:
-        done = p2p.done
-        ok = done != OPEN
-        op_it = np.minimum(np.searchsorted(its, p2p.it), n - 1)
-        poster = containing_rows(begin, end, p2p.post)
-        ps = np.maximum(poster, 0)
-        in_own = ok & (poster >= 0) & ((end[ps] >= done) | (end[ps] == OPEN)) & (done >= begin[ps])
-        # plain mode: the op completes inside its own SEND/RECV step
-        own = in_own & is_comm[ps] & (partner >= 0)
-        blocking = np.bincount(
-            op_it[own],
-            weights=np.maximum(done[own] - np.maximum(p2p.post[own], partner[own]), 0),
-            minlength=n,
-        )
-        # overlap mode: ops completing outside their own step (none in plain mode)
-        detached = ok & ~in_own
-        overlap = bool(detached.any())
-        if overlap:
-            # recvs: the consuming compute step waits for the op at its start
-            consumer = _consumers(run, rank, leaf_kind)
-            late = detached & (consumer >= 0)
-            rows = consumer[late]
-            wait_from = np.maximum(steps.begin[rows], p2p.post[late])
-            inside = (done[late] >= steps.begin[rows]) & (
-                (steps.end[rows] == OPEN) | (done[late] <= steps.end[rows])
-            )
-            w = np.where(inside, np.maximum(done[late] - wait_from, 0), 0)
-            np.add.at(waited, rows, w)
-            on_main = steps.thread[rows] == MAIN_THREAD
-            np.add.at(busy, op_it[late][on_main], -w[on_main].astype(np.float64))
-            np.add.at(wait, op_it[late][on_main], w[on_main].astype(np.float64))
-            hidden_from = np.maximum(wait_from, partner[late])
-            late_exposed = np.where(inside, np.maximum(done[late] - hidden_from, 0), 0)
-            # sends: drained after the rank's last step of the iteration
-            last_end = _max_per_bin(it_idx[ended], end[ended], n)
-            drained = detached & (consumer < 0) & (done > last_end[op_it])
-            drain_from = np.maximum(last_end[op_it], p2p.post)
-            drain = np.where(drained, np.maximum(done - drain_from, 0), 0)
-            wait += _max_per_bin(op_it, drain, n)
-            drain_exposed = np.where(
-                drained, np.maximum(done - np.maximum(drain_from, partner), 0), 0
-            )
-            # one pass, recvs then drains: each bin adds in that order, as np.add.at twice would
-            exposed = np.bincount(
-                np.concatenate((op_it[late], op_it)),
-                minlength=n,
-                weights=np.concatenate((late_exposed, drain_exposed)),
-            )
+    busy = np.bincount(t.it_idx, weights=np.where(is_compute, dur, 0), minlength=n).astype(
+        np.float64
+    )
+    wait = np.bincount(t.it_idx, weights=np.where(t.is_comm, dur, 0), minlength=n).astype(
+        np.float64
+    )
+    waits = _p2p_waits(run, rank, its, partner, t, busy, wait)
     present = np.zeros(n, bool)
     present[np.searchsorted(its, rank.iterations.it)] = True
     nan = np.where(present, 0.0, np.nan)
@@ -233,10 +209,92 @@ def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.nda
         catalog,
         steps,
         leaf_kind,
-        np.maximum((steps.end - steps.begin).astype(np.int64) - waited, 0),
+        np.maximum((steps.end - steps.begin).astype(np.int64) - waits.waited, 0),
         standalone,
     )
-    return RankIterations(busy + nan, wait + nan, exposed + nan, blocking + nan), costs, overlap
+    iterations = RankIterations(busy + nan, wait + nan, waits.exposed + nan, waits.blocking + nan)
+    return iterations, costs, waits.overlap
+
+
+def _p2p_waits(
+    run: Run,
+    rank: RankTimeline,
+    its: np.ndarray,
+    partner: np.ndarray,
+    t: _TopSteps,
+    busy: np.ndarray,
+    wait: np.ndarray,
+) -> _Waits:
+    """The rank's transfer waits. In plain mode an op completes inside its own SEND/RECV
+    step; ops completing outside it mean overlap mode (`_overlap_waits`, which moves the
+    in-step input waits from ``busy`` to ``wait``)."""
+    n, p2p = len(its), rank.p2p
+    waits = _Waits(np.zeros(n), np.zeros(n), np.zeros(len(rank.steps), np.int64))
+    if not (len(p2p) and n):
+        return waits
+    done = p2p.done
+    ok = done != OPEN
+    op_it = np.minimum(np.searchsorted(its, p2p.it), n - 1)
+    poster = containing_rows(t.begin, t.end, p2p.post)
+    ps = np.maximum(poster, 0)
+    in_own = (
+        ok & (poster >= 0) & ((t.end[ps] >= done) | (t.end[ps] == OPEN)) & (done >= t.begin[ps])
+    )
+    own = in_own & t.is_comm[ps] & (partner >= 0)
+    waits.blocking = np.bincount(
+        op_it[own],
+        weights=np.maximum(done[own] - np.maximum(p2p.post[own], partner[own]), 0),
+        minlength=n,
+    )
+    detached = ok & ~in_own  # none in plain mode
+    waits.overlap = bool(detached.any())
+    if waits.overlap:
+        waits.exposed = _overlap_waits(run, rank, op_it, detached, partner, t, busy, wait, waits)
+    return waits
+
+
+def _overlap_waits(
+    run: Run,
+    rank: RankTimeline,
+    op_it: np.ndarray,
+    detached: np.ndarray,
+    partner: np.ndarray,
+    t: _TopSteps,
+    busy: np.ndarray,
+    wait: np.ndarray,
+    waits: _Waits,
+) -> np.ndarray:
+    """Overlap mode, per iteration: the exposed transfer time. A received op's consuming
+    compute step waits for it at its start (that wait leaves ``busy`` for ``wait`` and is
+    added to ``waits.waited``); sends are drained after the iteration's last step."""
+    steps, p2p, done, n = rank.steps, rank.p2p, rank.p2p.done, len(busy)
+    consumer = _consumers(run, rank, t.leaf_kind)
+    late = detached & (consumer >= 0)
+    rows = consumer[late]
+    wait_from = np.maximum(steps.begin[rows], p2p.post[late])
+    inside = (done[late] >= steps.begin[rows]) & (
+        (steps.end[rows] == OPEN) | (done[late] <= steps.end[rows])
+    )
+    w = np.where(inside, np.maximum(done[late] - wait_from, 0), 0)
+    np.add.at(waits.waited, rows, w)
+    on_main = steps.thread[rows] == MAIN_THREAD
+    np.add.at(busy, op_it[late][on_main], -w[on_main].astype(np.float64))
+    np.add.at(wait, op_it[late][on_main], w[on_main].astype(np.float64))
+    hidden_from = np.maximum(wait_from, partner[late])
+    late_exposed = np.where(inside, np.maximum(done[late] - hidden_from, 0), 0)
+    ended = t.ended
+    last_end = _max_per_bin(t.it_idx[ended], t.end[ended], n)
+    drained = detached & (consumer < 0) & (done > last_end[op_it])
+    drain_from = np.maximum(last_end[op_it], p2p.post)
+    drain = np.where(drained, np.maximum(done - drain_from, 0), 0)
+    wait += _max_per_bin(op_it, drain, n)
+    drain_exposed = np.where(drained, np.maximum(done - np.maximum(drain_from, partner), 0), 0)
+    # one pass, recvs then drains: each bin adds in that order, as np.add.at twice would
+    return np.bincount(
+        np.concatenate((op_it[late], op_it)),
+        minlength=n,
+        weights=np.concatenate((late_exposed, drain_exposed)),
+    )
 
 
 def _stage_costs(
@@ -312,46 +370,3 @@ def _consumer_key(
 ) -> np.ndarray:
     """(iteration, stage, micro-batch, forward or backward) as one int64."""
     return ((it.astype(np.int64) * 65536 + stage) * 1048576 + mb) * 2 + backward
-
-
-def ideal_timeline(
-    run: Run,
-    costs: dict[tuple[int, str], float],
-    *,
-    override: dict[tuple[int, str], float] | None = None,
-) -> dict[str, Any]:
-    """The simulator's timeline for this run's plan with these per-stage costs (ns)."""
-    if run.plan is None or not costs:
-        return {"available": False, "reason": "no plan" if run.plan is None else "no measured step"}
-    try:
-        from pipetrace.schedule.simulate import Costs, simulate
-    except ImportError:  # pragma: no cover - the simulator ships with pipetrace
-        return {"available": False, "reason": "simulator unavailable"}
-    per_stage = dict(costs)
-    if override:
-        per_stage.update(override)
-    by_kind = {}
-    for kind in ("F", "B", "I", "W"):
-        values = [c for (s, k), c in per_stage.items() if k == kind]
-        by_kind[kind] = float(np.mean(values)) if values else 0.0
-    try:
-        result = simulate(
-            run.plan,
-            Costs(
-                F=by_kind["F"], B=by_kind["B"], I=by_kind["I"], W=by_kind["W"], per_stage=per_stage
-            ),
-            semantics="eager",
-        )
-    except Exception as exc:
-        return {"available": False, "reason": f"simulation failed: {exc}"}
-    return {
-        "available": True,
-        "makespan_ns": float(result.makespan),
-        "bubble_ratio": _finite(result.bubble_ratio),
-        "idle_fraction": float(result.idle_fraction),
-        "per_rank_bubble_ratio": [_finite(r.bubble_ratio) for r in result.per_rank],
-    }
-
-
-def _finite(x: float) -> float | None:
-    return float(x) if np.isfinite(x) else None

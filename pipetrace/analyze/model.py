@@ -25,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.recorder.format import CHANNELS as CHANNELS  # re-exported for the views
+from pipetrace.recorder.format import OPS as OPS
 from pipetrace.schedule.ir import COMPUTE_KINDS, Plan, Step, StepKind, parse_step
 
 OPEN = -1
-"""The end time of a span that never ended."""
+"""The end time of a span that never ended (the only definition: parse and views import it)."""
 
 KINDS: tuple[StepKind, ...] = tuple(StepKind)
 """``catalog.kind`` values index this tuple; -1 is a text that does not parse."""
@@ -64,8 +66,7 @@ _SIMPLE = re.compile(
 )
 
 OP_SEND, OP_RECV = 0, 1
-OPS = ("send", "recv")
-CHANNELS = ("F", "B")
+"""``p2p.op`` codes: indexes into `OPS` (the trace's values of ``p2p_post.op``)."""
 MAIN_THREAD = 0
 
 
@@ -345,6 +346,17 @@ class RankTimeline:
     events: int = 0  # event lines read
     path: Path | None = None
 
+    def time_columns(self) -> tuple[np.ndarray, ...]:
+        """Every time column of its tables (steps, P2P ops, iterations); OPEN where none."""
+        return (
+            self.steps.begin,
+            self.steps.end,
+            self.p2p.post,
+            self.p2p.done,
+            self.iterations.begin,
+            self.iterations.end,
+        )
+
     def events_of(self, e: str) -> list[LifecycleEvent]:
         return [ev for ev in self.lifecycle if ev.e == e]
 
@@ -394,6 +406,20 @@ class Run:
     def schedule_name(self) -> str:
         schedule = self.meta.get("schedule")
         return str(schedule.get("name", "?")) if isinstance(schedule, dict) else "?"
+
+    @property
+    def p2p_mode(self) -> str | None:
+        """ "plain" or "overlap", as meta.json's config says (the runtime's ``overlap_p2p``
+        flag, or a ``p2p`` string); None when it does not say. `metrics.overlap_mode` is the
+        mode measured from the ops themselves."""
+        config = self.meta.get("config")
+        if not isinstance(config, dict):
+            return None
+        if isinstance(config.get("p2p"), str):
+            return config["p2p"]
+        if isinstance(config.get("overlap_p2p"), bool):
+            return "overlap" if config["overlap_p2p"] else "plain"
+        return None
 
     @property
     def num_microbatches(self) -> int | None:

@@ -9,34 +9,27 @@ rank's own clock here; the loader aligns them.
 
 from __future__ import annotations
 
-import gc
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipetrace.analyze.model import parse_texts
+from pipetrace.analyze.model import CHANNELS, OPEN, OPS, parse_texts
 from pipetrace.analyze.reader import SKIP, LogProblems, TraceFormatError, event_batches, open_log
+from pipetrace.gc_pause import gc_paused
+from pipetrace.interning import Interner
 from pipetrace.recorder import format as fmt
 
-OPEN = -1
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_LIFECYCLE = frozenset(
-    {
-        fmt.RUN_START,
-        fmt.CLOCK,
-        fmt.STALL,
-        fmt.DUMP,
-        fmt.SIGNAL,
-        fmt.EXCEPTION,
-        fmt.ABORT,
-        fmt.RUN_END,
-    }
-)
-_OPS = {"send": 0, "recv": 1}
-_CHANNELS = {"F": 0, "B": 1}
+_END_EVENTS = frozenset({fmt.STEP_END, fmt.P2P_DONE})
+_COLUMN_EVENTS = {fmt.STEP_BEGIN, fmt.P2P_POST, *_END_EVENTS}
+_LIFECYCLE = frozenset(fmt.EVENT_TYPES) - {*_COLUMN_EVENTS, fmt.ITER_BEGIN, fmt.ITER_END}
+"""Events kept with their fields (`RawRank.lifecycle`); the others become columns."""
+_OPS = {name: code for code, name in enumerate(OPS)}
+_CHANNELS = {name: code for code, name in enumerate(CHANNELS)}
 
 
 @dataclass
@@ -74,9 +67,9 @@ class _Columns:
         for name in self.names:
             self.parts[name].append(columns[name])
 
-    def result(self, dtypes: dict[str, Any]) -> dict[str, np.ndarray]:
+    def result(self) -> dict[str, np.ndarray]:
         return {
-            n: np.concatenate(p).astype(dtypes[n], copy=False) if p else np.empty(0, dtypes[n])
+            n: np.concatenate(p).astype(_dtype(n), copy=False) if p else np.empty(0, _dtype(n))
             for n, p in self.parts.items()
         }
 
@@ -85,32 +78,21 @@ _STEP_COLS = ("t", "id", "it", "pos", "code", "thread")
 _P2P_COLS = ("t", "id", "it", "op", "peer", "ch", "seq", "nbytes", "shape", "dtype", "code")
 _END_COLS = ("id", "t")
 _I64 = np.int64
+_NARROW = {
+    **dict.fromkeys(("code", "thread", "shape", "dtype"), np.int32),
+    **dict.fromkeys(("op", "ch"), np.int8),
+}
 
 
-class _Interner:
-    def __init__(self, values: list) -> None:
-        self.values = values
-        self.codes: dict[Any, int] = {}
-
-    def get(self, value: Any) -> int:
-        code = self.codes.get(value)
-        if code is None:
-            code = self.codes[value] = len(self.values)
-            self.values.append(value)
-        return code
+def _dtype(column: str) -> Any:
+    """The dtype of a column: interned codes and enumerations narrow, the rest int64."""
+    return _NARROW.get(column, _I64)
 
 
 def parse_rank_file(path: str | Path) -> RawRank:
     """Parse one rank log; never raises for bad content (``error`` says why it is unusable)."""
-    # A chunk is tens of thousands of fresh dicts: the cyclic collector would walk them again
-    # and again for nothing (they hold no cycles); reference counting frees them.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():  # a chunk is tens of thousands of fresh dicts, none in a cycle
         return _parse(path)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _parse(path: str | Path) -> RawRank:
@@ -121,9 +103,9 @@ def _parse(path: str | Path) -> RawRank:
         raw.error = str(exc)
         return raw
     raw.header = header
-    texts, threads = _Interner(raw.texts), _Interner(raw.threads)
+    texts, threads = Interner(raw.texts), Interner(raw.threads)
     threads.get("main")
-    shapes, dtypes = _Interner(raw.shapes), _Interner(raw.dtypes)
+    shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
     steps, p2p, ends = _Columns(_STEP_COLS), _Columns(_P2P_COLS), _Columns(_END_COLS)
     interners = (texts, threads, shapes, dtypes)
     try:
@@ -134,7 +116,7 @@ def _parse(path: str | Path) -> RawRank:
                 _check_new_values(interners, marks)
             except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
                 for interner, mark in zip(interners, marks):
-                    _truncate(interner, mark)
+                    interner.truncate(mark)
                 columns = _slow_batch(items, first_line, raw, interners)
             sb, pp, en, other = columns
             steps.add(sb)
@@ -149,13 +131,7 @@ def _parse(path: str | Path) -> RawRank:
     return raw
 
 
-def _truncate(interner: _Interner, mark: int) -> None:
-    for value in interner.values[mark:]:
-        del interner.codes[value]
-    del interner.values[mark:]
-
-
-def _check_new_values(interners: tuple[_Interner, ...], marks: list[int]) -> None:
+def _check_new_values(interners: tuple[Interner, ...], marks: list[int]) -> None:
     texts, threads, shapes, dtypes = interners
     for interner, mark in ((texts, marks[0]), (threads, marks[1]), (dtypes, marks[3])):
         for value in interner.values[mark:]:
@@ -167,7 +143,7 @@ def _check_new_values(interners: tuple[_Interner, ...], marks: list[int]) -> Non
                 raise TypeError
 
 
-def _codes(interner: _Interner, values: Any, count: int) -> np.ndarray:
+def _codes(interner: Interner, values: Any, count: int) -> np.ndarray:
     """Intern an iterable of hashable values; returns their codes."""
     values = list(values)
     codes = interner.codes
@@ -179,7 +155,7 @@ def _codes(interner: _Interner, values: Any, count: int) -> np.ndarray:
         return np.fromiter(map(codes.__getitem__, values), np.int32, count)
 
 
-def _fast_batch(items: list, raw: RawRank, interners: tuple[_Interner, ...]):
+def _fast_batch(items: list, raw: RawRank, interners: tuple[Interner, ...]):
     """Columns of one chunk, trusting types (any surprise raises; the caller falls back)."""
     texts, threads, shapes, dtypes = interners
     sb: list = []
@@ -187,13 +163,14 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[_Interner, ...]):
     en: list = []
     other: list = []
     sb_add, pp_add, en_add, other_add = sb.append, pp.append, en.append, other.append
+    step_begin, p2p_post, ends = fmt.STEP_BEGIN, fmt.P2P_POST, _END_EVENTS
     for d in items:
         e = d["e"]
-        if e == "step_end" or e == "p2p_done":
+        if e in ends:
             en_add(d)
-        elif e == "step_begin":
+        elif e == step_begin:
             sb_add(d)
-        elif e == "p2p_post":
+        elif e == p2p_post:
             pp_add(d)
         else:
             other_add(d)
@@ -229,59 +206,49 @@ def _fast_batch(items: list, raw: RawRank, interners: tuple[_Interner, ...]):
     return step_cols, p2p_cols, end_cols, other
 
 
-def _is_int(value: Any) -> bool:
-    return type(value) is int and _I64_MIN <= value <= _I64_MAX
-
-
-def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[_Interner, ...]):
+def _slow_batch(items: list, first_line: int, raw: RawRank, interners: tuple[Interner, ...]):
     """Columns of one chunk, checking every event; invalid events are counted as corrupt."""
-    texts, threads, shapes, dtypes = interners
+    texts, threads, _, _ = interners
     sb: dict[str, list] = {n: [] for n in _STEP_COLS}
     pp: dict[str, list] = {n: [] for n in _P2P_COLS}
     en: dict[str, list] = {n: [] for n in _END_COLS}
     other: list = []
+    checks = _checks(raw.header["schema_version"])
     for offset, d in enumerate(items):
         if d is SKIP:
             continue
-        if not _valid(d):
+        if not _valid(d, checks):
             raw.problems.note_corrupt(first_line + offset)
             continue
         e = d["e"]
-        if e == "step_end" or e == "p2p_done":
+        if e in _END_EVENTS:
             en["id"].append(d["id"])
             en["t"].append(d["t"])
-        elif e == "step_begin":
-            for name, value in (
-                ("t", d["t"]),
-                ("id", d["id"]),
-                ("it", d["it"]),
-                ("pos", d["pos"]),
-                ("code", texts.get(d["step"])),
-                ("thread", threads.get(d["th"])),
-            ):
+        elif e == fmt.STEP_BEGIN:
+            values = (
+                d["t"],
+                d["id"],
+                d["it"],
+                d["pos"],
+                texts.get(d["step"]),
+                threads.get(d["th"]),
+            )
+            for name, value in zip(_STEP_COLS, values):
                 sb[name].append(value)
-        elif e == "p2p_post":
+        elif e == fmt.P2P_POST:
             values = _p2p_values(d, interners)
             for name, value in zip(_P2P_COLS, values):
                 pp[name].append(value)
         else:
             other.append(d)
-    dtypes_of = {
-        "code": np.int32,
-        "thread": np.int32,
-        "op": np.int8,
-        "ch": np.int8,
-        "shape": np.int32,
-        "dtype": np.int32,
-    }
 
     def arrays(cols: dict[str, list]) -> dict[str, np.ndarray]:
-        return {n: np.array(v, dtypes_of.get(n, _I64)) for n, v in cols.items()}
+        return {n: np.array(v, _dtype(n)) for n, v in cols.items()}
 
     return arrays(sb), arrays(pp), arrays(en), other
 
 
-def _p2p_values(d: dict[str, Any], interners: tuple[_Interner, ...]) -> tuple:
+def _p2p_values(d: dict[str, Any], interners: tuple[Interner, ...]) -> tuple:
     texts, _, shapes, dtypes = interners
     return (
         d["t"],
@@ -298,52 +265,28 @@ def _p2p_values(d: dict[str, Any], interners: tuple[_Interner, ...]) -> tuple:
     )
 
 
-_REQUIRED: dict[str, tuple[tuple[str, str], ...]] = {
-    "step_begin": (("id", "int"), ("it", "int"), ("pos", "int"), ("step", "str"), ("th", "str")),
-    "step_end": (("id", "int"),),
-    "p2p_done": (("id", "int"),),
-    "p2p_post": (
-        ("id", "int"),
-        ("it", "int"),
-        ("op", "op"),
-        ("step", "str"),
-        ("peer", "int"),
-        ("ch", "str"),
-        ("seq", "int"),
-        ("bytes", "int"),
-        ("shape", "shape"),
-        ("dtype", "str"),
-    ),
-    "iter_begin": (("it", "int"),),
-    "iter_end": (("it", "int"),),
-    "clock": (("offset_ns", "int"),),
-    "run_start": (("plan", "texts"),),
-}
+Checks = dict[str, tuple[tuple[str, Callable[[Any], bool]], ...]]
 
 
-def _valid(d: Any) -> bool:
-    if type(d) is not dict or type(d.get("e")) is not str or not _is_int(d.get("t")):
+@cache
+def _checks(version: int) -> Checks:
+    """{event type: ((field, type check), ...)} for the required fields of a schema version."""
+    return {
+        name: tuple((f.name, f.type.check) for f in event.required(version))
+        for name, event in fmt.EVENTS.items()
+    }
+
+
+def _valid(d: Any, checks: Checks) -> bool:
+    """An event whose type and time are usable and whose required fields have their types."""
+    if type(d) is not dict or type(d.get("e")) is not str or not fmt.is_int64(d.get("t")):
         return False
-    for name, kind in _REQUIRED.get(d["e"], ()):
-        value = d.get(name)
-        if kind == "int":
-            ok = _is_int(value)
-        elif kind == "str":
-            ok = type(value) is str
-        elif kind == "op":
-            ok = value in _OPS
-        elif kind == "shape":
-            ok = type(value) is list and all(_is_int(v) for v in value)
-        else:  # texts
-            ok = type(value) is list and all(type(v) is str for v in value)
-        if not ok:
-            return False
-    return True
+    return all(check(d.get(name)) for name, check in checks.get(d["e"], ()))
 
 
 def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
     """Iteration, clock and failure events (few per rank), checked one by one."""
-    if not _valid(d):
+    if not _valid(d, _checks(raw.header["schema_version"])):
         raw.problems.corrupt_lines += 1
         return
     e, t = d["e"], d["t"]
@@ -367,20 +310,7 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
 
 
 def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> None:
-    sb = steps.result({n: np.int32 if n in ("code", "thread") else _I64 for n in _STEP_COLS})
-    pp = p2p.result(
-        {
-            n: (
-                np.int8
-                if n in ("op", "ch")
-                else np.int32
-                if n in ("shape", "dtype", "code")
-                else _I64
-            )
-            for n in _P2P_COLS
-        }
-    )
-    en = ends.result({"id": _I64, "t": _I64})
+    sb, pp, en = steps.result(), p2p.result(), ends.result()
     _add_listed_open(raw, sb, pp)
     raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
     end_ids, end_t = en["id"], en["t"]
@@ -417,6 +347,13 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     }
 
 
+def _open_iteration(raw: RawRank) -> int:
+    """The iteration the rank began last and never ended, -1 if none (for an open step listed
+    without its iteration, as logs written before `open_steps` carried `it`)."""
+    begun = [it for it, (_, end, _) in raw.iterations.items() if end == OPEN]
+    return max(begun, default=-1)
+
+
 def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.ndarray]) -> None:
     """Steps and ops that the last stall/dump/signal/exception lists as open but whose begin
     is not in the log (lost with a damaged chunk): add them, begun at that event's time."""
@@ -427,37 +364,33 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
         return
     _, t, fields = listing[-1]
     known_steps = set(sb["id"].tolist())
-    texts = _Interner(raw.texts)
-    texts.codes = {v: i for i, v in enumerate(raw.texts)}
-    threads = _Interner(raw.threads)
-    threads.codes = {v: i for i, v in enumerate(raw.threads)}
+    texts, threads = Interner(raw.texts), Interner(raw.threads)
     add_steps = []
     for item in fields.get("open_steps") or ():
         if (
             isinstance(item, dict)
-            and _is_int(item.get("id"))
+            and fmt.is_int64(item.get("id"))
             and item["id"] not in known_steps
-            and _is_int(item.get("pos"))
+            and fmt.is_int64(item.get("pos"))
             and isinstance(item.get("step"), str)
         ):
             thread = item.get("thread") if isinstance(item.get("thread"), str) else "main"
+            it = item["it"] if fmt.is_int64(item.get("it")) else _open_iteration(raw)
             add_steps.append(
-                (t, item["id"], -1, item["pos"], texts.get(item["step"]), threads.get(thread))
+                (t, item["id"], it, item["pos"], texts.get(item["step"]), threads.get(thread))
             )
     if add_steps:
         for name, values in zip(_STEP_COLS, zip(*add_steps)):
             sb[name] = np.concatenate([sb[name], np.array(values, sb[name].dtype)])
     known_ops = set(pp["id"].tolist())
-    shapes = _Interner(raw.shapes)
-    shapes.codes = {v: i for i, v in enumerate(raw.shapes)}
-    dtypes = _Interner(raw.dtypes)
-    dtypes.codes = {v: i for i, v in enumerate(raw.dtypes)}
+    shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
+    checks = _checks(raw.header["schema_version"])
     add_ops = []
     for item in fields.get("inflight") or ():
         if (
             isinstance(item, dict)
             and item.get("e") == fmt.P2P_POST
-            and _valid(item)
+            and _valid(item, checks)
             and item["id"] not in known_ops
         ):
             add_ops.append(_p2p_values(item, (texts, threads, shapes, dtypes)))

@@ -1,11 +1,11 @@
 """Performance findings from the metrics: straggler and exposed_comm.
 
 - straggler: a stage whose compute steps of some kind are slower than its peers' (the median
-  over the other stages of their median costs) by `STRAGGLER_FACTOR`, even in their lower quartile (so that a few preempted steps are not
-  enough). Its effect is measured, not guessed: the simulator is run
-  again with that stage at the median cost; the difference in makespan is what the straggler
-  costs per iteration. Warning when that is at least `STRAGGLER_MIN_EFFECT` of the iteration,
-  info otherwise.
+  over the other stages of their median costs) by `STRAGGLER_FACTOR`, even in their lower
+  quartile (so that a few preempted steps are not enough). Its effect is measured, not
+  guessed: the simulator is run again with that stage at the median cost; the difference in
+  makespan is what the straggler costs per iteration. Warning when that is at least
+  `STRAGGLER_MIN_EFFECT` of the iteration, info otherwise.
 - exposed_comm: in overlap mode (recvs posted early, sends drained at iteration end), the
   time a rank still waited after its peer had posted the other side, i.e. transfer time the
   schedule meant to hide. Warning at `EXPOSED_MIN_FRACTION` of the iteration time, info
@@ -21,7 +21,8 @@ import numpy as np
 
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.findings import Finding
-from pipetrace.analyze.metrics import OVERLAPPED, Metrics, ideal_timeline, reduce_groups
+from pipetrace.analyze.ideal import IdealTimeline, ideal_timeline
+from pipetrace.analyze.metrics import OVERLAPPED, Metrics, reduce_groups
 from pipetrace.analyze.model import Run
 
 STRAGGLER_FACTOR = 2.0
@@ -30,8 +31,38 @@ EXPOSED_MIN_FRACTION = 0.75
 MAX_SIMULATED = 8
 
 
-def find_stragglers(run: Run, metrics: Metrics) -> list[Finding]:
+Slow = dict[str, tuple[float, float]]
+"""A slow stage's kinds: kind -> (its median cost, its peers' median cost), ns."""
+
+
+def find_stragglers(run: Run, metrics: Metrics, ideal: IdealTimeline) -> list[Finding]:
+    """Stages slower than their peers; ``ideal`` is the run's simulated plan, the baseline
+    their effect is measured against."""
+    slow = _slow_stages(metrics)
+    if not slow:
+        return []
+    steady = metrics.steady()
+    iteration = float(np.mean(metrics.iteration_time[steady])) if len(steady) else 0.0
     costs = metrics.mean_costs()
+    # The effect is simulated for the slowest stages only: each simulation costs a run of the
+    # whole plan, and beyond a handful the list is the story, not each stage's share.
+    simulated = set(
+        sorted(slow, key=lambda st: -max(c / m for c, m in slow[st].values()))[:MAX_SIMULATED]
+    )
+    out = []
+    for stage, kinds in sorted(slow.items()):
+        effect = None
+        if stage in simulated and ideal.makespan_ns is not None:
+            override = {(stage, k): med for k, (_, med) in kinds.items()}
+            fixed = ideal_timeline(run.plan, costs, override=override).makespan_ns
+            effect = ideal.makespan_ns - fixed if fixed is not None else None
+        out.append(_straggler(run, stage, kinds, effect, ideal.makespan_ns, iteration))
+    return out
+
+
+def _slow_stages(metrics: Metrics) -> dict[int, Slow]:
+    """Per stage, the kinds whose steps are `STRAGGLER_FACTOR` slower than the median of
+    the other stages' median costs (stages with at least 4 standalone steps of the kind)."""
     by_kind: dict[str, dict[int, tuple[float, float]]] = defaultdict(dict)
     keys = [
         key
@@ -44,7 +75,7 @@ def find_stragglers(run: Run, metrics: Metrics) -> list[Finding]:
     )
     for (stage, kind), (median, low) in zip(keys, quartiles.tolist()):
         by_kind[kind][stage] = (median, low)
-    slow: dict[int, dict[str, tuple[float, float]]] = defaultdict(dict)
+    slow: dict[int, Slow] = defaultdict(dict)
     for kind, per_stage in by_kind.items():
         if len(per_stage) < 2:
             continue
@@ -55,65 +86,57 @@ def find_stragglers(run: Run, metrics: Metrics) -> list[Finding]:
             # steps on a busy host are noise, not a straggler.
             if median > 0 and low > STRAGGLER_FACTOR * median and c - median > 50_000:
                 slow[stage][kind] = (c, median)
-    if not slow:
-        return []
-    steady = metrics.steady()
-    iteration = float(np.mean(metrics.iteration_time[steady])) if len(steady) else 0.0
-    base = metrics.ideal.get("makespan_ns") if metrics.ideal.get("available") else None
-    out = []
+    return slow
+
+
+def _straggler(
+    run: Run,
+    stage: int,
+    kinds: Slow,
+    effect: float | None,
+    base: float | None,
+    iteration: float,
+) -> Finding:
+    """The finding for one slow stage; ``effect``: how much shorter the ideal iteration
+    (``base``) would be at its peers' speed (None: not simulated)."""
     placement = run.plan.placement if run.plan is not None else ()
-    # The effect is simulated for the slowest stages only: each simulation costs a run of the
-    # whole plan, and beyond a handful the list is the story, not each stage's share.
-    simulated = set(
-        sorted(slow, key=lambda st: -max(c / m for c, m in slow[st].values()))[:MAX_SIMULATED]
+    rank = placement[stage] if stage < len(placement) else None
+    worst_kind, _ = max(kinds.items(), key=lambda kv: kv[1][0] / kv[1][1])
+    share = effect / base if effect is not None and base else None
+    severity = fk.WARNING if share is not None and share >= STRAGGLER_MIN_EFFECT else fk.INFO
+    what = ", ".join(
+        f"{k} {c / 1e6:.3g} ms vs {m / 1e6:.3g} ms median ({c / m:.1f}x)"
+        for k, (c, m) in sorted(kinds.items())
     )
-    for stage, kinds in sorted(slow.items()):
-        override = {(stage, k): med for k, (_, med) in kinds.items()}
-        fixed = ideal_timeline(run, costs, override=override) if stage in simulated else {}
-        effect = (
-            (base - fixed["makespan_ns"]) if base is not None and fixed.get("available") else None
-        )
-        rank = placement[stage] if stage < len(placement) else None
-        worst_kind, (cost, median) = max(kinds.items(), key=lambda kv: kv[1][0] / kv[1][1])
-        share = effect / base if effect is not None and base else None
-        severity = fk.WARNING if share is not None and share >= STRAGGLER_MIN_EFFECT else fk.INFO
-        what = ", ".join(
-            f"{k} {c / 1e6:.3g} ms vs {m / 1e6:.3g} ms median ({c / m:.1f}x)"
-            for k, (c, m) in sorted(kinds.items())
-        )
-        effect_text = (
-            f"; at its peers' speed the ideal iteration would be {effect / 1e6:.3g} ms "
-            f"({share:.0%}) shorter"
-            if effect is not None and share is not None
-            else ""
-        )
-        out.append(
-            Finding(
-                fk.STRAGGLER,
-                severity,
-                f"stage {stage}"
-                + (f" (rank {rank})" if rank is not None else "")
-                + f" is slow: {what}{effect_text}",
-                f"rank {rank} computes stage {stage} slower than its peers (a heavier layer split, a slower or "
-                "busier host, CPU contention)"
-                if rank is not None
-                else "one stage is slower than its peers",
-                ranks=[rank] if rank is not None else [],
-                details={
-                    "stage": stage,
-                    "rank": rank,
-                    "kinds": {
-                        k: {"mean_ns": c, "median_ns": m, "factor": c / m}
-                        for k, (c, m) in kinds.items()
-                    },
-                    "worst_kind": worst_kind,
-                    "effect_ns": effect,
-                    "effect_fraction": share,
-                    "iteration_ns": iteration,
-                },
-            )
-        )
-    return out
+    effect_text = (
+        f"; at its peers' speed the ideal iteration would be {effect / 1e6:.3g} ms "
+        f"({share:.0%}) shorter"
+        if effect is not None and share is not None
+        else ""
+    )
+    return Finding(
+        fk.STRAGGLER,
+        severity,
+        f"stage {stage}"
+        + (f" (rank {rank})" if rank is not None else "")
+        + f" is slow: {what}{effect_text}",
+        f"rank {rank} computes stage {stage} slower than its peers (a heavier layer "
+        "split, a slower or busier host, CPU contention)"
+        if rank is not None
+        else "one stage is slower than its peers",
+        ranks=[rank] if rank is not None else [],
+        details={
+            "stage": stage,
+            "rank": rank,
+            "kinds": {
+                k: {"mean_ns": c, "median_ns": m, "factor": c / m} for k, (c, m) in kinds.items()
+            },
+            "worst_kind": worst_kind,
+            "effect_ns": effect,
+            "effect_fraction": share,
+            "iteration_ns": iteration,
+        },
+    )
 
 
 def _leave_one_out_medians(values: dict[int, float]) -> dict[int, float]:
@@ -154,7 +177,7 @@ def find_exposed_comm(run: Run, metrics: Metrics) -> list[Finding]:
     if not per_rank:
         return []
     per_rank.sort(reverse=True)
-    worst, worst_rank = per_rank[0]
+    worst = per_rank[0][0]
     fraction = worst / iteration
     label = "overlapped" if metrics.overlap_mode else "blocking"
     severity = fk.WARNING if metrics.overlap_mode and fraction >= EXPOSED_MIN_FRACTION else fk.INFO
@@ -164,14 +187,15 @@ def find_exposed_comm(run: Run, metrics: Metrics) -> list[Finding]:
         Finding(
             fk.EXPOSED_COMM,
             severity,
-            f"P2P transfers still running after the peer had posted its side ({label} mode), per iteration: "
-            f"{listed}{more}",
+            "P2P transfers still running after the peer had posted its side "
+            f"({label} mode), per iteration: {listed}{more}",
             (
-                "the transfers take longer than the compute meant to hide them (large activations, slow link, "
-                "or CPU contention on the transport)"
+                "the transfers take longer than the compute meant to hide them (large "
+                "activations, slow link, or CPU contention on the transport)"
             )
             if metrics.overlap_mode
-            else "plain P2P mode waits for every transfer; --overlap-p2p posts recvs early to hide them",
+            else "plain P2P mode waits for every transfer; --overlap-p2p posts recvs early to "
+            "hide them",
             ranks=[r for _, r in per_rank],
             details={
                 "overlap_mode": metrics.overlap_mode,

@@ -39,8 +39,9 @@ class LogProblems:
 
 def check_version(data: dict[str, Any], expected_format: str, source: str) -> int:
     if data.get("format") != expected_format:
+        what = "run" if expected_format == fmt.META_FORMAT else "event log"
         raise TraceFormatError(
-            f"{source}: does not look like a pipetrace {'run' if expected_format == fmt.META_FORMAT else 'event log'} "
+            f"{source}: does not look like a pipetrace {what} "
             f"(format is {data.get('format')!r}, expected {expected_format!r})"
         )
     version = data.get("schema_version")
@@ -81,24 +82,7 @@ def read_log(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]
     The iterator streams the file line by line; corrupt lines are skipped and counted in the
     returned `LogProblems` as they are met, a torn (unterminated, unparsable) last line too.
     """
-    path = Path(path)
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        raise TraceFormatError(f"{path}: missing event log") from None
-    first = handle.readline()
-    if not first:
-        handle.close()
-        raise TraceFormatError(f"{path}: empty event log (the rank never started recording)")
-    try:
-        header = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        handle.close()
-        raise TraceFormatError(f"{path}: line 1 is not a pipetrace header") from None
-    if not isinstance(header, dict):
-        handle.close()
-        raise TraceFormatError(f"{path}: line 1 is not a pipetrace header")
-    check_version(header, fmt.LOG_FORMAT, str(path))
+    header, handle, _ = open_log(path)
     problems = LogProblems()
     return header, _events(handle, problems), problems
 
@@ -138,7 +122,7 @@ def open_log(path: str | Path) -> tuple[dict[str, Any], Any, int]:
     """
     path = Path(path)
     try:
-        handle = open(path, "rb")
+        handle = open(path, "rb")  # noqa: SIM115 (returned open: the caller streams the rest)
     except FileNotFoundError:
         raise TraceFormatError(f"{path}: missing event log") from None
     except OSError as exc:

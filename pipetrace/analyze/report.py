@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from typing import IO, Any
 
-from pipetrace.analyze.analysis import Analysis, metrics_json, run_summary
-from pipetrace.analyze.findings import ERROR, WARNING, counts
+from pipetrace.analyze.analysis import Analysis, run_summary
+from pipetrace.analyze.critical import CriticalPath
+from pipetrace.analyze.findings import ERROR, WARNING, Finding, counts
+from pipetrace.analyze.model import Run
+from pipetrace.analyze.summary import Bubble, MetricsSummary, RankBubble, StageCost
+
+Line = tuple[str, str | None]
+"""One report line and its rich style (None: plain)."""
 
 _STYLE = {ERROR: "bold red", WARNING: "bold yellow", "info": "cyan"}
 
@@ -22,44 +28,48 @@ def ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def report_lines(analysis: Analysis, *, max_findings: int = 50) -> list[tuple[str, str | None]]:
+def report_lines(analysis: Analysis, *, max_findings: int = 50) -> list[Line]:
     """(text, style) lines; style is a rich style or None."""
-    run = analysis.run
+    lines = _run_lines(analysis.run)
+    lines += _finding_lines(analysis.findings, max_findings)
+    lines.append(("", None))
+    return lines + _metric_lines(analysis.summary)
+
+
+def _run_lines(run: Run) -> list[Line]:
+    """What ran, how each rank ended and what was wrong with the input."""
     s = run_summary(run)
-    lines: list[tuple[str, str | None]] = []
     sched = s["schedule"] or {}
-    lines.append(
+    lines: list[Line] = [
         (
-            f"{run.path}: {sched.get('name', '?')}, {s['world_size']} ranks, {s['num_stages']} stages, "
-            f"{s['num_microbatches']} micro-batches, {s['iterations']} iterations, "
-            f"{s['events']:,} events",
+            f"{run.path}: {sched.get('name', '?')}, {s['world_size']} ranks, "
+            f"{s['num_stages']} stages, {s['num_microbatches']} micro-batches, "
+            f"{s['iterations']} iterations, {s['events']:,} events",
             "bold",
         )
-    )
+    ]
     states: dict[str, list[int]] = {}
     for r in run.ranks:
         states.setdefault(r.status.state, []).append(r.rank)
     lines.append(("ranks: " + "; ".join(f"{st} {_ranges(rs)}" for st, rs in states.items()), None))
     for p in run.problems:
         lines.append((f"input {p.severity}: {p.message}", _STYLE.get(p.severity)))
-    c = counts(analysis.findings)
-    lines.append(("", None))
-    lines.append(
-        (f"Findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info", "bold")
-    )
-    if not analysis.findings:
+    return lines
+
+
+def _finding_lines(findings: list[Finding], max_findings: int) -> list[Line]:
+    c = counts(findings)
+    lines: list[Line] = [
+        ("", None),
+        (f"Findings: {c['error']} error(s), {c['warning']} warning(s), {c['info']} info", "bold"),
+    ]
+    if not findings:
         lines.append(("  none", "green"))
-    for f in analysis.findings[:max_findings]:
+    for f in findings[:max_findings]:
         lines.append((f"  {f.severity.upper():7} [{f.kind}] {f.message}", _STYLE.get(f.severity)))
         lines.append((f"          cause: {f.cause}", None))
-    if len(analysis.findings) > max_findings:
-        lines.append(
-            (f"  ... {len(analysis.findings) - max_findings} more (use --json for all)", None)
-        )
-    lines.append(("", None))
-    lines.extend(
-        _metric_lines(metrics_json(run, analysis.metrics, analysis.critical, segments=False))
-    )
+    if len(findings) > max_findings:
+        lines.append((f"  ... {len(findings) - max_findings} more (use --json for all)", None))
     return lines
 
 
@@ -76,124 +86,119 @@ def _ranges(ranks: list[int]) -> str:
     return ",".join(out)
 
 
-def _metric_lines(m: dict[str, Any]) -> list[tuple[str, str | None]]:
-    lines: list[tuple[str, str | None]] = [("Metrics", "bold")]
-    it = m["iteration_time"]
-    lines.append(
+def _metric_lines(m: MetricsSummary) -> list[Line]:
+    it = m.iteration_time
+    lines: list[Line] = [
+        ("Metrics", "bold"),
         (
-            f"  iteration time: steady mean {ms(it['steady_mean_ns'])}, p50 {ms(it['p50_ns'])}, "
-            f"min {ms(it['min_ns'])}, max {ms(it['max_ns'])} over {it['count']} complete iteration(s)",
+            f"  iteration time: steady mean {ms(it.steady_mean_ns)}, p50 {ms(it.stats.p50_ns)}, "
+            f"min {ms(it.stats.min_ns)}, max {ms(it.stats.max_ns)} over {it.stats.count} "
+            "complete iteration(s)",
             None,
-        )
-    )
-    b = m["bubble"]
-    ideal = b["ideal"]
+        ),
+        (f"  bubble ratio (idle/busy): {_bubble_text(m.bubble)}", None),
+        (f"  P2P mode: {'overlap' if m.overlap_mode else 'plain'}", None),
+    ]
+    lines += _rank_lines(m.ranks)
+    lines += _stage_lines(m.stages)
+    if m.critical_path:
+        lines.append(_critical_line(m.critical_path))
+    lines.append(_clock_line(m.clocks))
+    return lines
+
+
+def _bubble_text(b: Bubble) -> str:
+    ideal = b.ideal
     ideal_text = (
-        f"ideal {ratio(b['ideal_ratio'])} (simulated makespan {ms(b['ideal_makespan_ns'])} with "
+        f"ideal {ratio(ideal.bubble_ratio)} (simulated makespan {ms(ideal.makespan_ns)} with "
         "these step costs)"
-        if ideal.get("available")
-        else f"ideal unavailable ({ideal.get('reason')})"
+        if ideal.available
+        else f"ideal unavailable ({ideal.reason})"
     )
-    lines.append(
-        (f"  bubble ratio (idle/busy): measured {ratio(b['measured_ratio'])}, {ideal_text}", None)
-    )
-    lines.append((f"  P2P mode: {'overlap' if m['overlap_mode'] else 'plain'}", None))
-    lines.append(("  per rank (mean per steady iteration):", None))
-    lines.append(
+    return f"measured {ratio(b.measured_ratio)}, {ideal_text}"
+
+
+def _rank_lines(rank_rows: list[RankBubble]) -> list[Line]:
+    lines: list[Line] = [
+        ("  per rank (mean per steady iteration):", None),
         (
-            f"    {'rank':>4} {'busy':>12} {'p2p wait':>12} {'bubble':>12} {'ratio':>7} {'exposed':>12}",
+            f"    {'rank':>4} {'busy':>12} {'p2p wait':>12} {'bubble':>12} {'ratio':>7} "
+            f"{'exposed':>12}",
             None,
-        )
-    )
-    rank_rows = m["ranks"]
+        ),
+    ]
     if len(rank_rows) > 48:
         lines.append(
             (f"    ({len(rank_rows)} ranks; the 10 with the largest bubble; --json has all)", None)
         )
-        rank_rows = sorted(rank_rows, key=lambda r: -(r["bubble_ns"] or 0))[:10]
+        rank_rows = sorted(rank_rows, key=lambda r: -(r.bubble_ns or 0))[:10]
     for r in rank_rows:
         lines.append(
             (
-                f"    {r['rank']:>4} {ms(r['busy_ns']):>12} {ms(r['p2p_wait_ns']):>12} {ms(r['bubble_ns']):>12} "
-                f"{ratio(r['bubble_ratio']):>7} {ms(r['exposed_comm_ns']):>12}",
+                f"    {r.rank:>4} {ms(r.busy_ns):>12} {ms(r.p2p_wait_ns):>12} "
+                f"{ms(r.bubble_ns):>12} {ratio(r.bubble_ratio):>7} {ms(r.exposed_comm_ns):>12}",
                 None,
             )
         )
-    if len(m["stages"]) > 48:
-        lines.append(
-            (
-                f"  per stage step time ({len(m['stages'])} stage/kind rows; --json has all): slowest:",
-                None,
-            )
-        )
-        lines.append(
-            (
-                f"    {'stage':>5} {'kind':>4} {'count':>6} {'mean':>12} {'p50':>12} {'p95':>12}",
-                None,
-            )
-        )
-        for s in sorted(m["stages"], key=lambda s: -(s["mean_ns"] or 0))[:10]:
-            lines.append(
-                (
-                    f"    {s['stage']:>5} {s['kind']:>4} {s['count']:>6} {ms(s['mean_ns']):>12} "
-                    f"{ms(s['p50_ns']):>12} {ms(s['p95_ns']):>12}",
-                    None,
-                )
-            )
-    elif m["stages"]:
-        lines.append(("  per stage step time:", None))
-        lines.append(
-            (
-                f"    {'stage':>5} {'kind':>4} {'count':>6} {'mean':>12} {'p50':>12} {'p95':>12}",
-                None,
-            )
-        )
-        for s in m["stages"]:
-            lines.append(
-                (
-                    f"    {s['stage']:>5} {s['kind']:>4} {s['count']:>6} {ms(s['mean_ns']):>12} "
-                    f"{ms(s['p50_ns']):>12} {ms(s['p95_ns']):>12}"
-                    + ("  (inside OVERLAP_F_B)" if s.get("overlapped") else ""),
-                    None,
-                )
-            )
-    cp = m["critical_path"]
-    if cp:
-        parts = ", ".join(
-            f"{k} {ms(v)}" for k, v in sorted(cp["by_what_ns"].items(), key=lambda kv: -kv[1])
-        )
-        kinds = ", ".join(
-            f"{k} {ms(v)}"
-            for k, v in sorted(cp["compute_by_kind_ns"].items(), key=lambda kv: -kv[1])
-        )
-        lines.append(
-            (
-                f"  critical path (iteration {cp['iteration']}): {ms(cp['length_ns'])} = {parts}; "
-                f"compute: {kinds or '-'}; {cp['rank_hops']} hops between ranks",
-                None,
-            )
-        )
-    cl = m["clocks"]
-    moved = [r for r in cl["ranks"] if r.get("correction_ns")]
-    lines.append(
-        (
-            f"  clocks: {cl.get('message_pairs_checked', 0)} rank pairs checked, "
-            f"{cl.get('early_receives_before', 0)} received before sent with recorded offsets"
-            + (
-                f" (worst {ms(cl.get('worst_early_ns'))}); refined, {len(moved)} rank(s) moved up to "
-                f"{ms(cl.get('max_correction_ns'))}"
-                if cl.get("refined")
-                else ""
-            )
-            + (
-                f"; min slack {ms(cl.get('min_slack_ns'))}"
-                if cl.get("min_slack_ns") is not None
-                else ""
-            ),
-            None,
-        )
-    )
     return lines
+
+
+def _stage_lines(stages: list[StageCost]) -> list[Line]:
+    """Every stage's step costs, or the 10 slowest of a big run."""
+    if not stages:
+        return []
+    header = f"    {'stage':>5} {'kind':>4} {'count':>6} {'mean':>12} {'p50':>12} {'p95':>12}"
+    if len(stages) > 48:
+        title = f"  per stage step time ({len(stages)} stage/kind rows; --json has all): slowest:"
+        shown = sorted(stages, key=lambda s: -(s.stats.mean_ns or 0))[:10]
+        return [(title, None), (header, None)] + [(_stage_row(s), None) for s in shown]
+    return [("  per stage step time:", None), (header, None)] + [
+        (_stage_row(s) + ("  (inside OVERLAP_F_B)" if s.overlapped else ""), None) for s in stages
+    ]
+
+
+def _stage_row(s: StageCost) -> str:
+    st = s.stats
+    return (
+        f"    {s.stage:>5} {s.kind:>4} {st.count:>6} {ms(st.mean_ns):>12} "
+        f"{ms(st.p50_ns):>12} {ms(st.p95_ns):>12}"
+    )
+
+
+def _critical_line(cp: CriticalPath) -> Line:
+    parts = ", ".join(f"{k} {ms(v)}" for k, v in sorted(cp.by_what_ns.items(), key=_longest))
+    kinds = ", ".join(
+        f"{k} {ms(v)}" for k, v in sorted(cp.compute_by_kind_ns.items(), key=_longest)
+    )
+    return (
+        f"  critical path (iteration {cp.iteration}): {ms(cp.length_ns)} = {parts}; "
+        f"compute: {kinds or '-'}; {cp.rank_hops} hops between ranks",
+        None,
+    )
+
+
+def _longest(item: tuple[str, int]) -> int:
+    return -item[1]
+
+
+def _clock_line(cl: dict[str, Any]) -> Line:
+    moved = [r for r in cl["ranks"] if r.get("correction_ns")]
+    refined = (
+        f" (worst {ms(cl.get('worst_early_ns'))}); refined, {len(moved)} rank(s) moved up to "
+        f"{ms(cl.get('max_correction_ns'))}"
+        if cl.get("refined")
+        else ""
+    )
+    slack = (
+        f"; min slack {ms(cl.get('min_slack_ns'))}" if cl.get("min_slack_ns") is not None else ""
+    )
+    return (
+        f"  clocks: {cl.get('message_pairs_checked', 0)} rank pairs checked, "
+        f"{cl.get('early_receives_before', 0)} received before sent with recorded offsets"
+        + refined
+        + slack,
+        None,
+    )
 
 
 def render(analysis: Analysis, out: IO[str], *, color: bool = False) -> None:

@@ -119,7 +119,8 @@ def list_schedules(as_json: bool) -> None:
     width = max(len(i.name) for i in infos)
     for info in infos:
         click.echo(
-            f"{info.name:<{width}}  V={info.stages_per_rank:<4} {info.placement.value:<4}  {info.description}"
+            f"{info.name:<{width}}  V={info.stages_per_rank:<4} {info.placement.value:<4}  "
+            f"{info.description}"
         )
         click.echo(f"{'':<{width}}  aliases: {', '.join(info.aliases)}")
 
@@ -169,7 +170,9 @@ def show(plan: Plan, comms: bool, fsdp: bool, out_format: str) -> None:
     type=click.Choice(["eager", "rendezvous", "fifo"]),
     default="rendezvous",
     show_default=True,
-    help="P2P semantics for the deadlock check: eager (sends never block), rendezvous (a send blocks until its recv is posted), fifo (in-order matching without tags, like NCCL).",
+    help="P2P semantics for the deadlock check: eager (sends never block), "
+    "rendezvous (a send blocks until its recv is posted), "
+    "fifo (in-order matching without tags, like NCCL).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Findings as JSON (see docs/schedules.md).")
 def verify(plan: Plan, semantics: str, as_json: bool) -> int:
@@ -213,7 +216,8 @@ def verify(plan: Plan, semantics: str, as_json: bool) -> int:
     "--costs",
     default="",
     metavar="KIND=VALUE,...",
-    help="Per-kind costs F, B, I, W and the P2P model comm (latency), bandwidth, message_bytes. Default F=1,B=2,I=1,W=1,comm=0.",
+    help="Per-kind costs F, B, I, W and the P2P model comm (latency), bandwidth, message_bytes. "
+    "Default F=1,B=2,I=1,W=1,comm=0.",
 )
 @click.option(
     "--semantics",

@@ -15,9 +15,10 @@ tenth of a nanosecond above its value (`_us`): rounded or truncated, it reads ba
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+import numpy as np
 import orjson
 
 from pipetrace.analyze.model import CHANNELS, OPS
@@ -32,121 +33,64 @@ Progress = Callable[[float], None]
 
 def chrome_events(layout: Layout) -> list[dict[str, Any]]:
     """Every event of the trace, metadata first."""
-    run = layout.run
-    names = layout.names
-    by_uuid = {t.uuid: t for t in layout.tracks}
+    events, pid_of = _track_events(layout)
+    events += _slice_events(layout, pid_of)
+    events += _instant_events(layout, pid_of)
+    events += _counter_events(layout, pid_of)
+    return events
+
+
+def _meta(name: str, pid: int, args: dict[str, Any], tid: int | None = None) -> dict[str, Any]:
+    """A metadata event: a process's (``tid`` None) or a thread's name or sort index."""
+    event: dict[str, Any] = {"ph": "M", "name": name, "pid": pid}
+    if tid is not None:
+        event["tid"] = tid
+    event["args"] = args
+    return event
+
+
+def _track_events(layout: Layout) -> tuple[list[dict[str, Any]], dict[int, int]]:
+    """The processes and threads, named and ordered, and the pid of every track (a track
+    without its own process belongs to its parent's, else to the run's)."""
     pid_of: dict[int, int] = {}
     events: list[dict[str, Any]] = []
-    named: set[int] = set()
     for t in layout.tracks:
         if t.pid is not None:
             pid_of[t.uuid] = t.pid
-            events.append(
-                {"ph": "M", "name": "process_name", "pid": t.pid, "args": {"name": t.name}}
-            )
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "process_sort_index",
-                    "pid": t.pid,
-                    "args": {"sort_index": t.order},
-                }
-            )
+            events.append(_meta("process_name", t.pid, {"name": t.name}))
+            events.append(_meta("process_sort_index", t.pid, {"sort_index": t.order}))
+    run_named = False
     for t in layout.tracks:
         if t.pid is not None:
             continue
         pid = pid_of.get(t.parent, RUN_PID)
-        if pid == RUN_PID and RUN_PID not in named:
-            named.add(RUN_PID)
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "process_name",
-                    "pid": RUN_PID,
-                    "args": {"name": "pipetrace run"},
-                }
-            )
+        if pid == RUN_PID and not run_named:
+            run_named = True
+            events.append(_meta("process_name", RUN_PID, {"name": "pipetrace run"}))
         pid_of[t.uuid] = pid
         if not t.counter:
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": pid,
-                    "tid": t.uuid,
-                    "args": {"name": t.name},
-                }
-            )
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_sort_index",
-                    "pid": pid,
-                    "tid": t.uuid,
-                    "args": {"sort_index": t.order},
-                }
-            )
-    s, a = layout.slices, slice_args(layout)
-    shapes = [str(list(shape)) for shape in run.shapes]
-    columns = (
-        s.track,
-        s.begin,
-        s.end,
-        s.name,
-        s.unfinished,
-        s.flow,
-        s.note,
-        a.stage,
-        a.microbatch,
-        a.iteration,
-        a.position,
-        a.op,
-        a.peer,
-        a.channel,
-        a.seq,
-        a.nbytes,
-        a.shape,
-        a.dtype,
-        a.loss,
-    )
-    for (
-        track,
-        begin,
-        end,
-        name,
-        unfinished,
-        flow,
-        note,
-        stage,
-        mb,
-        it,
-        pos,
-        op,
-        peer,
-        ch,
-        seq,
-        nbytes,
-        shape,
-        dtype,
-        loss,
-    ) in zip(*(c.tolist() for c in columns)):
-        args: dict[str, Any] = {}
-        for key, value in (
-            (A.STAGE, stage),
-            (A.MICROBATCH, mb),
-            (A.ITERATION, it),
-            (A.POSITION, pos),
-            (A.PEER, peer),
-            (A.SEQ, seq),
-            (A.BYTES, nbytes),
-        ):
-            if value >= 0:
-                args[key] = value
-        if op >= 0:
-            args[A.OP] = OPS[op]
-            args[A.CHANNEL] = CHANNELS[ch] if 0 <= ch < len(CHANNELS) else "?"
-            args[A.SHAPE] = shapes[shape] if shape >= 0 else None
-            args[A.DTYPE] = run.dtypes[dtype] if dtype >= 0 else None
+            events.append(_meta("thread_name", pid, {"name": t.name}, t.uuid))
+            events.append(_meta("thread_sort_index", pid, {"sort_index": t.order}, t.uuid))
+    return events, pid_of
+
+
+_ID_ARGS = (A.STAGE, A.MICROBATCH, A.ITERATION, A.POSITION, A.PEER, A.SEQ, A.BYTES)
+
+
+def _slice_events(layout: Layout, pid_of: dict[int, int]) -> list[dict[str, Any]]:
+    """A complete event per slice; a send's slice starts its message's flow."""
+    s, a, names = layout.slices, slice_args(layout), layout.names
+    shapes = [str(list(shape)) for shape in layout.run.shapes]
+    rows = (s.track, s.begin, s.end, s.name, s.unfinished, s.flow, s.note, a.loss)
+    ids = (a.stage, a.microbatch, a.iteration, a.position, a.peer, a.seq, a.nbytes)
+    messages = (a.op, a.channel, a.shape, a.dtype)
+    events = []
+    for (track, begin, end, name, unfinished, flow, note, loss), id_values, message in zip(
+        _rows(rows), _rows(ids), _rows(messages)
+    ):
+        args = {key: value for key, value in zip(_ID_ARGS, id_values) if value >= 0}
+        if message[0] >= 0:
+            args.update(_message_args(layout, shapes, *message))
         if loss == loss:  # not NaN
             args[A.LOSS] = loss
         if unfinished:
@@ -166,36 +110,51 @@ def chrome_events(layout: Layout) -> list[dict[str, Any]]:
             event["bind_id"] = flow
             event["flow_out"] = True
         events.append(event)
-    ins = layout.instants
-    for track, ts, name, kind, flow, detail in zip(
-        *(c.tolist() for c in (ins.track, ins.ts, ins.name, ins.kind, ins.flow, ins.detail))
+    return events
+
+
+def _rows(columns: tuple[np.ndarray, ...]) -> Iterator[tuple[Any, ...]]:
+    """The columns' values row by row, as Python scalars."""
+    return zip(*(c.tolist() for c in columns))
+
+
+def _message_args(
+    layout: Layout, shapes: list[str], op: int, channel: int, shape: int, dtype: int
+) -> dict[str, Any]:
+    """What a P2P slice's message is: op, channel, shape and dtype."""
+    return {
+        A.OP: OPS[op],
+        A.CHANNEL: CHANNELS[channel] if 0 <= channel < len(CHANNELS) else "?",
+        A.SHAPE: shapes[shape] if shape >= 0 else None,
+        A.DTYPE: layout.run.dtypes[dtype] if dtype >= 0 else None,
+    }
+
+
+def _instant_events(layout: Layout, pid_of: dict[int, int]) -> list[dict[str, Any]]:
+    """Instants; a message's arrival is a zero-length slice that ends its flow."""
+    ins, names = layout.instants, layout.names
+    events: list[dict[str, Any]] = []
+    for track, ts, name, kind, flow, detail in _rows(
+        (ins.track, ins.ts, ins.name, ins.kind, ins.flow, ins.detail)
     ):
-        pid = pid_of[track]
+        event: dict[str, Any] = {"name": names[name], "pid": pid_of[track], "tid": track}
         if kind == INSTANT_ARRIVAL:
-            event = {
-                "ph": "X",
-                "name": names[name],
-                "pid": pid,
-                "tid": track,
-                "ts": _us(ts),
-                "dur": 0,
-            }
+            event = {"ph": "X", **event, "ts": _us(ts), "dur": 0}
             if flow:
                 event["bind_id"] = flow
                 event["flow_in"] = True
         else:
-            event = {
-                "ph": "i",
-                "s": "t",
-                "name": names[name],
-                "pid": pid,
-                "tid": track,
-                "ts": _us(ts),
-                "args": layout.details[detail] if detail >= 0 else {},
-            }
+            details = layout.details[detail] if detail >= 0 else {}
+            event = {"ph": "i", "s": "t", **event, "ts": _us(ts), "args": details}
         events.append(event)
+    return events
+
+
+def _counter_events(layout: Layout, pid_of: dict[int, int]) -> list[dict[str, Any]]:
     c = layout.counters
-    for track, ts, value in zip(c.track.tolist(), c.ts.tolist(), c.value.tolist()):
+    by_uuid = {t.uuid: t for t in layout.tracks}
+    events = []
+    for track, ts, value in _rows((c.track, c.ts, c.value)):
         # importers name a counter "NAME KEY": "activations" + "in flight"
         name, key = _counter_name(by_uuid[track].name)
         events.append(

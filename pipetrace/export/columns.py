@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze.model import Run
+from pipetrace.interning import Interner
 
 SLICE_STEP, SLICE_P2P, SLICE_BUBBLE, SLICE_ITERATION = range(4)
 INSTANT_ARRIVAL, INSTANT_FINDING, INSTANT_EVENT = range(3)
@@ -138,8 +139,8 @@ class Builder:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.tracks: list[Track] = []
-        self.names: list[str] = list(run.catalog.texts)
-        self._name_ids = {t: i for i, t in enumerate(self.names)}
+        self._names = Interner(list(run.catalog.texts))
+        self.names: list[str] = self._names.values
         self.slices: list[dict[str, np.ndarray]] = []
         self.num_slices = 0
         self.instants: list[dict[str, np.ndarray]] = []
@@ -151,11 +152,7 @@ class Builder:
         return uuid
 
     def name(self, text: str) -> int:
-        found = self._name_ids.get(text)
-        if found is None:
-            found = self._name_ids[text] = len(self.names)
-            self.names.append(text)
-        return found
+        return self._names.get(text)
 
     def add_slices(
         self,

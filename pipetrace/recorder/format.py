@@ -1,17 +1,30 @@
-"""The run directory format: names, versions and event types. Documented in docs/trace-format.md.
+"""The run directory format: names, versions and one declaration per record and event type.
 
 A run directory holds ``meta.json`` and one newline-delimited JSON event log per rank
 (``rank-00000.ndjson``, ...). Each log starts with a header line; every later line is one
 event with an ``e`` (event type) and a ``t`` (wall-clock time, integer nanoseconds since the
 Unix epoch, taken from the rank's monotonic clock anchored once at start).
 
-Bump ``SCHEMA_VERSION`` whenever a field changes meaning or a required field is added;
-readers accept every version up to their own and refuse newer ones.
+This module is the one place that says which fields each record has, in the order they are
+written, with their types: the recorder derives its byte templates and key order from it, the
+reader derives its required-field and type checks, and the field tables of
+docs/trace-format.md are generated from it (`pipetrace.recorder.format_doc`). It imports
+nothing of the recorder's writing code, so the analyzer can import it.
+
+To add a field: add a line to its record's table below (at the end, unless it is required
+and the writer formats that event from a template), then regenerate the doc tables. Bump
+``SCHEMA_VERSION`` whenever a field changes meaning or a required field is added (mark that
+field ``required since N``); readers accept every version up to their own and refuse newer
+ones, and check each log only for the fields its version requires.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
+from typing import Any
 
 SCHEMA_VERSION = 1
 META_FORMAT = "pipetrace-run"
@@ -20,37 +33,338 @@ META_FILE = "meta.json"
 PROFILER_DIR = "profiler"
 
 # Event types (the "e" field). Begin/end pairs carry the same "id".
-RUN_START = "run_start"  # config and the rank's full plan
-CLOCK = "clock"  # offset of this rank's clock to rank 0's, with its uncertainty
+RUN_START = "run_start"
+CLOCK = "clock"
 ITER_BEGIN = "iter_begin"
-ITER_END = "iter_end"  # with the loss on the rank that holds the last stage
+ITER_END = "iter_end"
 STEP_BEGIN = "step_begin"
 STEP_END = "step_end"
-P2P_POST = "p2p_post"  # isend/irecv issued
-P2P_DONE = "p2p_done"  # its wait returned
-STALL = "stall"  # watchdog: no progress for a while; every thread's stack, ops in flight
-DUMP = "dump"  # the same content, on demand (SIGUSR1)
-SIGNAL = "signal"  # a terminating signal was received
+P2P_POST = "p2p_post"
+P2P_DONE = "p2p_done"
+STALL = "stall"
+DUMP = "dump"
+SIGNAL = "signal"
 EXCEPTION = "exception"
-ABORT = "abort"  # the watchdog ended the run
-RUN_END = "run_end"  # a clean end
+ABORT = "abort"
+RUN_END = "run_end"
 
-EVENT_TYPES = (
-    RUN_START,
-    CLOCK,
-    ITER_BEGIN,
-    ITER_END,
-    STEP_BEGIN,
-    STEP_END,
-    P2P_POST,
-    P2P_DONE,
-    STALL,
-    DUMP,
-    SIGNAL,
-    EXCEPTION,
-    ABORT,
-    RUN_END,
+OPS = ("send", "recv")
+"""The values of ``p2p_post.op``."""
+CHANNELS = ("F", "B")
+"""The channels the runtime writes in ``p2p_post.ch`` (activations, gradients)."""
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
+def is_int64(value: Any) -> bool:
+    """A JSON integer that fits the int64 columns the analyzer keeps (not a bool)."""
+    return type(value) is int and _I64_MIN <= value <= _I64_MAX
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) is float or is_int64(value)
+
+
+def _list_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda value: type(value) is list and all(map(check, value))
+
+
+def _is_str(value: Any) -> bool:
+    return type(value) is str
+
+
+def _is_object(value: Any) -> bool:
+    return type(value) is dict
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """A JSON value type, named as the docs (and the field tables below) write it, with the
+    check a reader applies to a value of it."""
+
+    doc: str
+    check: Callable[[Any], bool]
+
+
+INT = FieldType("int", is_int64)
+FLOAT = FieldType("float", _is_number)
+FLOAT_OR_NULL = FieldType("float or null", lambda v: v is None or _is_number(v))
+STR = FieldType("string", _is_str)
+OP = FieldType(" or ".join(f'`"{op}"`' for op in OPS), lambda v: type(v) is str and v in OPS)
+OBJECT = FieldType("object", _is_object)
+INTS = FieldType("list of int", _list_of(is_int64))
+STRS = FieldType("list of string", _list_of(_is_str))
+STR_ROWS = FieldType("list of list of string", _list_of(_list_of(_is_str)))
+OBJECTS = FieldType("list of object", _list_of(_is_object))
+TYPES = {
+    t.doc: t for t in (INT, FLOAT, FLOAT_OR_NULL, STR, OP, OBJECT, INTS, STRS, STR_ROWS, OBJECTS)
+}
+"""The field types, by the name the field tables give them."""
+
+
+class Presence(Enum):
+    """Whether a field is written, and whether a reader can do without it."""
+
+    REQUIRED = "required"
+    """Always written; a reader counts an event without it, or with a value of another type,
+    as corrupt."""
+    ALWAYS = "always"
+    """Always written; readers do without it."""
+    SOMETIMES = "sometimes"
+    """Written only when its meaning says; readers do without it."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a record; ``since`` is the schema version that added it."""
+
+    name: str
+    type: FieldType
+    presence: Presence
+    meaning: str
+    since: int = 1
+
+    @property
+    def required(self) -> bool:
+        return self.presence is Presence.REQUIRED
+
+
+@dataclass(frozen=True)
+class Record:
+    """meta.json, a log header, or one event type (whose lines also carry ``e`` and ``t``).
+
+    ``fields`` are in the order they are written: the order of keys on disk. ``since`` is the
+    schema version that added the record.
+    """
+
+    name: str
+    fields: tuple[Field, ...]
+    since: int = 1
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def build(self, **values: Any) -> dict[str, Any]:
+        """The record as a dict in the declared key order. Every field written always must be
+        given, and no undeclared one."""
+        unknown = values.keys() - set(self.names)
+        always = {f.name for f in self.fields if f.presence is not Presence.SOMETIMES}
+        missing = always - values.keys()
+        if unknown or missing:
+            raise ValueError(
+                f"{self.name}: undeclared fields {sorted(unknown)}, missing {sorted(missing)}"
+            )
+        return {name: values[name] for name in self.names if name in values}
+
+    def required(self, version: int) -> tuple[Field, ...]:
+        """The fields a reader checks in a log of schema ``version``."""
+        return tuple(f for f in self.fields if f.required and f.since <= version)
+
+
+def record(name: str, table: str, since: int = 1) -> Record:
+    """A record from its field table: a line ``name | type | presence | meaning`` per field,
+    in the order they are written. The type is one of `TYPES`; the presence a `Presence`
+    value, followed by ``since N`` when a later schema version added the field. A line
+    without ``|`` continues the meaning of the field above."""
+    fields: list[Field] = []
+    for line in filter(None, map(str.strip, table.splitlines())):
+        if "|" not in line:
+            last = fields.pop()
+            fields.append(replace(last, meaning=f"{last.meaning} {line}"))
+            continue
+        name_, type_, presence, meaning = (cell.strip() for cell in line.split("|", 3))
+        presence, _, added = presence.partition(" since ")
+        field = Field(name_, TYPES[type_], Presence(presence), meaning, int(added or since))
+        fields.append(field)
+    return Record(name, tuple(fields), since)
+
+
+META = record(
+    "meta",
+    """
+    format            | string                 | required | always `"pipetrace-run"`
+    schema_version    | int                    | required | this document's version
+    pipetrace_version | string                 | always   | version of pipetrace that wrote the run
+    framework         | string                 | always   | `"torch"` or `"mindspore"`
+    framework_version | string                 | always   | the framework's version string
+    python_version    | string                 | always   | e.g. `"3.11.7"`
+    world_size        | int                    | always   | number of ranks
+    created           | int                    | always   | wall-clock ns when meta.json was written
+    schedule          | object                 | always   | `{"name": ..., "params": {...}}`:
+                                                            the schedule and its parameters
+    num_microbatches  | int                    | always   | micro-batches per iteration
+    placement         | list of int            | always   | `placement[stage]` is the rank that
+                                                            holds the stage
+    plan              | list of list of string | always   | every rank's plan as step texts;
+                                                            `""` is a bubble
+    hosts             | list of string         | always   | host name of each rank (as far as
+                                                            rank 0 knows them)
+    config            | object                 | always   | the run configuration (schedule
+                                                            flags, seed, P2P mode, record settings)
+    """,
 )
+"""meta.json. ``format`` and ``schema_version`` are checked by `pipetrace.analyze.reader`."""
+
+HEADER = record(
+    "header",
+    """
+    format            | string | required | always `"pipetrace-events"`
+    schema_version    | int    | required | the schema version of this log
+    rank              | int    | always   | this rank
+    world_size        | int    | always   | number of ranks
+    pid               | int    | always   | process id
+    host              | string | always   | host name
+    pipetrace_version | string | always   | version of pipetrace that wrote the log
+    framework         | string | always   | `"torch"` or `"mindspore"`
+    framework_version | string | always   | the framework's version string
+    record_mode       | string | always   | `"steps"` or `"full"`
+    t0                | int    | always   | wall-clock ns of the clock anchor
+    """,
+)
+"""The first line of a rank log."""
+
+EVENTS: dict[str, Record] = {
+    event.name: event
+    for event in (
+        record(
+            RUN_START,
+            """
+            config | object         | always   | as in meta.json
+            plan   | list of string | required | this rank's plan, bubbles removed
+            stages | list of int    | always   | the stages this rank holds
+            """,
+        ),
+        record(
+            CLOCK,
+            """
+            phase          | string | always   | `"start"` or `"end"`
+            offset_ns      | int    | required | this rank's clock minus rank 0's clock
+            uncertainty_ns | int    | always   | half the best round trip: the true offset
+                                                 lies within ± this
+            reference_rank | int    | always   | always 0
+            """,
+        ),
+        record(ITER_BEGIN, "it | int | required | iteration number"),
+        record(
+            ITER_END,
+            """
+            it   | int           | required | iteration number
+            loss | float or null | always   | mean loss over the micro-batches on the rank
+                                              that holds the last stage; null elsewhere
+            """,
+        ),
+        record(
+            STEP_BEGIN,
+            """
+            id   | int    | required | pairs it with its `step_end`
+            it   | int    | required | iteration
+            pos  | int    | required | plan position
+            step | string | required | canonical step text, e.g. `2F0`, `1I3`, `0SEND_F1`,
+                                       `(0F7;7B3)OVERLAP_F_B`
+            th   | string | required | thread: `"main"` or `"overlap"`
+            """,
+        ),
+        record(STEP_END, "id | int | required | the `step_begin` it ends"),
+        record(
+            P2P_POST,
+            """
+            id    | int                  | required  | pairs it with its `p2p_done`
+            it    | int                  | required  | iteration
+            op    | `"send"` or `"recv"` | required  | the operation posted
+            step  | string               | required  | the SEND/RECV step that posted it
+            peer  | int                  | required  | the other rank
+            ch    | string               | required  | channel: `"F"` (activations) or `"B"`
+                                                       (gradients); readers keep an unknown one
+            seq   | int                  | required  | sequence number per (op, peer,
+                                                       channel), from 0 each iteration; a send
+                                                       and the recv it matches have equal
+                                                       (iteration, channel, seq)
+            bytes | int                  | required  | payload size
+            shape | list of int          | required  | tensor shape
+            dtype | string               | required  | e.g. `"float32"`
+            stack | list of string       | sometimes | only in `full` mode: the Python stack
+                                                       that posted it, innermost last
+            """,
+        ),
+        record(P2P_DONE, "id | int | required | the `p2p_post` it completes"),
+        record(
+            STALL,
+            """
+            stacks     | object         | always    | thread name -> list of frames
+                                                      (`file:line in function: code`), innermost
+                                                      last
+            open_steps | list of object | always    | steps begun and not ended:
+                                                      `{"id", "thread", "pos", "step", "it"}`;
+                                                      `it` (the iteration, as in `step_begin`)
+                                                      is optional: older logs lack it, and
+                                                      readers then take the iteration begun
+                                                      and not ended, if any
+            inflight   | list of object | always    | P2P ops posted and not completed, each a
+                                                      `p2p_post` event
+            waiting_in | string         | sometimes | only when the rank waits in a collective
+                                                      outside iterations: `"the end-of-run clock
+                                                      exchange"`
+            idle_s     | float          | always    | seconds since the last event
+            """,
+        ),
+        record(
+            DUMP,
+            """
+            stacks     | object         | always    | as in `stall`
+            open_steps | list of object | always    | as in `stall`
+            inflight   | list of object | always    | as in `stall`
+            waiting_in | string         | sometimes | as in `stall`
+            reason     | string         | always    | `"SIGUSR1"`
+            """,
+        ),
+        record(
+            SIGNAL,
+            """
+            signal     | string         | always | e.g. `"SIGTERM"`, `"SIGINT"`
+            open_steps | list of object | always | as in `stall`
+            """,
+        ),
+        record(
+            EXCEPTION,
+            """
+            type       | string         | always | exception class name
+            message    | string         | always | `str(exception)`
+            traceback  | string         | always | the formatted traceback
+            open_steps | list of object | always | as in `stall`
+            """,
+        ),
+        record(
+            ABORT,
+            """
+            idle_s     | float  | always    | seconds since the last progress
+            message    | string | always    | what was printed to stderr
+            waiting_in | string | sometimes | as in `stall`
+            """,
+        ),
+        record(RUN_END, ""),
+    )
+}
+"""Every event type, by name."""
+
+EVENT_TYPES = tuple(EVENTS)
+
+
+def line_template(event: Record) -> bytes:
+    """A ``%`` template of the line orjson writes for ``event``, for writers that skip building
+    a dict. Its values are ``t`` and then the required fields in declared order: an int field
+    takes an int, any other a JSON literal (bytes from ``orjson.dumps``). The fields readers do
+    without, which must come last, are left out: a writer inserts ``,"name":<JSON>`` before
+    the final ``}`` of the line for each one it writes."""
+    parts = [b'{"e":"%s"' % event.name.encode(), b'"t":%d']
+    fields = list(event.fields)
+    while fields and not fields[-1].required:
+        fields.pop()
+    for f in fields:
+        if not f.required:
+            raise ValueError(f"{event.name}.{f.name}: a field readers do without comes first")
+        parts.append(b'"%s":%s' % (f.name.encode(), b"%d" if f.type is INT else b"%s"))
+    return b",".join(parts) + b"}\n"
 
 
 def rank_log_name(rank: int) -> str:

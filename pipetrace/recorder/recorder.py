@@ -92,9 +92,10 @@ class Recorder:
         self._epoch_anchor = time.time_ns()
         self._perf_anchor = time.perf_counter_ns()
         self.last_progress = self._perf_anchor
-        self.open_steps: dict[int, tuple[str, int, Step]] = {}  # id -> (thread, position, step)
+        self.open_steps: dict[int, tuple[str, int, Step, int]] = {}  # id -> (thread, pos, step, it)
         self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
         self._texts: dict[int, bytes] = {}
+        self._literals = _JsonLiterals()
         self._watchdog = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -104,19 +105,19 @@ class Recorder:
         self.world_size = world_size
         run_dir = self.config.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        header = {
-            "format": fmt.LOG_FORMAT,
-            "schema_version": fmt.SCHEMA_VERSION,
-            "rank": rank,
-            "world_size": world_size,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "pipetrace_version": __version__,
-            "framework": self.framework,
-            "framework_version": self.framework_version,
-            "record_mode": self.config.mode,
-            "t0": self._epoch_anchor,
-        }
+        header = fmt.HEADER.build(
+            format=fmt.LOG_FORMAT,
+            schema_version=fmt.SCHEMA_VERSION,
+            rank=rank,
+            world_size=world_size,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            pipetrace_version=__version__,
+            framework=self.framework,
+            framework_version=self.framework_version,
+            record_mode=self.config.mode,
+            t0=self._epoch_anchor,
+        )
         self._writer = EventWriter(
             fmt.rank_log_path(run_dir, rank),
             header,
@@ -209,7 +210,7 @@ class Recorder:
         t = time.perf_counter_ns()
         self.last_progress = t
         sid = next(self._ids)
-        self.open_steps[sid] = (thread, position, step)
+        self.open_steps[sid] = (thread, position, step, self._iteration)
         self._writer.append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
         profiler = self._profiler
         if profiler is not None and profiler.active():
@@ -289,8 +290,8 @@ class Recorder:
 
     def describe_open_steps(self) -> list[dict[str, Any]]:
         return [
-            {"id": sid, "thread": thread, "pos": pos, "step": format_step(step)}
-            for sid, (thread, pos, step) in list(self.open_steps.items())
+            {"id": sid, "thread": thread, "pos": pos, "step": format_step(step), "it": it}
+            for sid, (thread, pos, step, it) in list(self.open_steps.items())
         ]
 
     def describe_inflight(self) -> list[dict[str, Any]]:
@@ -310,54 +311,65 @@ class Recorder:
             self._writer.append((_OTHER, t, event, fields))
 
     def _text(self, step: Step) -> bytes:
+        """The step's text as a JSON string literal, computed once per step."""
         key = id(step)
         text = self._texts.get(key)
         if text is None:
             # Plans keep their Step objects alive for the whole run, so ids stay unique.
-            # Step texts are plain ASCII ([0-9A-Z_;()]): safe inside a JSON string as they are.
-            text = self._texts[key] = format_step(step).encode()
+            text = self._texts[key] = orjson.dumps(format_step(step))
         return text
 
     def _encode(self, record: tuple) -> bytes:
-        """One event line. The hot event types are formatted from byte templates (about 3x
-        cheaper than building a dict for orjson, measured in bench/bench_recorder.py); their
-        fields are ints and ASCII step texts, so the output is the JSON orjson would write."""
+        """One event line. The hot event types are formatted from the byte templates that
+        `fmt.line_template` derives from their declarations (about 3x cheaper than building a
+        dict for orjson, measured in bench/bench_recorder.py); their strings go in as cached
+        JSON literals, so the output is the JSON orjson would write."""
         tag = record[0]
         t = self._epoch_anchor + (record[1] - self._perf_anchor)
         if tag == _STEP_BEGIN:
             _, _, sid, it, pos, step, thread = record
-            return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), thread.encode())
+            return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literals[thread])
         if tag == _STEP_END:
             return _STEP_END_LINE % (t, record[2])
         if tag == _P2P_DONE:
             return _P2P_DONE_LINE % (t, record[2])
         if tag == _P2P_POST:
             _, _, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
-            event = {
-                "e": fmt.P2P_POST,
-                "t": t,
-                "id": pid,
-                "it": it,
-                "op": op,
-                "step": self._text(step).decode(),
-                "peer": peer,
-                "ch": channel,
-                "seq": seq,
-                "bytes": nbytes,
-                "shape": list(shape),
-                "dtype": dtype,
-            }
-            if stack is not None:
-                event["stack"] = stack
-            return orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE)
+            literal = self._literals
+            line = _P2P_POST_LINE % (
+                t,
+                pid,
+                it,
+                literal[op],
+                self._text(step),
+                peer,
+                literal[channel],
+                seq,
+                nbytes,
+                literal[tuple(shape)],
+                literal[dtype],
+            )
+            if stack is None:
+                return line
+            return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
         _, _, event_name, fields = record
         return orjson.dumps({"e": event_name, "t": t, **fields}, option=_DUMP_OPTIONS)
 
 
-_STEP_BEGIN_LINE = b'{"e":"step_begin","t":%d,"id":%d,"it":%d,"pos":%d,"step":"%s","th":"%s"}\n'
-_STEP_END_LINE = b'{"e":"step_end","t":%d,"id":%d}\n'
-_P2P_DONE_LINE = b'{"e":"p2p_done","t":%d,"id":%d}\n'
+_STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
+_STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
+_P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
+_P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
 _DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
+    """Thread names, ops, channels, dtypes and shapes as JSON bytes, encoded once per value
+    (a run has few distinct ones); a hit is a plain dict lookup, cheaper than ``str.encode``."""
+
+    def __missing__(self, value: str | tuple[int, ...]) -> bytes:
+        literal = self[value] = orjson.dumps(value)
+        return literal
 
 
 def _short_stack(limit: int = 8) -> list[str]:
@@ -375,22 +387,22 @@ def write_meta(
     framework_version: str,
 ) -> None:
     """meta.json: what was run. Written once by rank 0, atomically (write then rename)."""
-    meta = {
-        "format": fmt.META_FORMAT,
-        "schema_version": fmt.SCHEMA_VERSION,
-        "pipetrace_version": __version__,
-        "framework": framework,
-        "framework_version": framework_version,
-        "python_version": sys.version.split()[0],
-        "world_size": world_size,
-        "created": time.time_ns(),
-        "schedule": {"name": plan.name, "params": plan.params},
-        "num_microbatches": plan.num_microbatches,
-        "placement": list(plan.placement),
-        "plan": plan.to_json()["ranks"],
-        "hosts": config.get("hosts", [socket.gethostname()]),
-        "config": config,
-    }
+    meta = fmt.META.build(
+        format=fmt.META_FORMAT,
+        schema_version=fmt.SCHEMA_VERSION,
+        pipetrace_version=__version__,
+        framework=framework,
+        framework_version=framework_version,
+        python_version=sys.version.split()[0],
+        world_size=world_size,
+        created=time.time_ns(),
+        schedule={"name": plan.name, "params": plan.params},
+        num_microbatches=plan.num_microbatches,
+        placement=list(plan.placement),
+        plan=plan.to_json()["ranks"],
+        hosts=config.get("hosts", [socket.gethostname()]),
+        config=config,
+    )
     tmp = run_dir / (fmt.META_FILE + ".tmp")
     tmp.write_bytes(orjson.dumps(meta, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
     os.replace(tmp, run_dir / fmt.META_FILE)

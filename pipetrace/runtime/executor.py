@@ -13,7 +13,6 @@ holds no message for it.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,16 +26,15 @@ from pipetrace.schedule.ir import Plan, Step, StepKind
 if TYPE_CHECKING:
     import torch
 
+    from pipetrace.runtime.backend import Stage
     from pipetrace.runtime.p2p import P2P
-    from pipetrace.runtime.stage import PipelineStage
 
 Handler = Callable[[int, Step], None]  # (position in the rank's plan, step)
 
 
 class FrameworkOps(Protocol):
-    """The little the executor needs from a framework besides its stages and its P2P (both
-    duck-typed: `pipetrace.runtime.stage.PipelineStage` and `pipetrace.runtime.p2p.P2P` are
-    the torch ones, `pipetrace.runtime.mindspore` has the MindSpore ones)."""
+    """The little the executor needs from a framework besides its stages and its P2P; every
+    `pipetrace.runtime.backend.Backend` is one."""
 
     @property
     def pending_type(self) -> type:
@@ -53,32 +51,6 @@ class FrameworkOps(Protocol):
         """The handlers of UNSHARD / RESHARD / REDUCE_GRAD (no-ops without sharded stages)."""
 
 
-class TorchOps:
-    """`FrameworkOps` for torch (the default); torch is imported on first use."""
-
-    @functools.cached_property
-    def pending_type(self) -> type:
-        from pipetrace.runtime.p2p import PendingRecv
-
-        return PendingRecv
-
-    def mean_loss(self, losses: Iterable[Any]) -> float:
-        import torch
-
-        return float(torch.stack(list(losses)).mean())
-
-    def thread_initializer(self) -> Callable[[], None]:
-        import torch
-
-        # torch.set_num_threads is per thread for MKL and OpenMP: a new thread would run
-        # its kernels with the library default (all cores), which on a shared CPU made
-        # the overlapped backward ~100x slower. Give it the caller's setting.
-        return functools.partial(torch.set_num_threads, torch.get_num_threads())
-
-    def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
-        return fsdp.FsdpSteps(stages)
-
-
 @dataclass
 class StepContext:
     """What a custom step function sees; updated in place at each iteration.
@@ -90,7 +62,7 @@ class StepContext:
     """The whole schedule (all ranks)."""
     rank: int
     """This rank's index in the plan."""
-    stages: dict[int, PipelineStage]
+    stages: dict[int, Stage]
     """The stages this rank holds, by stage index."""
     default: Callable[[Step], None]
     """Runs the built-in handler for a step."""
@@ -110,7 +82,8 @@ class Executor:
     """Executes ``plan.ranks[rank]`` over the given stages.
 
     ``p2p`` may be None when the plan holds no messages for this rank (e.g. one rank).
-    ``ops`` are the framework's few operations the executor needs (default: torch's).
+    ``ops`` are the framework's few operations the executor needs (default: the torch
+    backend's).
     """
 
     def __init__(
@@ -118,7 +91,7 @@ class Executor:
         *,
         plan: Plan,
         rank: int,
-        stages: dict[int, PipelineStage],
+        stages: dict[int, Stage],
         p2p: P2P | None,
         recorder: RecorderHooks | None = None,
         ops: FrameworkOps | None = None,
@@ -131,7 +104,11 @@ class Executor:
         self.stages = stages
         self.p2p = p2p
         self.recorder: RecorderHooks = recorder if recorder is not None else NullRecorder()
-        self._ops: FrameworkOps = ops if ops is not None else TorchOps()
+        if ops is None:
+            from pipetrace.runtime.torch_backend import TorchBackend
+
+            ops = TorchBackend()
+        self._ops: FrameworkOps = ops
         self._pending = self._ops.pending_type
         self._placement = plan.placement
         self._last_stage = plan.num_stages - 1
@@ -317,18 +294,19 @@ class Executor:
             self._grad_out[(s, mb)] = dx  # type: ignore[assignment]
 
     def _backward(self, position: int, step: Step) -> None:
-        s, mb = step.stage, step.microbatch
-        if self._fsdp.pending:
-            self._fsdp.wait_unshard(s)
-        dx = self.stages[s].backward(mb, self._output_grad(s, mb))
-        self._pass_input_grad(s, mb, dx)
+        self._input_gradient(step, full=True)
 
     def _backward_input(self, position: int, step: Step) -> None:
+        self._input_gradient(step, full=False)
+
+    def _input_gradient(self, step: Step, *, full: bool) -> None:
+        """B (``full``: dx and dw) or I (dx only) of one micro-batch; dx goes on."""
         s, mb = step.stage, step.microbatch
         if self._fsdp.pending:
             self._fsdp.wait_unshard(s)
-        dx = self.stages[s].backward_input(mb, self._output_grad(s, mb))
-        self._pass_input_grad(s, mb, dx)
+        stage = self.stages[s]
+        run = stage.backward if full else stage.backward_input
+        self._pass_input_grad(s, mb, run(mb, self._output_grad(s, mb)))
 
     def _backward_weight(self, position: int, step: Step) -> None:
         if self._fsdp.pending:

@@ -161,8 +161,8 @@ class _AtComputeStep(Fault):
                     return leaf
         raise self.error(
             f"rank {self.rank}'s plan has no {self.phase} step of micro-batch "
-            f"{self.microbatch} ({plan.name} has no {'/'.join(k.value for k in kinds)} steps there); "
-            f"use phase={'|'.join(p for p in self.PHASES if p != self.phase)}"
+            f"{self.microbatch} ({plan.name} has no {'/'.join(k.value for k in kinds)} steps "
+            f"there); use phase={'|'.join(p for p in self.PHASES if p != self.phase)}"
         )
 
 
@@ -172,7 +172,8 @@ class Crash(_AtComputeStep):
     ENDS_RUN = True
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
-        return f"crash: rank {self.rank} raises RuntimeError in {format_step(self.target(plan))} at step {self.step}"
+        step = format_step(self.target(plan))
+        return f"crash: rank {self.rank} raises RuntimeError in {step} at step {self.step}"
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,8 @@ class Hang(_AtComputeStep):
     ENDS_RUN = True
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
-        return f"hang: rank {self.rank} blocks forever in {format_step(self.target(plan))} at step {self.step}"
+        step = format_step(self.target(plan))
+        return f"hang: rank {self.rank} blocks forever in {step} at step {self.step}"
 
 
 _STRAGGLER_PHASES = {
@@ -244,7 +246,10 @@ class SlowLink(Fault):
         return dataclasses.replace(fault, delay=0.02 if self.delay is None else self.delay)
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
-        return f"slow-link: every send of rank {self.rank} reaches the wire {self.delay * 1e3:g} ms after it is posted, from step {self.step} on"
+        return (
+            f"slow-link: every send of rank {self.rank} reaches the wire "
+            f"{(self.delay or 0.0) * 1e3:g} ms after it is posted, from step {self.step} on"
+        )
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,22 @@ class _OneMessage(Fault):
 
     RECEIVES: ClassVar[bool] = False
     """The message is one the rank receives (else one it sends)."""
+    SAYS: ClassVar[str] = ""
+    """What `describe` says after the kind, with {rank}, {message}, {step}, {peer} (and the
+    subclass's `_say` fields) filled in."""
+
+    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
+        step = self.target(plan)
+        return f"{self.KIND}: " + self.SAYS.format(**self._say(plan, step))
+
+    def _say(self, plan: Plan, step: Step) -> dict[str, object]:
+        return {
+            "rank": self.rank,
+            "message": format_step(step),
+            "step": self.step,
+            "peer": peer_of(plan, step),
+        }
+
     CHANGES_MESSAGE: ClassVar[bool] = True
     """The fault changes or drops the message itself, which at step 0 must then not be the
     first of its stream: that one also carries the stream's shape to the receiver."""
@@ -304,13 +325,10 @@ class DropRecv(_OneMessage):
     HANGS = True
     ENDS_RUN = True
     RECEIVES = True
-
-    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
-        step = self.target(plan)
-        return (
-            f"drop-recv: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing, "
-            f"computes on zeros); rank {peer_of(plan, step)}'s send is never received"
-        )
+    SAYS = (
+        "rank {rank} skips {message} at step {step} (posts nothing, computes on zeros); "
+        "rank {peer}'s send is never received"
+    )
 
 
 @dataclass(frozen=True)
@@ -318,26 +336,17 @@ class DropSend(_OneMessage):
     KIND = "drop-send"
     HANGS = True
     ENDS_RUN = True
-
-    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
-        step = self.target(plan)
-        return (
-            f"drop-send: rank {self.rank} skips {format_step(step)} at step {self.step} (posts nothing); "
-            f"rank {peer_of(plan, step)} waits for it"
-        )
+    SAYS = "rank {rank} skips {message} at step {step} (posts nothing); rank {peer} waits for it"
 
 
 @dataclass(frozen=True)
 class ExtraSend(_OneMessage):
     KIND = "extra-send"
     CHANGES_MESSAGE = False  # the copy goes after the real message
-
-    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
-        step = self.target(plan)
-        return (
-            f"extra-send: rank {self.rank} sends {format_step(step)} a second time at step {self.step}, "
-            f"under a tag rank {peer_of(plan, step)} never receives (never waited, like a leaked request)"
-        )
+    SAYS = (
+        "rank {rank} sends {message} a second time at step {step}, under a tag rank {peer} "
+        "never receives (never waited, like a leaked request)"
+    )
 
 
 @dataclass(frozen=True)
@@ -360,18 +369,19 @@ class ShapeMismatch(_OneMessage):
             )
         if math.prod(shape) > math.prod(right):
             raise fault.error(
-                f"shape={_format_value(shape)} has more elements than the right {_format_value(right)}: gloo "
-                f"aborts the receiving process (SIGABRT) before its recording is flushed; give at most "
-                f"{math.prod(right)} elements"
+                f"shape={_format_value(shape)} has more elements than the right "
+                f"{_format_value(right)}: gloo aborts the receiving process (SIGABRT) before its "
+                f"recording is flushed; give at most {math.prod(right)} elements"
             )
         return fault
 
-    def describe(self, plan: Plan, *, overlap: bool = False) -> str:
-        step = self.target(plan)
-        return (
-            f"shape-mismatch: rank {self.rank} sends {format_step(step)} at step {self.step} as a "
-            f"{_format_value(self.shape or ())} tensor; rank {peer_of(plan, step)} receives it into its usual buffer"
-        )
+    SAYS = (
+        "rank {rank} sends {message} at step {step} as a {shape} tensor; rank {peer} receives "
+        "it into its usual buffer"
+    )
+
+    def _say(self, plan: Plan, step: Step) -> dict[str, object]:
+        return {**super()._say(plan, step), "shape": _format_value(self.shape or ())}
 
 
 @dataclass(frozen=True)
@@ -416,8 +426,8 @@ class SwapOrder(_OneMessage):
         if not any(a.microbatch == self.microbatch for a, _ in usable):
             can = sorted({a.microbatch for a, _ in usable})
             raise fault.error(
-                f"rank {rank} cannot send its {channel} message of micro-batch {self.microbatch} after the "
-                f"next one without a deadlock in {plan.name} ({_mode(where.overlap)}); "
+                f"rank {rank} cannot send its {channel} message of micro-batch {self.microbatch} "
+                f"after the next one without a deadlock in {plan.name} ({_mode(where.overlap)}); "
                 + (
                     f"microbatch= can be {', '.join(map(str, can))}"
                     if can
@@ -442,16 +452,14 @@ class SwapOrder(_OneMessage):
 
     def pair(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
         """(first, second): the first runs right after the second."""
-        return next(
-            p for p in self.pairs(plan, overlap=overlap) if p[0].microbatch == self.microbatch
-        )
+        return _of_microbatch(self.pairs(plan, overlap=overlap), self.microbatch)
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         a, b = self.pair(plan, overlap=overlap)
         return (
-            f"swap-order: rank {self.rank} runs {format_step(b)} before {format_step(a)} at step {self.step}, "
-            f"each message under the other's tag: rank {peer_of(plan, a)} receives {format_step(b)}'s "
-            f"tensor as {format_step(a)}'s and the other way round"
+            f"swap-order: rank {self.rank} runs {format_step(b)} before {format_step(a)} at step "
+            f"{self.step}, each message under the other's tag: rank {peer_of(plan, a)} receives "
+            f"{format_step(b)}'s tensor as {format_step(a)}'s and the other way round"
         )
 
 
@@ -509,16 +517,16 @@ class Deadlock(Fault):
                     "neighbour it sends to"
                 )
             raise fault.error(
-                f"no send of rank {rank} to rank {peer} deadlocks {plan.name} ({_mode(where.overlap)}) "
-                "when held back; try another peer= or rank="
+                f"no send of rank {rank} to rank {peer} deadlocks {plan.name} "
+                f"({_mode(where.overlap)}) when held back; try another peer= or rank="
             )
         if self.microbatch is not None:
             chosen = [h for h in holds if h[0].microbatch == self.microbatch]
             if not chosen:
                 can = sorted({h[0].microbatch for h in holds})
                 raise fault.error(
-                    f"holding rank {rank}'s send of micro-batch {self.microbatch} to rank {peer} does "
-                    f"not deadlock {plan.name}; microbatch= can be {', '.join(map(str, can))}"
+                    f"holding rank {rank}'s send of micro-batch {self.microbatch} to rank {peer} "
+                    f"does not deadlock {plan.name}; microbatch= can be {', '.join(map(str, can))}"
                 )
             return fault
         return dataclasses.replace(fault, microbatch=holds[0][0].microbatch)
@@ -545,15 +553,15 @@ class Deadlock(Fault):
         return out
 
     def hold(self, plan: Plan, *, overlap: bool) -> tuple[Step, Step]:
-        return next(
-            h for h in self.holds(plan, overlap=overlap) if h[0].microbatch == self.microbatch
-        )
+        """(held send, the recv it waits for) of the fault's micro-batch."""
+        return _of_microbatch(self.holds(plan, overlap=overlap), self.microbatch)
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         send, recv = self.hold(plan, overlap=overlap)
         return (
-            f"deadlock: rank {self.rank} runs {format_step(send)} only once {format_step(recv)} (from rank "
-            f"{self.peer}) has completed, at step {self.step}; rank {self.peer} sends that only after it"
+            f"deadlock: rank {self.rank} runs {format_step(send)} only once {format_step(recv)} "
+            f"(from rank {self.peer}) has completed, at step {self.step}; rank {self.peer} sends "
+            "that only after it"
         )
 
 
@@ -687,6 +695,11 @@ def _microbatch(fault: Fault, plan: Plan) -> int:
         fault, "microbatch", mb, plan.num_microbatches, f"--microbatches {plan.num_microbatches}"
     )
     return mb
+
+
+def _of_microbatch(pairs: list[tuple[Step, Step]], mb: int | None) -> tuple[Step, Step]:
+    """The first pair whose first step is of micro-batch ``mb``."""
+    return next(pair for pair in pairs if pair[0].microbatch == mb)
 
 
 def _mode(overlap: bool) -> str:

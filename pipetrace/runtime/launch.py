@@ -15,7 +15,6 @@ terminates and kills them. Ranks also ask Linux to kill them if the launcher die
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import signal
@@ -41,12 +40,22 @@ from pipetrace.schedule.ir import StepKind
 _POLL_SECONDS = 0.1
 _REPORT_FD_ENV = "PIPETRACE_REPORT_FD"
 _SYS_PATH_ENV = "PIPETRACE_SYS_PATH"
-# A rank starts with the launcher's sys.path (as multiprocessing does), so that recorder
-# factories and custom functions defined next to the caller can be unpickled.
-_BOOTSTRAP = (
-    "import os, sys; sys.path[:0] = os.environ.pop('PIPETRACE_SYS_PATH').split(os.pathsep); "
-    "from pipetrace.runtime.launch import rank_main; rank_main()"
-)
+
+
+def bootstrap(module: str, function: str) -> list[str]:
+    """The command line of a process that runs ``module.function()``. It starts with the
+    launcher's sys.path (as multiprocessing does), so that recorder factories and custom
+    functions defined next to the caller can be unpickled."""
+    code = (
+        f"import os, sys; sys.path[:0] = os.environ.pop({_SYS_PATH_ENV!r}).split(os.pathsep); "
+        f"from {module} import {function}; {function}()"
+    )
+    return [sys.executable, "-c", code]
+
+
+def launcher_env() -> dict[str, str]:
+    """This process's environment, plus what `bootstrap` needs."""
+    return {**os.environ, _SYS_PATH_ENV: os.pathsep.join(sys.path)}
 
 
 def free_port() -> int:
@@ -64,25 +73,54 @@ def launch(
     on_loss: LossCallback | None = None,
     kill_grace: float = 5.0,
 ) -> LaunchResult:
-    """Run ``cases`` one after the other on ``cases[0].world_size`` local ranks.
+    """Run ``cases`` one after the other on ``cases[0].world_size`` local ranks of their
+    backend: torch ranks in a gloo group, or MindSpore workers with their scheduler
+    (`pipetrace.runtime.mindspore.cluster`; ``result.pids`` then also lists the scheduler).
 
     ``make_recorder`` and ``custom_functions`` go to every rank (see `WorkerSpec`; they
     must be picklable). ``on_loss`` is called here as the reporting rank finishes each step.
     """
-    world_size, payload = worker_payload(cases, make_recorder, custom_functions, "process group")
-    port = free_port()
-    ranks: list[_Rank] = []
+    backend = cases[0].backend
+    if any(case.backend != backend for case in cases):
+        raise ValueError(f"cases in one launch share one backend: {[c.backend for c in cases]}")
+    world_size, payload = worker_payload(cases, make_recorder, custom_functions)
     result = LaunchResult(world_size)
+    if backend == "mindspore":
+        from pipetrace.runtime.mindspore.cluster import run_workers
+
+        run_workers(cases, payload, result, on_loss, kill_grace)
+    else:
+        _run_ranks(payload, result, on_loss, kill_grace)
+    return result
+
+
+def _run_ranks(
+    payload: bytes, result: LaunchResult, on_loss: LossCallback | None, kill_grace: float
+) -> None:
+    """Start torch ranks joined through env:// on a free port, and supervise them."""
+    env = dict(launcher_env(), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    command = bootstrap("pipetrace.runtime.launch", "rank_main")
+    world_size = result.world_size
+    ranks: list[RankProcess] = []
     try:
         for rank in range(world_size):
-            ranks.append(_Rank.start(rank, world_size, port))
+            rank_env = dict(env, **_torch_rank_env(rank, world_size))
+            ranks.append(RankProcess.start(rank, command, rank_env))
             result.pids.append(ranks[-1].process.pid)
             ranks[-1].send_spec(payload)
-        _supervise(ranks, result, on_loss, kill_grace)
+        supervise(ranks, result, on_loss, kill_grace)
     finally:
-        _stop(ranks)
-    result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
-    return result
+        stop(ranks)
+
+
+def _torch_rank_env(rank: int, world_size: int) -> dict[str, str]:
+    """torch's env:// variables of one local rank (MASTER_* are the launch's)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+    }
 
 
 # Errors a rank gets because a peer died: they say little about the cause, so a rank
@@ -94,7 +132,7 @@ def _is_consequence(failure: RankFailure) -> bool:
     return any(marker in failure.error for marker in _PEER_LOST)
 
 
-class _Rank:
+class RankProcess:
     """One rank's process and the read end of its report pipe."""
 
     def __init__(self, rank: int, process: subprocess.Popen, reports: Connection) -> None:
@@ -103,23 +141,14 @@ class _Rank:
         self.reports = reports
 
     @classmethod
-    def start(cls, rank: int, world_size: int, port: int) -> _Rank:
+    def start(cls, rank: int, command: list[str], env: dict[str, str]) -> RankProcess:
+        """Start ``command`` as rank ``rank`` with a report pipe (see `run_reported`)."""
         read_fd, write_fd = os.pipe()
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(world_size),
-            **{_REPORT_FD_ENV: str(write_fd), _SYS_PATH_ENV: os.pathsep.join(sys.path)},
-        )
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP],
+                command,
                 stdin=subprocess.PIPE,
-                env=env,
+                env=dict(env, **{_REPORT_FD_ENV: str(write_fd)}),
                 pass_fds=(write_fd,),
             )
         finally:
@@ -132,9 +161,12 @@ class _Rank:
         self.process.stdin.close()
 
 
-def _supervise(
-    ranks: list[_Rank], result: LaunchResult, on_loss: LossCallback | None, kill_grace: float
+def supervise(
+    ranks: list[RankProcess], result: LaunchResult, on_loss: LossCallback | None, kill_grace: float
 ) -> None:
+    """Collect the ranks' reports into ``result`` until every rank has ended; ``kill_grace``
+    seconds after the first failure, stop the rest. Failures end up earliest first, those
+    caused by a lost peer last."""
     failed: dict[int, RankFailure] = {}
     first_failure_at: float | None = None
     open_pipes = {rank.reports: rank for rank in ranks}
@@ -175,11 +207,12 @@ def _supervise(
                         f"killed: still running {kill_grace:g} s after rank {first.rank} failed",
                         at=now,
                     )
-            _stop(ranks)
+            stop(ranks)
             for pipe in open_pipes:
                 pipe.close()
             open_pipes.clear()
     result.failures.extend(failed.values())
+    result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
 
 
 def _describe_exit(code: int) -> str:
@@ -191,7 +224,7 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code} without reporting an error"
 
 
-def _stop(ranks: list[_Rank], grace: float = 2.0) -> None:
+def stop(ranks: list[RankProcess], grace: float = 2.0) -> None:
     """SIGTERM every live rank, SIGKILL what is left after ``grace`` seconds, reap all."""
     for rank in ranks:
         if rank.process.poll() is None:
@@ -209,14 +242,14 @@ def worker_payload(
     cases: Sequence[RunConfig],
     make_recorder: RecorderFactory | None,
     custom_functions: Sequence[tuple[StepKind | str, CustomFunction]],
-    group: str,
 ) -> tuple[int, bytes]:
-    """The world size of ``cases`` (one for all: they share one ``group``) and the pickled
-    `WorkerSpec` every rank reads from its stdin."""
+    """The world size of ``cases`` (one for all: they share one process group) and the
+    pickled `WorkerSpec` every rank reads from its stdin."""
     world_size = cases[0].world_size
     if any(case.world_size != world_size for case in cases):
         raise ValueError(
-            f"cases in one launch share one {group}: {[c.world_size for c in cases]} processes"
+            f"cases in one launch share one process group: {[c.world_size for c in cases]} "
+            "processes"
         )
     spec = WorkerSpec(
         tuple(cases),
@@ -227,7 +260,7 @@ def worker_payload(
     return world_size, pickle.dumps(spec)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent (the launcher) dies."""
     if not sys.platform.startswith("linux"):
         return
@@ -241,21 +274,20 @@ def _die_with_parent() -> None:
 
 def rank_main() -> None:
     """Entry point of a rank process started by `launch`."""
-    _die_with_parent()
-    if not run_reported(
-        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "pipetrace.runtime.worker"
-    ):
+    die_with_parent()
+    if not run_reported(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])):
         sys.exit(1)
 
 
-def run_reported(rank: int, world_size: int, worker_module: str) -> bool:
-    """Run this process's rank of the launcher's cases (the `WorkerSpec` on stdin) with
-    ``worker_module``'s ``run_rank``, and report over the launcher's pipe: each loss, then
-    the results or the failure. Returns whether the rank succeeded."""
+def run_reported(rank: int, world_size: int) -> bool:
+    """Run this process's rank of the launcher's cases (the `WorkerSpec` on stdin) with the
+    demo worker (`pipetrace.runtime.worker`), and report over the launcher's pipe: each loss,
+    then the results or the failure. Returns whether the rank succeeded."""
     reports = Connection(int(os.environ.pop(_REPORT_FD_ENV)), readable=False)
     try:
         spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
-        run_rank = importlib.import_module(worker_module).run_rank
+        from pipetrace.runtime.worker import run_rank
+
         results = run_rank(rank, world_size, spec, lambda *loss: reports.send(("loss", loss)))
     except BaseException as exc:
         reports.send(

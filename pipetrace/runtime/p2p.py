@@ -33,28 +33,10 @@ import torch
 import torch.distributed as dist
 
 from pipetrace.recorder.hooks import RecorderHooks
-from pipetrace.runtime.p2p_common import P2PBookkeeping, PendingRecv, StreamMeta
+from pipetrace.runtime.p2p_common import HEADER_LEN, P2PBookkeeping, PendingRecv, StreamMeta
 from pipetrace.schedule.ir import Step
 
 __all__ = ["P2P", "PendingRecv", "TensorMeta", "WireFault"]
-
-# dtype <-> small integer for the metadata message.
-_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-    torch.complex64,
-    torch.complex128,
-)
-_MAX_DIMS = 8
-_META_LEN = 2 + _MAX_DIMS  # dtype code, number of dims, dims
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +50,10 @@ class TensorMeta(StreamMeta):
     @property
     def dtype_name(self) -> str:
         return str(self.dtype).removeprefix("torch.")
+
+    @classmethod
+    def dtype_named(cls, name: str) -> torch.dtype:
+        return getattr(torch, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,9 +118,8 @@ class P2P(P2PBookkeeping):
         meta = self._meta.get(key)
         if meta is None:
             meta = self._meta[key] = sent
-            self._post_send(
-                _encode_meta(meta, self.device), peer, self._tag(channel, src_stage, mb, True), None
-            )
+            header = torch.tensor(meta.header(), dtype=torch.int64, device=self.device)
+            self._post_send(header, peer, self._tag(channel, src_stage, mb, True), None)
         elif wire is not None and wire.unchecked:
             meta = sent
         else:
@@ -168,31 +153,13 @@ class P2P(P2PBookkeeping):
         key = (channel, src_stage)
         meta = self._meta.get(key)
         if meta is None:
-            header = torch.empty(_META_LEN, dtype=torch.int64, device=self.device)
+            header = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
             tag = self._tag(channel, src_stage, mb, True)
             dist.irecv(header, group=self.group, group_src=peer, tag=tag).wait()
-            meta = self._meta[key] = _decode_meta(header)
+            meta = self._meta[key] = TensorMeta.from_header(header.tolist())
         buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
         token = self._posted("recv", step, peer, channel, meta)
         work = dist.irecv(
             buffer, group=self.group, group_src=peer, tag=self._tag(channel, src_stage, mb)
         )
         return self._received(work, buffer, token)
-
-
-def _encode_meta(meta: TensorMeta, device: torch.device) -> torch.Tensor:
-    if len(meta.shape) > _MAX_DIMS:
-        raise RuntimeError(f"cannot send a {len(meta.shape)}-dim tensor; at most {_MAX_DIMS} dims")
-    if meta.dtype not in _DTYPES:
-        raise RuntimeError(
-            f"cannot send dtype {meta.dtype}; supported: {', '.join(map(str, _DTYPES))}"
-        )
-    values = [_DTYPES.index(meta.dtype), len(meta.shape), *meta.shape]
-    values += [0] * (_META_LEN - len(values))
-    return torch.tensor(values, dtype=torch.int64, device=device)
-
-
-def _decode_meta(header: torch.Tensor) -> TensorMeta:
-    values = header.tolist()
-    ndim = values[1]
-    return TensorMeta(tuple(values[2 : 2 + ndim]), _DTYPES[values[0]])

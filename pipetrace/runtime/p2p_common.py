@@ -1,6 +1,6 @@
 """What the torch and MindSpore P2P classes share: the bookkeeping of a rank's messages and
 what the recorder is told about them. Framework-free; a backend supplies the wire (posting
-an isend / irecv, its work handle's ``wait``) and the metadata encoding.
+an isend / irecv, its work handle's ``wait``) and its tensors of the header's integers.
 
 Per (channel, sending stage) stream, the first message is preceded by its shape and dtype
 (or they are given up front) and later messages must match them. Each data message is
@@ -16,6 +16,25 @@ from typing import Any, Protocol
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.schedule.ir import Step
+
+# The stream header, the metadata message that precedes a stream's first message: the dtype's
+# code (its index here, by the trace's dtype names), the number of dims, the dims, zero-padded.
+DTYPE_NAMES = (
+    "float32",
+    "float64",
+    "float16",
+    "bfloat16",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint8",
+    "bool",
+    "complex64",
+    "complex128",
+)
+MAX_DIMS = 8
+HEADER_LEN = 2 + MAX_DIMS
 
 
 class Work(Protocol):
@@ -41,6 +60,30 @@ class StreamMeta:
     @property
     def dtype_name(self) -> str:
         raise NotImplementedError
+
+    @classmethod
+    def dtype_named(cls, name: str) -> Any:
+        """The backend's dtype that the trace calls ``name``."""
+        raise NotImplementedError
+
+    def header(self) -> list[int]:
+        """The ``HEADER_LEN`` integers announcing this stream (sent as an int64 tensor)."""
+        if len(self.shape) > MAX_DIMS:
+            raise RuntimeError(
+                f"cannot send a {len(self.shape)}-dim tensor; at most {MAX_DIMS} dims"
+            )
+        if self.dtype_name not in DTYPE_NAMES:
+            raise RuntimeError(
+                f"cannot send dtype {self.dtype_name}; supported: {', '.join(DTYPE_NAMES)}"
+            )
+        values = [DTYPE_NAMES.index(self.dtype_name), len(self.shape), *self.shape]
+        return values + [0] * (HEADER_LEN - len(values))
+
+    @classmethod
+    def from_header(cls, values: list[int]) -> StreamMeta:
+        """The stream a received `header` announces."""
+        ndim = values[1]
+        return cls(tuple(values[2 : 2 + ndim]), cls.dtype_named(DTYPE_NAMES[values[0]]))
 
 
 class PendingRecv:

@@ -1,7 +1,6 @@
-"""What the two per-rank entry points share (``python -m pipetrace.runtime.worker`` under
-torchrun, ``python -m pipetrace.runtime.mindspore.worker`` as a MindSpore worker): run this
-process's rank of a demo training run, print each step's loss and the parity verdict, and
-exit non-zero when the rank fails. No framework import here: the caller brings its runner.
+"""The per-rank command line of the demo worker (``python -m pipetrace.runtime.worker`` under
+torchrun or msrun): run this process's rank of a demo training run, print each step's loss
+and the parity verdict, and exit non-zero when the rank fails. No framework import here.
 """
 
 from __future__ import annotations

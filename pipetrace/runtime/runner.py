@@ -1,18 +1,25 @@
-"""What every backend's `PipelineRunner` shares, framework-neutral (no torch, no MindSpore).
+"""The one pipeline runner, written against the backend seam (`pipetrace.runtime.backend`):
+no torch, no MindSpore here.
 
-A runner builds its stages, P2P and executor in its own backend module; this base runs
+A runner builds this rank's stages, its P2P and its executor through its `Backend`, runs
 iterations through the executor, reports a failure to the recorder exactly once, and ends
-the recording cleanly only when nothing failed. `split_batch` splits a batch into
-micro-batches given the backend's tensor type and split function.
+the recording cleanly only when nothing failed. The public classes
+`pipetrace.runtime.api.PipelineRunner` (torch) and
+`pipetrace.runtime.mindspore.api.PipelineRunner` only pick their backend and add what is
+their framework's own (torch's device and process group; MindSpore's gradient lists).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.recorder.setup import RecordSettings
+from pipetrace.runtime.backend import Backend, LossFn, Stage
 from pipetrace.runtime.executor import CustomFunction, Executor
+from pipetrace.runtime.p2p_common import StreamMeta
+from pipetrace.runtime.split import stage_modules
 from pipetrace.schedule.builders import build_plan, resolve_schedule_name
 from pipetrace.schedule.ir import Plan, StepKind
 from pipetrace.schedule.lowering import lower
@@ -20,18 +27,92 @@ from pipetrace.schedule.lowering import lower
 Batch = Any  # one tensor to split along dim 0, a sequence of M tensors, or None
 
 
-class RunnerBase:
-    plan: Plan
-    rank: int
-    stages: dict[int, Any]
-    executor: Executor
-    recorder: RecorderHooks
-    _failure: BaseException | None = None
-    _closed: bool = False
+class PipelineRunner:
+    """This rank's part of a pipeline: its stages, its plan, its messages, on ``backend``.
 
-    def _split(self, batch: Batch, num: int, what: str) -> Sequence[Any] | None:
-        """Split ``batch`` into ``num`` micro-batches (the backend knows its tensors)."""
-        raise NotImplementedError
+    ``model`` is the whole model as the backend's sequential model (split into the plan's
+    stages), a sequence with one module per stage, or a mapping ``{stage: module}`` of only
+    the stages this rank holds (so that big models need not be built whole on every rank).
+    ``schedule`` is a built-in name (with ``num_microbatches``) or a `Plan`; a plan without
+    messages is lowered here. Ranks in the plan are ranks in the backend's group.
+    ``tensor_meta`` gives message shapes up front (see `pipetrace.runtime.p2p_common`); it
+    must be the same on every rank. ``recorder`` defaults to the one PIPETRACE_DIR and the
+    other PIPETRACE_* variables ask for (none without them). ``timeout`` bounds a wait on a
+    peer when the runner joins the group itself.
+
+    The last stage backpropagates ``loss_fn(output, target) / M`` for each micro-batch, so
+    after `step` the gradients are those of the mean loss over the whole batch.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        model: Any,
+        *,
+        schedule: str | Plan,
+        loss_fn: LossFn,
+        num_microbatches: int | None = None,
+        stages_per_rank: int | None = None,
+        overlap_p2p: bool = False,
+        recorder: RecorderHooks | None = None,
+        tensor_meta: Mapping[tuple[str, int], StreamMeta] | None = None,
+        timeout: float = 60.0,
+        run_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.rank, world_size = backend.join(timeout)
+        self.plan = resolve_plan(schedule, world_size, num_microbatches, stages_per_rank)
+        self.stages: dict[int, Stage] = self._make_stages(model, loss_fn)
+        if recorder is None:  # PIPETRACE_DIR=run/ turns recording on in a user's script
+            recorder = backend.make_recorder(RecordSettings.from_env())
+        self.recorder: RecorderHooks = recorder
+        p2p = None
+        if any(step.is_comm for step in self.plan.steps(self.rank)):
+            p2p = backend.make_p2p(
+                num_stages=self.plan.num_stages,
+                recorder=recorder,
+                overlap=overlap_p2p,
+                known=tensor_meta,
+            )
+        self.executor = Executor(
+            plan=self.plan,
+            rank=self.rank,
+            stages=self.stages,
+            p2p=p2p,
+            recorder=recorder,
+            ops=backend,
+        )
+        self._failure: BaseException | None = None
+        self._closed = False
+        config = {
+            "overlap_p2p": overlap_p2p,
+            "device": backend.device_name(),
+            **(run_config or {}),
+        }
+        # Pipeline ranks (in the backend's group): the plan and P2P peers speak of those.
+        recorder.begin_run(rank=self.rank, world_size=world_size, plan=self.plan, config=config)
+
+    def _make_stages(self, model: Any, loss_fn: LossFn) -> dict[int, Stage]:
+        last = self.plan.num_stages - 1
+        return {
+            index: self.backend.make_stage(
+                module,
+                stage_index=index,
+                num_stages=self.plan.num_stages,
+                loss_fn=loss_fn if index == last else None,
+            )
+            for index, module in stage_modules(self.backend, model, self.plan, self.rank).items()
+        }
+
+    @property
+    def stage_modules(self) -> dict[int, Any]:
+        """The modules of the stages this rank holds, by stage index."""
+        return {index: stage.module for index, stage in self.stages.items()}
+
+    def parameters(self) -> Iterator[Any]:
+        """This rank's trainable parameters (give them to the optimizer)."""
+        for stage in self.stages.values():
+            yield from stage.parameters()
 
     def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
         """Replace the handler of a step kind with ``fn(step, context)`` (see `StepContext`)."""
@@ -64,7 +145,7 @@ class RunnerBase:
         if self._failure is None:
             self.recorder.end_run()
 
-    def __enter__(self) -> RunnerBase:
+    def __enter__(self) -> PipelineRunner:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -72,6 +153,21 @@ class RunnerBase:
             self._failure = exc
             self.recorder.exception(exc)
         self.close()
+
+    def _split(self, batch: Batch, num: int, what: str) -> Sequence[Any] | None:
+        """``num`` equal micro-batches of ``batch`` (a tensor), or ``batch`` itself when it is
+        None or already a sequence of ``num`` micro-batches."""
+        if batch is None or not isinstance(batch, self.backend.tensor_type):
+            if batch is not None and len(batch) != num:
+                raise ValueError(f"{what}: expected {num} micro-batches, got {len(batch)}")
+            return batch
+        size, rest = divmod(batch.shape[0], num)
+        if rest or not size:
+            raise ValueError(
+                f"{what}: a batch of {batch.shape[0]} samples does not split into {num} equal "
+                "micro-batches; make the batch size a multiple of the micro-batch count"
+            )
+        return self.backend.split_tensor(batch, size)
 
 
 def resolve_plan(
@@ -93,26 +189,3 @@ def resolve_plan(
         stages_per_rank=stages_per_rank,
         comms=True,
     )
-
-
-def split_batch(
-    batch: Batch,
-    num: int,
-    what: str,
-    *,
-    tensor_type: type,
-    split: Callable[[Any, int], Sequence[Any]],
-) -> Sequence[Any] | None:
-    """``num`` equal micro-batches of ``batch`` (a ``tensor_type``), or ``batch`` itself when it
-    is None or already a sequence of ``num`` micro-batches."""
-    if batch is None or not isinstance(batch, tensor_type):
-        if batch is not None and len(batch) != num:
-            raise ValueError(f"{what}: expected {num} micro-batches, got {len(batch)}")
-        return batch
-    size, rest = divmod(batch.shape[0], num)
-    if rest or not size:
-        raise ValueError(
-            f"{what}: a batch of {batch.shape[0]} samples does not split into {num} equal "
-            "micro-batches; make the batch size a multiple of the micro-batch count"
-        )
-    return split(batch, size)

@@ -12,11 +12,13 @@ gradients equal a full backward's exactly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+
+from pipetrace.runtime.stage_base import StageBase
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -40,35 +42,18 @@ class _Saved:
     groups: list[_Group] | None = None  # kept by I for W on the other stages
 
 
-class PipelineStage:
-    """A model chunk at position ``stage_index`` of ``num_stages``.
+class PipelineStage(StageBase):
+    """A torch module chunk (see `StageBase`). Gradients accumulate in ``param.grad``
+    across micro-batches until the optimizer zeroes them."""
 
-    The last stage applies ``loss_fn(output, target)`` and backpropagates ``loss * loss_scale``
-    (the executor passes 1/M so that gradients accumulated over M micro-batches are the mean,
-    as with one big batch). Gradients accumulate in ``param.grad`` across micro-batches until
-    the optimizer zeroes them.
-    """
+    module: torch.nn.Module
+    losses: dict[int, torch.Tensor]
+    _saved: dict[int, _Saved]
 
-    def __init__(
-        self,
-        module: torch.nn.Module,
-        *,
-        stage_index: int,
-        num_stages: int,
-        loss_fn: LossFn | None = None,
-    ) -> None:
-        if not 0 <= stage_index < num_stages:
-            raise ValueError(f"stage_index {stage_index} outside 0..{num_stages - 1}")
-        self.module = module
-        self.stage_index = stage_index
-        self.num_stages = num_stages
-        self.is_first = stage_index == 0
-        self.is_last = stage_index == num_stages - 1
-        if self.is_last and loss_fn is None:
-            raise ValueError(f"stage {stage_index} is the last stage and needs a loss_fn")
-        self.loss_fn = loss_fn
-        self.losses: dict[int, torch.Tensor] = {}  # micro-batch -> unscaled loss (last stage)
-        self._saved: dict[int, _Saved] = {}
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        """The module's parameters, read now: FSDP swaps the registered ones between sharded
+        and unsharded tensors."""
+        return self.module.parameters()
 
     def forward(
         self,
@@ -144,36 +129,32 @@ class PipelineStage:
             torch.autograd.backward(saved.output, None if self.is_last else saved.output_grad)
             return
         for group in saved.groups:
-            edges: list[GradientEdge] = []
-            grads: list[torch.Tensor] = []
-            for node in group.nodes:
-                for index, grad in enumerate(group.grads.get(node, ())):
-                    if grad is not None:
-                        edges.append(GradientEdge(node, index))
-                        grads.append(grad)
-            if not edges:
-                continue
-            clamps = []
-            if len(group.nodes) > 1:
-                # One frontier node lies above another on the dx path (a parameter used
-                # twice): autograd would add the upper node's contribution to the lower node
-                # on top of the gradient we already hold for it. Pin each node's incoming
-                # gradient to the recorded one.
-                clamps = [node.register_prehook(_pin(group.grads[node])) for node in group.nodes]
-            try:
-                torch.autograd.backward(edges, grads, retain_graph=True, inputs=group.params)
-            finally:
-                for clamp in clamps:
-                    clamp.remove()
+            _run_weight_group(group)
 
-    def pending(self) -> int:
-        """Micro-batches whose backward has not finished (0 after a clean iteration)."""
-        return len(self._saved)
 
-    def reset(self) -> None:
-        """Forget per-iteration state (losses and anything an aborted iteration left)."""
-        self._saved.clear()
-        self.losses.clear()
+def _run_weight_group(group: _Group) -> None:
+    """Restart autograd at the group's frontier nodes with the gradients I recorded there,
+    restricted to the group's parameters."""
+    edges: list[GradientEdge] = []
+    grads: list[torch.Tensor] = []
+    for node in group.nodes:
+        for index, grad in enumerate(group.grads.get(node, ())):
+            if grad is not None:
+                edges.append(GradientEdge(node, index))
+                grads.append(grad)
+    if not edges:
+        return
+    clamps = []
+    if len(group.nodes) > 1:
+        # One frontier node lies above another on the dx path (a parameter used twice):
+        # autograd would add the upper node's contribution to the lower node on top of the
+        # gradient we already hold for it. Pin each node's incoming gradient to the recorded one.
+        clamps = [node.register_prehook(_pin(group.grads[node])) for node in group.nodes]
+    try:
+        torch.autograd.backward(edges, grads, retain_graph=True, inputs=group.params)
+    finally:
+        for clamp in clamps:
+            clamp.remove()
 
 
 def _capture(group: _Group, node: Node) -> Callable:
@@ -207,10 +188,24 @@ def _weight_frontier(
     root = output.grad_fn
     if root is None:
         return []
-    input_node = get_gradient_edge(stage_input).node
     param_of: dict[Node, torch.Tensor] = {get_gradient_edge(p).node: p for p in params}
+    walk = _DxWalk(get_gradient_edge(stage_input).node, param_of)
+    for node in _post_order(root):
+        walk.visit(node)
+    if not walk.on_dx[root]:
+        # The output does not depend on the input at all: I never runs the root, so its
+        # incoming gradient is the output gradient itself.
+        grad = torch.ones_like(output) if output_grad is None else output_grad
+        return [_Group([root], [param_of[n] for n in walk.below[root]], {root: (grad,)})]
+    return [
+        _Group(nodes, [param_of[n] for n in reach if n in param_of])
+        for nodes, reach in _merge_overlapping(walk.frontier)
+    ]
 
-    # Post-order walk (children before parents); iterative so deep models do not recurse.
+
+def _post_order(root: Node) -> list[Node]:
+    """The autograd graph under ``root``, children before parents; iterative so that deep
+    models do not recurse."""
     order: list[Node] = []
     seen = {root}
     stack = [(root, iter(root.next_functions))]
@@ -224,28 +219,37 @@ def _weight_frontier(
         else:
             stack.pop()
             order.append(node)
+    return order
 
-    on_dx: dict[Node, bool] = {}
-    below: dict[Node, frozenset[Node]] = {}  # off-path nodes: parameter nodes reachable
-    frontier: list[tuple[Node, frozenset[Node]]] = []
-    empty: frozenset[Node] = frozenset()
-    for node in order:
-        kids = [c for c, _ in node.next_functions if c is not None]
-        dx = node is input_node or any(on_dx[c] for c in kids)
-        on_dx[node] = dx
-        hanging = empty.union(*(below[c] for c in kids if not on_dx[c]))
-        if dx:
+
+@dataclass(slots=True)
+class _DxWalk:
+    """Classifies nodes, visited children first, as on or off the dx path, and collects the
+    frontier: dx-path nodes with off-path children that reach parameter nodes."""
+
+    input_node: Node
+    param_of: dict[Node, torch.Tensor]
+    on_dx: dict[Node, bool] = field(default_factory=dict)
+    below: dict[Node, frozenset[Node]] = field(default_factory=dict)
+    """Off-path nodes -> the parameter nodes reachable from them."""
+    frontier: list[tuple[Node, frozenset[Node]]] = field(default_factory=list)
+
+    def visit(self, node: Node) -> None:
+        kids = [child for child, _ in node.next_functions if child is not None]
+        on_dx = node is self.input_node or any(self.on_dx[kid] for kid in kids)
+        self.on_dx[node] = on_dx
+        hanging = frozenset().union(*(self.below[kid] for kid in kids if not self.on_dx[kid]))
+        if on_dx:
             if hanging:
-                frontier.append((node, hanging))
+                self.frontier.append((node, hanging))
         else:
-            below[node] = hanging | {node} if node in param_of else hanging
-    if not on_dx[root]:
-        # The output does not depend on the input at all: I never runs the root, so its
-        # incoming gradient is the output gradient itself.
-        grad = torch.ones_like(output) if output_grad is None else output_grad
-        return [_Group([root], [param_of[n] for n in below[root]], {root: (grad,)})]
+            self.below[node] = hanging | {node} if node in self.param_of else hanging
 
-    # Merge frontier nodes that reach a common parameter node.
+
+def _merge_overlapping(
+    frontier: list[tuple[Node, frozenset[Node]]],
+) -> list[tuple[list[Node], set[Node]]]:
+    """Frontier nodes grouped so that no two groups reach a common parameter node."""
     groups: list[tuple[list[Node], set[Node]]] = []
     for node, reach in frontier:
         merged_nodes, merged_reach = [node], set(reach)
@@ -257,4 +261,4 @@ def _weight_frontier(
             else:
                 keep.append((nodes, other))
         groups = keep + [(merged_nodes, merged_reach)]
-    return [_Group(nodes, [param_of[n] for n in reach if n in param_of]) for nodes, reach in groups]
+    return groups

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
+from pipetrace.gc_pause import gc_paused
+
 from .ir import (
     B,
     F,
@@ -27,7 +29,7 @@ from .ir import (
     overlap,
     stage_to_rank,
 )
-from .lowering import add_fsdp_steps, gc_paused, layout_bubbles, lower
+from .lowering import add_fsdp_steps, layout_bubbles, lower
 
 SCHEDULE_NAMES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv", "dualpipev")
 

@@ -22,7 +22,8 @@ def parse_csv_text(text: str, *, source: str = "<csv>") -> list[list[Step | None
                 row.append(parse_step(cell))
             except ScheduleError as exc:
                 raise ScheduleError(
-                    f"{source}: row {row_index + 1} (rank {row_index}), column {col_index + 1}: {exc}"
+                    f"{source}: row {row_index + 1} (rank {row_index}), "
+                    f"column {col_index + 1}: {exc}"
                 ) from None
         while row and row[-1] is None:  # trailing empty cells are padding, not bubbles
             row.pop()

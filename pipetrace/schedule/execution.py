@@ -24,10 +24,12 @@ where, and every step's start and end time) does not depend on the worklist orde
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 
+from . import waitfor
 from .ir import FSDP_KINDS, Plan, Step, StepKind, format_step
 
 SEMANTICS = ("eager", "rendezvous", "fifo")
@@ -246,79 +248,138 @@ def execute(
     """
     if semantics not in SEMANTICS:
         raise ValueError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    keys, peers = program.keys, program.peers
-    num_ranks = len(keys)
-    if durations is None:
-        durations = [[0.0] * len(row) for row in keys]
-    start = [[0.0] * len(row) for row in keys]
-    end = [[0.0] * len(row) for row in keys]
-    cursor = [0] * num_ranks
-    clock = [0.0] * num_ranks
-    lengths = [len(row) for row in keys]
-    eager, fifo = semantics == "eager", semantics == "fifo"
-    in_flight: dict[int, float] = {}  # eager: send key -> time the message is available
-    extra: dict[int, list[float]] = {}  # eager: further copies of a duplicated message
-    waiting: dict[int, int] = {}  # eager: send key -> the rank blocked receiving it
-    mismatches: list[tuple[int, int, int, int]] = []
-    work = list(range(num_ranks - 1, -1, -1))
+    state = _State.new(program, durations, transfer, fifo=semantics == "fifo")
+    _run(state, _eager_step if semantics == "eager" else _paired_step)
+    return Outcome(program, semantics, state.cursor, state.start, state.end, state.mismatches)
 
+
+@dataclass(slots=True)
+class _State:
+    """The executor's progress: per rank its cursor and clock, each step's start and end,
+    messages in flight (eager) and the worklist of ranks that may advance."""
+
+    keys: list[list[int]]
+    peers: list[list[int]]
+    durations: list[list[float]]
+    transfer: float
+    fifo: bool  # untagged pairing (see `_fifo_pairs`)
+    start: list[list[float]]
+    end: list[list[float]]
+    cursor: list[int]
+    clock: list[float]
+    work: list[int]
+    in_flight: dict[int, float] = field(default_factory=dict)  # send key -> when receivable
+    extra: dict[int, list[float]] = field(default_factory=dict)  # duplicated messages' copies
+    waiting: dict[int, int] = field(default_factory=dict)  # send key -> the rank receiving it
+    mismatches: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    @classmethod
+    def new(
+        cls, program: Program, durations: list[list[float]] | None, transfer: float, fifo: bool
+    ) -> _State:
+        keys = program.keys
+        n = len(keys)
+        return cls(
+            keys,
+            program.peers,
+            durations if durations is not None else [[0.0] * len(row) for row in keys],
+            transfer,
+            fifo,
+            [[0.0] * len(row) for row in keys],
+            [[0.0] * len(row) for row in keys],
+            [0] * n,
+            [0.0] * n,
+            list(range(n - 1, -1, -1)),
+        )
+
+
+_BLOCKED = -1.0  # what a comm step function returns when the rank cannot go on (times >= 0)
+
+
+def _run(s: _State, comm_step: Callable[[_State, int, int, int, float], float]) -> None:
+    """Advance each rank on the worklist until it blocks or ends. Compute and FSDP steps
+    never block; ``comm_step(state, rank, index, key, t)`` runs a SEND or RECV begun at
+    ``t`` and returns when it ended, or ``_BLOCKED``."""
+    keys, durations, start, end = s.keys, s.durations, s.start, s.end
+    cursor, clock, work = s.cursor, s.clock, s.work
     while work:
         rank = work.pop()
-        keys_r, peers_r, dur_r = keys[rank], peers[rank], durations[rank]
-        start_r, end_r = start[rank], end[rank]
-        t, n = clock[rank], lengths[rank]
+        keys_r, dur_r, start_r, end_r = keys[rank], durations[rank], start[rank], end[rank]
+        t, n = clock[rank], len(keys_r)
         for i in range(cursor[rank], n):
             key = keys_r[i]
-            if key < 0:  # compute or FSDP: never blocks here
-                start_r[i] = t
-                t += dur_r[i]
-                end_r[i] = t
-            elif eager:
-                if key & 1:
-                    ready = in_flight.pop(key - 1, None)
-                    if ready is None:
-                        waiting[key - 1] = rank
-                        break
-                    if extra and key - 1 in extra:
-                        _next_copy(in_flight, extra, key - 1)
-                    start_r[i] = t
-                    if ready > t:
-                        t = ready
-                    end_r[i] = t
-                else:
-                    start_r[i] = end_r[i] = t
-                    ready = t + transfer
-                    if in_flight.setdefault(key, ready) is not ready:  # a duplicate
-                        extra.setdefault(key, []).append(ready)
-                    woken = waiting.pop(key, -1)
-                    if woken >= 0:
-                        work.append(woken)
-            else:
-                peer = peers_r[i]
-                if peer == NO_PEER or peer == rank:
+            if key >= 0:
+                done = comm_step(s, rank, i, key, t)
+                if done == _BLOCKED:
                     break
-                j = cursor[peer]
-                if j >= lengths[peer]:
-                    break
-                other_key = keys[peer][j]
-                if fifo:  # any recv from this rank pairs with any send to it
-                    if other_key < 0 or (other_key ^ key) & 1 == 0 or peers[peer][j] != rank:
-                        break
-                    if other_key != key ^ 1:
-                        mismatches.append((peer, j, rank, i) if key & 1 else (rank, i, peer, j))
-                elif other_key != key ^ 1:
-                    break
-                other = clock[peer]
-                done = (t if t > other else other) + transfer
-                start_r[i], end_r[i] = t, done
-                start[peer][j], end[peer][j] = other, done
-                cursor[peer], clock[peer] = j + 1, done
-                work.append(peer)
                 t = done
+                continue
+            start_r[i] = t
+            t += dur_r[i]
+            end_r[i] = t
         else:
             i = n  # ran to the end of its plan
         cursor[rank], clock[rank] = i, t
-    return Outcome(program, semantics, cursor, start, end, mismatches)
+
+
+def _eager_step(s: _State, rank: int, i: int, key: int, t: float) -> float:
+    """A send never blocks and wakes the rank waiting for its message; a recv waits until
+    its message was sent and has spent ``transfer`` on the wire."""
+    in_flight, extra = s.in_flight, s.extra
+    if key & 1:
+        ready = in_flight.pop(key - 1, None)
+        if ready is None:
+            s.waiting[key - 1] = rank
+            return _BLOCKED
+        if extra and key - 1 in extra:
+            _next_copy(in_flight, extra, key - 1)
+        s.start[rank][i] = t
+        if ready > t:
+            t = ready
+    else:
+        s.start[rank][i] = t
+        ready = t + s.transfer
+        if in_flight.setdefault(key, ready) is not ready:  # a duplicate
+            extra.setdefault(key, []).append(ready)
+        woken = s.waiting.pop(key, -1)
+        if woken >= 0:
+            s.work.append(woken)
+    s.end[rank][i] = t
+    return t
+
+
+def _paired_step(s: _State, rank: int, i: int, key: int, t: float) -> float:
+    """Rendezvous and fifo: the step waits until the peer is at the other end; the pair
+    completes both ends at once, ``transfer`` after the later arrived, and wakes the peer."""
+    peer = s.peers[rank][i]
+    if peer in (NO_PEER, rank):
+        return _BLOCKED
+    j = s.cursor[peer]
+    if j >= len(s.keys[peer]):
+        return _BLOCKED
+    if s.fifo:
+        if not _fifo_pairs(s, rank, i, peer, j):
+            return _BLOCKED
+    elif s.keys[peer][j] != key ^ 1:
+        return _BLOCKED
+    other = s.clock[peer]
+    done = (t if t > other else other) + s.transfer
+    s.start[rank][i], s.end[rank][i] = t, done
+    s.start[peer][j], s.end[peer][j] = other, done
+    s.cursor[peer], s.clock[peer] = j + 1, done
+    s.work.append(peer)
+    return done
+
+
+def _fifo_pairs(s: _State, rank: int, i: int, peer: int, j: int) -> bool:
+    """Under ``fifo`` (no tags) any recv from this rank pairs with any send to it: whether
+    the peer's step ``j`` is one, recording a pair that names different messages."""
+    key, other_key = s.keys[rank][i], s.keys[peer][j]
+    if other_key < 0 or (other_key ^ key) & 1 == 0 or s.peers[peer][j] != rank:
+        return False
+    if other_key != key ^ 1:
+        s.mismatches.append((peer, j, rank, i) if key & 1 else (rank, i, peer, j))
+    return True
 
 
 def _next_copy(in_flight: dict[int, float], extra: dict[int, list[float]], key: int) -> None:
@@ -360,39 +421,16 @@ class Stall:
 
 
 def stalls(outcome: Outcome) -> list[Stall]:
-    """Group the blocked ranks by what they ultimately wait on and explain each group.
-
-    Every blocked rank waits for exactly one rank, so the wait-for graph is functional:
-    each group is either a cycle (a deadlock) or a tree ending at a rank that finished.
-    """
+    """Group the blocked ranks by what they ultimately wait on (:func:`.waitfor.solve`) and
+    explain each group: a cycle is a deadlock, a chain ending at a rank that finished or at
+    a stage with no rank is stuck."""
     stuck = outcome.blocked()
     target = {r: outcome.waits_for(r) for r in stuck}
-    root: dict[int, tuple[str, int | None]] = {}
-    cycles: dict[int, list[int]] = {}
-    for r in sorted(stuck):
-        path: list[int] = []
-        x: int | None = r
-        while x in stuck and x not in root and x not in path:
-            path.append(x)
-            x = target[x]
-        if x in root:
-            found = root[x]
-        elif x in path:
-            cyc = path[path.index(x) :]
-            low = cyc.index(min(cyc))
-            cycles[min(cyc)] = cyc[low:] + cyc[:low]
-            found = ("cycle", min(cyc))
-        else:
-            found = ("end", x)
-        for y in path:
-            root[y] = found
-    groups: dict[tuple[str, int | None], list[int]] = {}
-    for r in sorted(stuck):
-        groups.setdefault(root[r], []).append(r)
     result = []
-    for (what, which), members in groups.items():
-        if what == "cycle":
-            start = which
+    for group in waitfor.solve(target, sorted(stuck)):
+        members = group.members
+        if group.kind == waitfor.CYCLE:
+            start = min(group.cycle)
             lead = f"deadlock under {outcome.semantics}: "
         else:
             depth = {r: _depth(r, target) for r in members}
@@ -404,7 +442,7 @@ def stalls(outcome: Outcome) -> list[Stall]:
             text += "; also stuck behind it: " + ", ".join(
                 f"rank {r} in {outcome.step_text(r)} waiting for rank {target[r]}" for r in others
             )
-        kind = "deadlock" if what == "cycle" else "stuck"
+        kind = "deadlock" if group.kind == waitfor.CYCLE else "stuck"
         result.append(Stall(kind, chain, members, lead + text))
     return result
 

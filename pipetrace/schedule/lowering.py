@@ -8,10 +8,9 @@ the makespan, which keeps plans of ~10^5 steps well inside the CLI's time budget
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
+
+from pipetrace.gc_pause import gc_paused
 
 from .ir import Plan, ScheduleError, Step, StepKind, format_step
 
@@ -19,23 +18,6 @@ from .ir import Plan, ScheduleError, Step, StepKind, format_step
 # costs two forwards) give ``lower`` a realistic order in which to post messages.
 _UNIT_COSTS = {StepKind.F: 1, StepKind.B: 1, StepKind.I: 1, StepKind.W: 1}
 _TIMED_COSTS = {StepKind.F: 1, StepKind.B: 2, StepKind.I: 1, StepKind.W: 1}
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building a large plan.
-
-    A plan is hundreds of thousands of small acyclic objects; left on, the collector walks
-    them again and again for nothing (about a third of the build time at P=64, M=512).
-    Reference counting still frees everything; the previous state is restored on exit.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 # Enum members as module constants: attribute access on an Enum class is slow on the hot path.

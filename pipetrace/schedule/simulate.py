@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from numbers import Integral
 
+from pipetrace.records import JsonRecord, record_json
+
 from .execution import (
     CODES,
     SEMANTICS,
@@ -123,23 +125,13 @@ def _finite(value: float) -> float | None:
 
 
 @dataclass(frozen=True, slots=True)
-class SimStep:
+class SimStep(JsonRecord):
     rank: int
     position: int  # index into plan.ranks[rank], bubbles included
-    step_text: str
+    step: str  # its text, e.g. "2F3" (as a finding's StepRef.step)
     kind: str
     start: float
     end: float
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "rank": self.rank,
-            "position": self.position,
-            "step": self.step_text,
-            "kind": self.kind,
-            "start": self.start,
-            "end": self.end,
-        }
 
 
 @dataclass(slots=True)
@@ -154,14 +146,7 @@ class RankStats:
     peak_inflight_activations: int
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "rank": self.rank,
-            "busy": self.busy,
-            "idle": self.idle,
-            "idle_fraction": self.idle_fraction,
-            "bubble_ratio": _finite(self.bubble_ratio),
-            "peak_inflight_activations": self.peak_inflight_activations,
-        }
+        return record_json(self, bubble_ratio=_finite(self.bubble_ratio))
 
 
 @dataclass
@@ -221,7 +206,7 @@ def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager"
     ScheduleError naming the blocked ranks (``verify`` explains every problem)."""
     if semantics not in SEMANTICS:
         raise ScheduleError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    from .lowering import gc_paused  # lazy, like every use of lowering
+    from pipetrace.gc_pause import gc_paused
 
     costs = costs if costs is not None else Costs()
     with gc_paused():

@@ -17,8 +17,10 @@ second. Slow, readable code runs only once something is wrong.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import chain
+
+from pipetrace.records import JsonRecord, record_json
 
 from .execution import (
     CODE_B,
@@ -78,17 +80,25 @@ _KIND_NAMES = ("F", "B", "I", "W", "RECV_F", "RECV_B", "SEND_F", "SEND_B")  # by
 
 
 @dataclass(frozen=True, slots=True)
-class StepRef:
+class StepRef(JsonRecord):
+    """A step of the plan, by its position with bubbles (see `Finding` on why this is not
+    `pipetrace.analyze.findings.StepRef`)."""
+
     rank: int
     position: int  # index into plan.ranks[rank], bubbles included
     text: str
 
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
-
 
 @dataclass(slots=True)
 class Finding:
+    """A problem of a plan, found without running it.
+
+    Not `pipetrace.analyze.findings.Finding` (a problem of a recorded run): a plan has no
+    times, iterations or likely causes to report, its step positions count bubbles where
+    the run's do not, and the two JSON forms are separate documented contracts
+    (docs/schedules.md, docs/analyze.md). The kinds differ too (`FINDING_KINDS` here); the
+    severity words are the same."""
+
     kind: str
     severity: str  # "error" | "warning"
     message: str
@@ -96,17 +106,11 @@ class Finding:
     steps: tuple[StepRef, ...] = ()
 
     def to_json(self) -> dict[str, object]:
-        return {
-            "kind": self.kind,
-            "severity": self.severity,
-            "message": self.message,
-            "ranks": list(self.ranks),
-            "steps": [s.to_json() for s in self.steps],
-        }
+        return record_json(self, ranks=list(self.ranks), steps=[s.to_json() for s in self.steps])
 
 
 @dataclass(slots=True)
-class BlockedRank:
+class BlockedRank(JsonRecord):
     """A rank that cannot move: the step it is in and whom it waits for.
 
     ``peer_state`` is ``"blocked"``, ``"finished"`` or ``"missing"`` (the peer stage has no
@@ -118,9 +122,6 @@ class BlockedRank:
     step: str
     waits_for: int | None
     peer_state: str
-
-    def to_json(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass(slots=True)
@@ -191,7 +192,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
     """
     if semantics not in SEMANTICS:
         raise ScheduleError(f"unknown semantics {semantics!r}; expected one of {SEMANTICS}")
-    from .lowering import gc_paused  # lazy, like every use of lowering
+    from pipetrace.gc_pause import gc_paused
 
     with gc_paused():
         comms = plan.has_comms()
@@ -359,7 +360,7 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
         get = first.get
         for i, k in chain(enumerate(ids), leaves):
             code = k & 7
-            if k < 0 or code == CODE_RECV_F or code == CODE_RECV_B:
+            if k < 0 or code in (CODE_RECV_F, CODE_RECV_B):
                 continue  # not checked here, or needs nothing
             if code == CODE_SEND_F:
                 if not get(k - CODE_SEND_F, never) < i:

@@ -137,11 +137,9 @@ def _op_rows(session: Session, rank_id: int, row: int) -> list[tuple[str, str]]:
     shape = run.shapes[int(p.shape[row])] if 0 <= p.shape[row] < len(run.shapes) else ()
     dtype = run.dtypes[int(p.dtype[row])] if 0 <= p.dtype[row] < len(run.dtypes) else "?"
     post, done = int(p.post[row]), int(p.done[row])
+    direction = "to" if op == "send" else "from"
     rows = [
-        (
-            op,
-            f"{'to' if op == 'send' else 'from'} rank {int(p.peer[row])}, channel {ch}, seq {int(p.seq[row])}",
-        ),
+        (op, f"{direction} rank {int(p.peer[row])}, channel {ch}, seq {int(p.seq[row])}"),
         ("message", f"{units.size(int(p.nbytes[row]))} {dtype}{list(shape)}"),
         (
             "posted → done",
@@ -160,7 +158,8 @@ def _op_rows(session: Session, rank_id: int, row: int) -> list[tuple[str, str]]:
         rows.append(
             (
                 "matched",
-                f"rank {other} {run.catalog.texts[int(o.code[j])]}, posted {units.duration(int(o.post[j]))}"
+                f"rank {other} {run.catalog.texts[int(o.code[j])]}, "
+                f"posted {units.duration(int(o.post[j]))}"
                 + (f", done {units.duration(odone)}" if odone != OPEN else ", never done"),
             )
         )
@@ -172,7 +171,8 @@ def _describe_op(session: Session, rank_id: int, row: int) -> Description:
     p = run.ranks[rank_id].p2p
     code = int(p.code[row])
     d = Description(
-        f"rank {rank_id} · {OPS[int(p.op[row])]} of {run.catalog.texts[code]} · iteration {int(p.it[row])}"
+        f"rank {rank_id} · {OPS[int(p.op[row])]} of {run.catalog.texts[code]} "
+        f"· iteration {int(p.it[row])}"
     )
     d.rows += _op_rows(session, rank_id, row)
     d.rows += _step_parts(session, code)
@@ -194,12 +194,8 @@ def _describe_planned(session: Session, lane_id: int, item: int) -> Description:
     d.rows.append(("plan position", str(pos)))
     span = index.iteration_span(it)
     start = int(lane.begin[item]) - (span[0] if span else 0)
-    d.rows.append(
-        (
-            "planned",
-            f"+{units.duration(start)} for {units.duration(int(lane.end[item] - lane.begin[item]))}",
-        )
-    )
+    length = int(lane.end[item] - lane.begin[item])
+    d.rows.append(("planned", f"+{units.duration(start)} for {units.duration(length)}"))
     actual = index.step_item(lane.rank, code, it) if code >= 0 else None
     if actual is None:
         d.notes.append("not run in this iteration")

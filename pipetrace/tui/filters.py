@@ -98,13 +98,11 @@ class StepFilter:
         return out
 
     def _leaf_matches(self, kind: StepKind, stage: int | None, mb: int | None) -> bool:
-        if self.kinds is not None and kind not in self.kinds:
-            return False
-        if self.stages is not None and stage not in self.stages:
-            return False
-        if self.microbatches is not None and mb not in self.microbatches:
-            return False
-        return True
+        return (
+            (self.kinds is None or kind in self.kinds)
+            and (self.stages is None or stage in self.stages)
+            and (self.microbatches is None or mb in self.microbatches)
+        )
 
 
 def parse_filter(text: str) -> StepFilter:
@@ -115,7 +113,8 @@ def parse_filter(text: str) -> StepFilter:
         name = _KEYS.get(key.strip().lower())
         if not sep or name is None:
             raise FilterError(
-                f"bad filter term {term!r}: expected rank=, stage=, mb= or kind=, e.g. 'rank=0,2 kind=F'"
+                f"bad filter term {term!r}: "
+                "expected rank=, stage=, mb= or kind=, e.g. 'rank=0,2 kind=F'"
             )
         if not rest:
             raise FilterError(f"bad filter term {term!r}: no value after '='")

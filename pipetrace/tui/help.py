@@ -91,8 +91,10 @@ class HelpScreen(ModalScreen[None]):
             yield Static(legend)
             yield Static(
                 Text(
-                    "\nLanes: main (the rank's plan steps), a thread's lane (e.g. the overlap thread), "
-                    "plan (simulated, with p), p2p (ops in flight: →peer for a send, ←peer for a recv). "
+                    "\nLanes: main (the rank's plan steps), "
+                    "a thread's lane (e.g. the overlap thread), "
+                    "plan (simulated, with p), "
+                    "p2p (ops in flight: →peer for a send, ←peer for a recv). "
                     "Zoomed out, a cell shows the kind covering most of its time.\n"
                 )
             )

@@ -181,7 +181,8 @@ class Navigator:
     def goto_iteration(self, iteration: int) -> str | None:
         span = self.index.iteration_span(iteration)
         if span is None:
-            return f"no iteration {iteration}; this run has {_ranges([int(i) for i in self.index.iterations])}"
+            iterations = _ranges([int(i) for i in self.index.iterations])
+            return f"no iteration {iteration}; this run has {iterations}"
         if self.state.cursor is not None:
             self.history.push(self.state.cursor)
         self.viewport.fit(*span)
@@ -230,7 +231,8 @@ class Navigator:
         return self.goto_finding(k)
 
     def goto_finding(self, k: int, *, remember: bool = True) -> str | None:
-        """Show finding k: its time range, every step involved highlighted, the cursor on the first."""
+        """Show finding k: its time range, every step involved highlighted, the cursor on the
+        first."""
         view = self.session.findings[k]
         self.finding_index = k
         state = self.state

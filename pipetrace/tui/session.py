@@ -2,21 +2,21 @@
 
     session = open_session("runs/demo", progress=lambda phase, done, total: ...)
 
-Loading is the run model's (`load_run`), findings and metrics are the analyzers'
-(`analyze`); this module only adds what a timeline needs on top: the lanes index, the
-planned lanes, each finding's steps resolved to timeline items, and the stats as plain rows.
+Loading is the run model's (`load_run`), findings, metrics and the ideal timeline are the
+analyzers' (`analyze`, read from `Session.analysis`); this module only adds what a timeline
+needs on top: the lanes index, the planned lanes, and each finding's steps resolved to
+timeline items.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from pipetrace.analyze.analysis import Analysis, analyze, metrics_json
+from pipetrace.analyze.analysis import Analysis, analyze
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import Run
@@ -47,7 +47,6 @@ class Session:
     planned: PlannedRun | None
     plan_note: str  # why there is no planned timeline ("" when there is one)
     findings: list[FindingView]
-    metrics: dict[str, Any] = field(default_factory=dict)  # analysis.metrics_json
 
     @property
     def title(self) -> str:
@@ -71,14 +70,13 @@ def open_session(
     report("analyzing", 0, 1)
     analysis = analyze(run)
     report("indexing", 0, 1)
-    planned = planned_run(run, analysis.metrics)
+    planned = planned_run(run, analysis.metrics, analysis.summary.bubble.ideal)
     note = planned if isinstance(planned, str) else ""
     planned_ok = planned if not isinstance(planned, str) else None
     index = TimelineIndex(run, plan_lanes=planned_ok.lanes if planned_ok else None)
     views = [resolve_finding(index, f) for f in analysis.findings]
-    metrics = metrics_json(run, analysis.metrics, analysis.critical, segments=False)
     report("indexing", 1, 1)
-    return Session(Path(path), run, analysis, index, planned_ok, note, views, metrics)
+    return Session(Path(path), run, analysis, index, planned_ok, note, views)
 
 
 def resolve_finding(index: TimelineIndex, finding: Finding) -> FindingView:
@@ -93,7 +91,7 @@ def resolve_finding(index: TimelineIndex, finding: Finding) -> FindingView:
         comm = index.lane_of(ref.rank, "comm")
         if comm is None:
             continue
-        for rank, row in index.p2p_rows(*hit):
+        for _, row in index.p2p_rows(*hit):
             item = index.lanes[comm].item_of_row(row)
             if item is not None:
                 items.append((comm, item))

@@ -1,14 +1,15 @@
 """The stats panel's tables, as plain rows built from the analyzers' metrics (no UI).
 
-Every number comes from `pipetrace.analyze.analysis.metrics_json`; this module only chooses
-columns and formats them.
+Every number comes from the analysis's `pipetrace.analyze.summary.MetricsSummary`; this
+module only chooses columns and formats them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from pipetrace.analyze.model import Run
+from pipetrace.analyze.summary import MetricsSummary, StageCost
 from pipetrace.tui import units
 from pipetrace.tui.session import Session
 
@@ -30,74 +31,78 @@ def _ratio(x: float | None) -> str:
 
 
 def stats_tables(session: Session) -> list[Table]:
-    m: dict[str, Any] = session.metrics
-    run = session.run
-    out = []
-    bubble = m.get("bubble", {})
-    it = m.get("iteration_time", {})
+    m = session.analysis.summary
+    return [_summary_table(m), _rank_table(m, session.run), _stage_table(m.stages)]
+
+
+def _summary_table(m: MetricsSummary) -> Table:
+    """The run's steady iteration time and bubble ratio, measured and ideal."""
+    bubble, it = m.bubble, m.iteration_time
     summary = Table("Run", ["", "measured", "ideal (simulated)"])
     summary.rows.append(
-        [
-            "iteration time (steady mean)",
-            _ms(it.get("steady_mean_ns")),
-            _ms(bubble.get("ideal_makespan_ns")),
-        ]
+        ["iteration time (steady mean)", _ms(it.steady_mean_ns), _ms(bubble.ideal.makespan_ns)]
     )
     summary.rows.append(
         [
             "bubble ratio (idle / busy)",
-            _ratio(bubble.get("measured_ratio")),
-            _ratio(bubble.get("ideal_ratio")),
+            _ratio(bubble.measured_ratio),
+            _ratio(bubble.ideal.bubble_ratio),
         ]
     )
-    steady = it.get("steady_iterations") or []
+    steady, total = len(it.steady_iterations), len(m.iterations)
     summary.notes.append(
-        f"steady iterations: {len(steady)} of {len(m.get('iterations', []))}"
-        + (" (the first is warm-up)" if len(steady) < len(m.get("iterations", [])) else "")
-        + ("; overlapped P2P" if m.get("overlap_mode") else "; plain P2P")
+        f"steady iterations: {steady} of {total}"
+        + (" (the first is warm-up)" if steady < total else "")
+        + ("; overlapped P2P" if m.overlap_mode else "; plain P2P")
     )
-    if not (bubble.get("ideal") or {}).get("available", True):
-        summary.notes.append(f"no ideal: {bubble['ideal'].get('reason')}")
-    out.append(summary)
-    ideal_per_rank = (bubble.get("ideal") or {}).get("per_rank_bubble_ratio") or []
+    if not bubble.ideal.available:
+        summary.notes.append(f"no ideal: {bubble.ideal.reason}")
+    return summary
+
+
+def _rank_table(m: MetricsSummary, run: Run) -> Table:
+    """Per rank: its stages, how it ended, its mean busy / wait / bubble, and the ideal."""
+    ideal_per_rank = m.bubble.ideal.per_rank_bubble_ratio
     ranks = Table(
         "Per rank (steady iterations, mean)",
         ["rank", "stages", "state", "busy", "p2p wait", "bubble", "ratio", "ideal", "exposed"],
     )
-    for row in m.get("ranks", []):
-        r = int(row["rank"])
-        rank = run.ranks[r]
-        ideal = ideal_per_rank[r] if r < len(ideal_per_rank) else None
+    for row in m.ranks:
+        rank = run.ranks[row.rank]
+        ideal = ideal_per_rank[row.rank] if row.rank < len(ideal_per_rank) else None
         ranks.rows.append(
             [
-                str(r),
+                str(row.rank),
                 ",".join(map(str, rank.stages)) or "-",
                 rank.status.state,
-                _ms(row.get("busy_ns")),
-                _ms(row.get("p2p_wait_ns")),
-                _ms(row.get("bubble_ns")),
-                _ratio(row.get("bubble_ratio")),
+                _ms(row.busy_ns),
+                _ms(row.p2p_wait_ns),
+                _ms(row.bubble_ns),
+                _ratio(row.bubble_ratio),
                 _ratio(ideal),
-                _ms(row.get("exposed_comm_ns")),
+                _ms(row.exposed_comm_ns),
             ]
         )
-    listed = {int(row["rank"]) for row in m.get("ranks", [])}
+    listed = {row.rank for row in m.ranks}
     for rank in run.ranks:
         if rank.rank not in listed:
             ranks.rows.append([str(rank.rank), "-", rank.status.state] + ["-"] * 6)
-    out.append(ranks)
-    stages = Table("Per stage step cost", ["stage", "kind", "count", "mean", "p50", "p95", "max"])
-    for row in m.get("stages", []):
-        stages.rows.append(
+    return ranks
+
+
+def _stage_table(stages: list[StageCost]) -> Table:
+    table = Table("Per stage step cost", ["stage", "kind", "count", "mean", "p50", "p95", "max"])
+    for row in stages:
+        st = row.stats
+        table.rows.append(
             [
-                str(row["stage"]),
-                str(row["kind"]),
-                str(row["count"]),
-                _ms(row.get("mean_ns")),
-                _ms(row.get("p50_ns")),
-                _ms(row.get("p95_ns")),
-                _ms(row.get("max_ns")),
+                str(row.stage),
+                row.kind,
+                str(st.count),
+                _ms(st.mean_ns),
+                _ms(st.p50_ns),
+                _ms(st.p95_ns),
+                _ms(st.max_ns),
             ]
         )
-    out.append(stages)
-    return out
+    return table

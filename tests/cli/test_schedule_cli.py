@@ -116,7 +116,7 @@ def test_deadlocked_file_exits_1_with_blocked_grid_and_json(capsys, tmp_path):
     ],
 )
 def test_user_errors_exit_2_with_one_line(capsys, args, message):
-    code, out, err = run(capsys, *args)
+    code, _, err = run(capsys, *args)
     assert code == 2
     assert message in err
     assert "Traceback" not in err

@@ -49,7 +49,8 @@ def test_tracks_of_a_rank(recorded):
     } <= names
     # several P2P ops in flight at once, each on its own track
     assert len([n for n in names if n.startswith("p2p ")]) >= 3
-    # a composite holds its forward sub-step on the compute track; its backward is on the overlap track
+    # a composite holds its forward sub-step on the compute track;
+    # its backward is on the overlap track
     composites = [s for s in e.trace.on(0, "compute") if "OVERLAP_F_B" in s.name]
     assert composites and all(
         any(
@@ -230,9 +231,9 @@ def test_activations_are_held_until_w(recorded):
 
     run = load_run(recorded("overlap-zbv").path, workers=0)  # a copy: the shared one stays intact
     rank = run.ranks[0]
-    t, v = derived.activations_in_flight(rank, run.catalog)
+    _, v = derived.activations_in_flight(rank, run.catalog)
     assert v[-1] == 0 and v.max() >= 2
     row = next(i for i, c in enumerate(rank.steps.code.tolist()) if run.catalog.texts[c] == "0W0")
     rank.steps.end[row] = OPEN  # the W of micro-batch 0 never ended; its I did
-    t, v = derived.activations_in_flight(rank, run.catalog)
+    _, v = derived.activations_in_flight(rank, run.catalog)
     assert v[-1] == 1 and np.all(v >= 0)

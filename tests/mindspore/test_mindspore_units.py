@@ -46,15 +46,15 @@ MIXED_ROWS: list[list[Step | None]] = [
 @pytest.fixture(scope="module")
 def ms():
     mindspore = pytest.importorskip("mindspore")
-    from pipetrace.runtime.mindspore.worker import setup_mindspore
+    from pipetrace.runtime.mindspore.backend import setup_mindspore
 
     setup_mindspore()
     return mindspore
 
 
 def make_stages(num_stages: int):
+    from pipetrace.runtime.mindspore.backend import split_sequential
     from pipetrace.runtime.mindspore.demo import build_demo_model, demo_loss
-    from pipetrace.runtime.mindspore.split import split_sequential
     from pipetrace.runtime.mindspore.stage import MindSporeStage
 
     chunks = split_sequential(build_demo_model(num_stages, DEMO, seed=0), num_stages)
@@ -74,26 +74,27 @@ def test_one_rank_plan_with_composite_matches_single_process(ms):
     on the overlap thread) and no-op FSDP steps give the single-process loss and gradients."""
     from mindspore import ops
 
+    from pipetrace.runtime import parity
     from pipetrace.runtime.executor import Executor
-    from pipetrace.runtime.mindspore import parity
-    from pipetrace.runtime.mindspore.api import MindSporeOps
+    from pipetrace.runtime.mindspore.backend import MindSporeBackend
     from pipetrace.runtime.mindspore.demo import build_demo_model, demo_batch, demo_loss
 
+    backend = MindSporeBackend()
     stages = make_stages(3)
     executor = Executor(
-        plan=Plan(2, (0, 0, 0), MIXED_ROWS), rank=0, stages=stages, p2p=None, ops=MindSporeOps()
+        plan=Plan(2, (0, 0, 0), MIXED_ROWS), rank=0, stages=stages, p2p=None, ops=backend
     )
     inputs, targets = demo_batch(0, 2 * DEMO.microbatch_size, DEMO, seed=0)
     loss = executor.run_iteration(
         ops.split(inputs, DEMO.microbatch_size), ops.split(targets, DEMO.microbatch_size)
     )
     executor.close()
-    ref_loss, ref_grads = parity.reference_gradients(
+    ref_loss, ref_grads = backend.reference_gradients(
         build_demo_model(3, DEMO, seed=0), inputs, targets, demo_loss
     )
     report = parity.compare(
         rank=0,
-        stage_gradients={s: list(zip(st.params, st.grads)) for s, st in stages.items()},
+        gradients=backend.stage_gradients(stages),
         loss=loss,
         reference_loss=ref_loss,
         reference_grads=ref_grads,
@@ -177,9 +178,24 @@ def test_torch_only_flags_are_refused(monkeypatch, fields, message):
 def test_other_verbs_never_import_mindspore():
     code = (
         "import sys; from pipetrace.cli import main; "
-        "codes = [main(['run', '--help']), main(['schedule', 'show', '1f1b', '-p', '2', '-m', '4'])]; "
+        "codes = [main(['run', '--help']), "
+        "main(['schedule', 'show', '1f1b', '-p', '2', '-m', '4'])]; "
         "assert 'mindspore' not in sys.modules, 'mindspore imported'; sys.exit(max(codes))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--backend [torch|mindspore]" in done.stdout
+
+
+@pytest.mark.parametrize("name", ["float64", "bfloat16", "bool", "int8"])
+def test_stream_header_round_trips_with_the_torch_codes(ms, name):
+    """A MindSpore stream header says what the torch one would for the same dtype name."""
+    import torch
+
+    from pipetrace.runtime.mindspore.p2p import TensorMeta
+    from pipetrace.runtime.p2p import TensorMeta as TorchMeta
+
+    meta = TensorMeta((4, 7), TensorMeta.dtype_named(name))
+    assert meta.dtype_name == name
+    assert TensorMeta.from_header(meta.header()) == meta
+    assert meta.header() == TorchMeta((4, 7), getattr(torch, name)).header()

@@ -1,9 +1,9 @@
-"""The trace format doc and the recorder cannot drift apart: every field the doc names is
-written, and every field written is named in the doc."""
+"""The trace format declaration (`pipetrace.recorder.format`), the recorder and the doc cannot
+drift apart: every declared field is written, in the declared order and with its declared type,
+nothing undeclared is written, and the doc's field tables are the generated ones."""
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import sys
@@ -18,59 +18,34 @@ from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.reader import read_log, read_meta
 from pipetrace.recorder import format as fmt
+from pipetrace.recorder.format_doc import RECORDS, documented, with_tables
 from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")
-OPTIONAL = {("p2p_post", "stack")}  # only in full mode
-OPTIONAL |= {
-    (event, "waiting_in") for event in ("stall", "dump", "abort")
-}  # only at the end of a run
-
-
-def documented_fields() -> dict[str, set[str]]:
-    """{section: fields} from the `<!-- fields:NAME -->` tables of the doc."""
-    sections: dict[str, set[str]] = {}
-    current = None
-    for line in DOC.read_text().splitlines():
-        marker = re.match(r"<!-- fields:(\w+) -->", line)
-        if marker:
-            current = sections.setdefault(marker.group(1), set())
-            continue
-        if current is not None:
-            cell = re.match(r"\| `(\w+)` \|", line)
-            if cell:
-                current.add(cell.group(1))
-            elif line.startswith("#") and "fields:" not in line and not line.startswith("####"):
-                current = None
-    return sections
+EXAMPLES = {fmt.INT: -7, fmt.STR: 'a "quoted" \\ text', fmt.INTS: [4, 0, 2], fmt.OP: "recv"}
 
 
 def run_session(run_dir: Path, scenario: str, mode: str = "steps", **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(SESSION), str(run_dir), scenario, mode], **popen)
 
 
-def recorded_fields(run_dir: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    header_fields: set[str] = set()
-    by_event: dict[str, set[str]] = defaultdict(set)
+def recorded_records(run_dir: Path) -> list[tuple[str, dict]]:
+    """(record name, record) for meta.json, every header and every event of a run."""
+    records = [("meta", read_meta(run_dir))]
     for log in sorted(run_dir.glob("rank-*.ndjson")):
         header, events, problems = read_log(log)
-        header_fields |= set(header)
+        records.append(("header", header))
         for event in events:
-            by_event[event["e"]] |= set(event) - {"e", "t"}
-        assert problems.corrupt_lines == 0
-    return {"header": header_fields}, by_event
+            records.append((event["e"], {k: v for k, v in event.items() if k not in ("e", "t")}))
+        assert problems.corrupt_lines == 0 and not problems.torn_last_line
+    return records
 
 
-def test_every_documented_field_is_recorded_and_vice_versa(tmp_path):
-    seen: dict[str, set[str]] = defaultdict(set)
-    runs = {
-        "clean": tmp_path / "clean",
-        "full": tmp_path / "full",
-        "crash": tmp_path / "crash",
-        "hang": tmp_path / "hang",
-        "wait": tmp_path / "wait",
-    }
+def record_sessions(tmp_path: Path) -> list[Path]:
+    """Runs that between them write every record: clean, full mode, crash, hang, and a wait
+    interrupted by SIGUSR1, a stall and SIGTERM."""
+    runs = {name: tmp_path / name for name in ("clean", "full", "crash", "hang", "wait")}
     assert run_session(runs["clean"], "clean").wait(30) == 0
     assert run_session(runs["full"], "clean", "full").wait(30) == 0
     assert run_session(runs["crash"], "crash").wait(30) == 0
@@ -82,22 +57,69 @@ def test_every_documented_field_is_recorded_and_vice_versa(tmp_path):
     time.sleep(1.0)  # long enough for the stall (0.5 s) too
     waiting.send_signal(signal.SIGTERM)
     assert waiting.wait(30) == 128 + signal.SIGTERM
+    return list(runs.values())
 
-    for run_dir in runs.values():
-        header, events = recorded_fields(run_dir)
-        seen["header"] |= header["header"]
-        for name, fields in events.items():
-            seen[name] |= fields
-        seen["meta"] |= set(read_meta(run_dir))
 
-    documented = documented_fields()
-    assert set(documented) == {"meta", "header", *fmt.EVENT_TYPES}
-    for section, fields in documented.items():
-        assert section in seen, f"no {section} event was recorded"
-        missing = {f for f in fields - seen[section] if (section, f) not in OPTIONAL}
-        assert not missing, f"{section}: documented but never recorded: {sorted(missing)}"
-        undocumented = seen[section] - fields
-        assert not undocumented, f"{section}: recorded but not documented: {sorted(undocumented)}"
+def test_the_recorder_writes_what_the_declaration_says(tmp_path):
+    seen: dict[str, set[str]] = defaultdict(set)
+    for run_dir in record_sessions(tmp_path):
+        for name, record in recorded_records(run_dir):
+            declared = {f.name: f for f in RECORDS[name].fields}
+            undeclared = record.keys() - declared.keys()
+            assert not undeclared, f"{name}: written but not declared: {sorted(undeclared)}"
+            order = [f for f in declared if f in record]
+            assert list(record) == order, f"{name}: written in another order than declared"
+            wrong = [f for f, value in record.items() if not declared[f].type.check(value)]
+            assert not wrong, f"{name}: values not of their declared types: {wrong}"
+            seen[name] |= record.keys()
+    assert set(seen) == set(RECORDS), "some records were never written"
+    for name, record in RECORDS.items():
+        always = {f.name for f in record.fields if f.presence is not fmt.Presence.SOMETIMES}
+        assert always <= seen[name], f"{name}: declared but never written: {always - seen[name]}"
+    assert "stack" in seen[fmt.P2P_POST]  # the full-mode run
+
+
+def test_the_doc_tables_are_the_declared_ones():
+    text = DOC.read_text()
+    assert sorted(documented(text)) == sorted(RECORDS)
+    assert with_tables(text) == text, (
+        "docs/trace-format.md lags behind pipetrace/recorder/format.py: run "
+        "python -m pipetrace.recorder.format_doc docs/trace-format.md"
+    )
+
+
+@pytest.mark.parametrize("name", [fmt.STEP_BEGIN, fmt.STEP_END, fmt.P2P_POST, fmt.P2P_DONE])
+def test_a_line_template_writes_what_orjson_writes(name):
+    event = fmt.EVENTS[name]
+    required = event.required(fmt.SCHEMA_VERSION)
+    values = {f.name: EXAMPLES[f.type] for f in required}
+    slots = [v if type(v) is int else orjson.dumps(v) for v in values.values()]
+    line = fmt.line_template(event) % (1_700_000_000_000_000_000, *slots)
+    expected = {"e": name, "t": 1_700_000_000_000_000_000, **values}
+    assert line == orjson.dumps(expected, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def test_a_field_added_by_a_later_version_is_required_from_that_version_on():
+    declared = fmt.record(
+        "example",
+        """
+        a | int    | required         | there from the start
+        b | string | required since 2 | added later,
+                                        and explained on two lines
+        """,
+    )
+    assert [f.name for f in declared.required(1)] == ["a"]
+    assert [f.name for f in declared.required(2)] == ["a", "b"]
+    assert declared.fields[1].meaning == "added later, and explained on two lines"
+
+
+def test_a_record_is_built_in_declared_order_and_only_from_declared_fields():
+    values = {f.name: EXAMPLES.get(f.type, 0) for f in fmt.HEADER.fields}
+    assert list(fmt.HEADER.build(**dict(reversed(values.items())))) == list(fmt.HEADER.names)
+    with pytest.raises(ValueError, match="undeclared fields \\['extra'\\]"):
+        fmt.HEADER.build(**values, extra=1)
+    with pytest.raises(ValueError, match="missing \\['t0'\\]"):
+        fmt.HEADER.build(**{k: v for k, v in values.items() if k != "t0"})
 
 
 def test_hang_leaves_stall_then_abort_with_stacks(tmp_path):

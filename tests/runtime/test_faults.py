@@ -40,7 +40,8 @@ def test_every_kind_parses_alone_and_resolves_with_defaults():
     for kind in ft.FAULT_KINDS:
         fault = resolved(kind)
         assert kind == fault.KIND
-        assert all(getattr(fault, key) is not None for key in fault.keys()), fault
+        names = fault.keys()  # the fault's field names (a tuple, not a dict's keys)
+        assert all(getattr(fault, name) is not None for name in names), fault
         assert ft.parse_fault(fault.spec) == fault  # the spec shows every filled-in default
 
 
@@ -393,7 +394,7 @@ def test_reordering_faults_move_steps_in_their_iteration_only():
 
 def test_shape_mismatch_sends_fewer_rows_unchecked():
     _, sent, _, _ = drive("shape-mismatch")
-    text, shape, _, peer, wire = next(s for s in sent[1] if s[0] == "2SEND_F1")
+    _, shape, _, peer, wire = next(s for s in sent[1] if s[0] == "2SEND_F1")
     assert shape == (16, 128) and peer == 3 and wire.unchecked
 
 

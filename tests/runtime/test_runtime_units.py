@@ -5,21 +5,28 @@ stages, the recorder calls, parity comparison and run configuration checks."""
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 from runtime_helpers import ListRecorder
 
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime import parity
+from pipetrace.runtime.backend import backend_module
 from pipetrace.runtime.config import DemoConfig, RunConfig
 from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
 from pipetrace.runtime.executor import Executor, StepContext
-from pipetrace.runtime.split import split_sequential, stages_of_rank
+from pipetrace.runtime.p2p import TensorMeta
+from pipetrace.runtime.split import stages_of_rank
 from pipetrace.runtime.stage import PipelineStage
+from pipetrace.runtime.torch_backend import TorchBackend, split_sequential
 from pipetrace.schedule.ir import B, F, I, Plan, Step, StepKind, W, format_step, overlap
 
 DEMO = DemoConfig(width=16, microbatch_size=4)
+TORCH = TorchBackend()
 
 
 def make_stages(
@@ -42,10 +49,9 @@ def make_stages(
 
 def reference_step(
     model: torch.nn.Module, num_microbatches: int
-) -> tuple[float, dict[str, torch.Tensor]]:
+) -> tuple[float, dict[str, np.ndarray]]:
     inputs, targets = demo_batch(0, num_microbatches * DEMO.microbatch_size, DEMO, seed=0)
-    loss, grads = parity.reference_gradients(model, inputs, targets, demo_loss)
-    return loss.item(), grads
+    return TORCH.reference_gradients(model, inputs, targets, demo_loss)
 
 
 def run_plan(
@@ -70,9 +76,9 @@ def assert_matches_reference(
     assert loss == pytest.approx(ref_loss, rel=1e-12)
     report = parity.compare(
         rank=0,
-        stage_modules={s: st.module for s, st in executor.stages.items()},
+        gradients=TORCH.stage_gradients(executor.stages),
         loss=loss,
-        reference_loss=torch.tensor(ref_loss, dtype=torch.float64),
+        reference_loss=ref_loss,
         reference_grads=ref_grads,
         tolerance=1e-12,
     )
@@ -260,14 +266,16 @@ def test_a_plan_that_leaves_work_undone_is_an_error_and_stops_the_executor():
         RuntimeError, match=r"stage 0 has 1 micro-batch\(es\) without a finished backward"
     ):
         executor.run_iteration([inputs], [targets])
-    with pytest.raises(RuntimeError, match="iteration 0 failed .RuntimeError.; build a new runner"):
+    with pytest.raises(
+        RuntimeError, match=r"iteration 0 failed \(RuntimeError\); build a new runner"
+    ):
         executor.run_iteration([inputs], [targets])
 
 
 def test_parity_compare_names_the_parameter_and_error():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3, dtype=torch.float64))
     inputs, targets = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
-    ref_loss, ref_grads = parity.reference_gradients(
+    ref_loss, ref_grads = TORCH.reference_gradients(
         copy.deepcopy(model), inputs, targets, demo_loss
     )
     loss = demo_loss(model(inputs), targets)
@@ -275,7 +283,7 @@ def test_parity_compare_names_the_parameter_and_error():
     model[0].bias.grad[1] += 1e-3 * model[0].bias.grad.abs().max()
     report = parity.compare(
         rank=3,
-        stage_modules={1: model},
+        gradients=TORCH.stage_gradients({1: PipelineStage(model, stage_index=1, num_stages=3)}),
         loss=loss.item(),
         reference_loss=ref_loss,
         reference_grads=ref_grads,
@@ -305,3 +313,63 @@ def test_run_config_plan_errors_are_usage_errors():
     assert info.value.exit_code == 2
     plan = RunConfig(schedule="ScheduleZBVZeroBubble", ranks=2, microbatches=4).plan()
     assert plan.name == "zbv" and plan.placement == (0, 1, 1, 0) and plan.has_comms()
+
+
+def test_parity_compare_reports_a_missing_gradient_and_a_wrong_shape():
+    report = parity.compare(
+        rank=1,
+        gradients={0: [("0.weight", None), ("0.bias", np.zeros(3))]},
+        loss=None,
+        reference_loss=1.0,
+        reference_grads={"0.weight": np.ones((3, 3)), "0.bias": np.ones(2)},
+    )
+    assert [m.what for m in report.mismatches] == [
+        "gradient of 0.weight (stage 0) (missing)",
+        "gradient of 0.bias (stage 0)",
+    ]
+    assert all(m.relative_error == float("inf") for m in report.mismatches)
+    assert report.tolerance == parity.TOLERANCE
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.bool, torch.int8])
+def test_stream_header_round_trips(dtype):
+    meta = TensorMeta((4, 1, 7), dtype)
+    assert TensorMeta.from_header(meta.header()) == meta
+
+
+def test_stream_header_refuses_what_it_cannot_describe():
+    with pytest.raises(RuntimeError, match="at most 8 dims"):
+        TensorMeta((1,) * 9, torch.float32).header()
+    with pytest.raises(RuntimeError, match="cannot send dtype float8_e4m3fn"):
+        TensorMeta((2,), torch.float8_e4m3fn).header()
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(ValueError, match="unknown backend 'jax'; choose from torch, mindspore"):
+        backend_module("jax")
+
+
+def test_framework_neutral_modules_import_no_framework():
+    """The runner, the demo worker, the parity check, the launchers and the seam itself are
+    written against the backend seam: importing them loads neither torch nor MindSpore."""
+    code = (
+        "import sys; import pipetrace.runtime.runner, pipetrace.runtime.worker, "
+        "pipetrace.runtime.parity, pipetrace.runtime.launch, pipetrace.runtime.backend, "
+        "pipetrace.runtime.mindspore.cluster; "
+        "print(sorted(m for m in ('torch', 'mindspore') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_demo_worker_outside_its_launcher_names_what_is_missing(monkeypatch):
+    from click.testing import CliRunner
+
+    from pipetrace.runtime.worker import main
+
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    result = CliRunner().invoke(main, ["--schedule", "1f1b"])
+    assert result.exit_code == 2
+    assert "RANK and WORLD_SIZE not set: start this under torchrun" in result.output

@@ -82,7 +82,7 @@ def test_eager_timing_by_hand() -> None:
     F1 4.5-5.5, B1 5.5-7.5."""
     result = simulate(plan_of(*TWO_RANKS, num_microbatches=2), Costs(comm=0.5))
     assert result.makespan == 10
-    timeline = {(s.rank, s.step_text): (s.start, s.end) for s in result.timeline}
+    timeline = {(s.rank, s.step): (s.start, s.end) for s in result.timeline}
     assert timeline[(0, "0RECV_B0")] == (2, 5)
     assert timeline[(1, "1RECV_F1")] == (2.5, 2.5)
     assert timeline[(0, "0B1")] == (8, 10)
@@ -98,7 +98,7 @@ def test_blocking_timing_by_hand(semantics: str) -> None:
     2.5), B0's gradient done 5.5, B0 5.5-7.5, B1's gradient done 9, B1 9-11."""
     result = simulate(plan_of(*TWO_RANKS, num_microbatches=2), Costs(comm=0.5), semantics=semantics)
     assert result.makespan == 11
-    timeline = {(s.rank, s.step_text): (s.start, s.end) for s in result.timeline}
+    timeline = {(s.rank, s.step): (s.start, s.end) for s in result.timeline}
     assert timeline[(0, "0SEND_F1")] == (2.5, 3)
     assert timeline[(1, "1RECV_F1")] == (2.5, 3)
     assert timeline[(0, "0B1")] == (9, 11)

@@ -10,7 +10,8 @@ by MindSpore's environment variables: ``MS_ROLE`` (MS_SCHED or MS_WORKER), ``MS_
 ``--timeout`` (a P2P wait on a peer, and joining the cluster, fail after about that many
 seconds).
 
-Workers are supervised exactly as torch ranks are (`pipetrace.runtime.launch`: the same
+`pipetrace.runtime.launch.launch` starts MindSpore cases here (`run_workers`). Workers are
+supervised exactly as torch ranks are (`pipetrace.runtime.launch`: the same
 report pipe, the same grace after a first failure, then SIGTERM and SIGKILL; every process
 asks Linux to kill it if the launcher dies). The scheduler is not a rank: it is stopped once
 the workers are gone (it would otherwise wait for their unregistration), and if it dies while
@@ -27,52 +28,45 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
-from multiprocessing.connection import Connection
 from pathlib import Path
 
 from pipetrace.errors import EXIT_PROBLEMS, PipetraceError
-from pipetrace.runtime.config import CustomFunction, LossCallback, RecorderFactory, RunConfig
+from pipetrace.runtime.config import LossCallback, RunConfig
 from pipetrace.runtime.launch import (
-    _REPORT_FD_ENV,
-    _die_with_parent,
-    _is_consequence,
-    _Rank,
-    _stop,
-    _supervise,
+    RankProcess,
+    bootstrap,
+    die_with_parent,
     free_port,
+    launch,
+    launcher_env,
     run_reported,
-    worker_payload,
+    stop,
+    supervise,
 )
 from pipetrace.runtime.results import LaunchResult
-from pipetrace.schedule.ir import StepKind
 
-_SYS_PATH_ENV = "PIPETRACE_SYS_PATH"
-_BOOTSTRAP = (
-    "import os, sys; sys.path[:0] = os.environ.pop('PIPETRACE_SYS_PATH').split(os.pathsep); "
-    "from pipetrace.runtime.mindspore.cluster import {entry}; {entry}()"
-)
+# `launch` (from pipetrace.runtime.launch, which comes here for MindSpore cases) is what
+# `pipetrace run --backend mindspore` calls.
+__all__ = ["launch", "run_workers", "scheduler_main", "worker_main"]
+
 # MindSpore logs every cluster-building retry as a WARNING; keep errors unless the user chose.
 _QUIET_LOGS = {"GLOG_v": "3"}
 _EXIT_DEADLINE = 60  # seconds a worker may take to leave the cluster after it reported
 
 
-def launch(
+def run_workers(
     cases: Sequence[RunConfig],
-    *,
-    make_recorder: RecorderFactory | None = None,
-    custom_functions: Sequence[tuple[StepKind | str, CustomFunction]] = (),
-    on_loss: LossCallback | None = None,
-    kill_grace: float = 5.0,
-) -> LaunchResult:
-    """Run ``cases`` one after the other on ``cases[0].ranks`` local MindSpore workers.
-
-    Same contract as `pipetrace.runtime.launch.launch`; ``result.pids`` also lists the
-    scheduler. Raises PipetraceError (exit 1) if the scheduler fails while workers run.
-    """
-    world_size, payload = worker_payload(cases, make_recorder, custom_functions, "cluster")
+    payload: bytes,
+    result: LaunchResult,
+    on_loss: LossCallback | None,
+    kill_grace: float,
+) -> None:
+    """Start the scheduler and one worker per rank, and supervise them (for
+    `pipetrace.runtime.launch.launch`). Raises PipetraceError (exit 1) if the scheduler fails
+    while workers run."""
+    world_size = result.world_size
     env = _cluster_env(world_size, free_port(), max(case.timeout for case in cases))
-    result = LaunchResult(world_size)
-    ranks: list[_Rank] = []
+    ranks: list[RankProcess] = []
     with tempfile.TemporaryDirectory(prefix="pipetrace-ms-") as scratch:
         log_path = Path(scratch) / "scheduler.log"
         scheduler = _start_scheduler(env, log_path)
@@ -80,14 +74,16 @@ def launch(
         watch = _SchedulerWatch(scheduler, ranks)
         try:
             for rank in range(world_size):
-                ranks.append(_start_worker(rank, env))
+                worker_env = dict(env, MS_ROLE="MS_WORKER", MS_NODE_ID=str(rank), RANK_ID=str(rank))
+                command = bootstrap(__name__, "worker_main")
+                ranks.append(RankProcess.start(rank, command, worker_env))
                 result.pids.append(ranks[-1].process.pid)
                 ranks[-1].send_spec(payload)
             watch.start()
-            _supervise(ranks, result, on_loss, kill_grace)
+            supervise(ranks, result, on_loss, kill_grace)
         finally:
             watch.stop()
-            _stop(ranks)
+            stop(ranks)
             _stop_process(scheduler)
         if watch.failed_with is not None:
             raise PipetraceError(
@@ -95,19 +91,16 @@ def launch(
                 f"running: {_tail(log_path)}",
                 exit_code=EXIT_PROBLEMS,
             )
-    result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
-    return result
 
 
 def _cluster_env(world_size: int, port: int, timeout: float) -> dict[str, str]:
-    env = {**_QUIET_LOGS, **os.environ}
+    env = {**_QUIET_LOGS, **launcher_env()}
     env.update(
         MS_SCHED_HOST="127.0.0.1",
         MS_SCHED_PORT=str(port),
         MS_WORKER_NUM=str(world_size),
         MS_CPU_COMM_OP_TIMEOUT=str(max(1, math.ceil(timeout))),
         MS_TOPO_TIMEOUT=str(max(1, math.ceil(timeout))),  # joining the cluster
-        **{_SYS_PATH_ENV: os.pathsep.join(sys.path)},
     )
     for name in ("MS_ROLE", "MS_NODE_ID", "RANK_ID", "RANK_SIZE"):
         env.pop(name, None)  # from an enclosing MindSpore job: they would confuse ours
@@ -118,7 +111,7 @@ def _start_scheduler(env: dict[str, str], log_path: Path) -> subprocess.Popen:
     # The scheduler's log is kept aside (it is noisy) and shown only if it fails.
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP.format(entry="scheduler_main")],
+            bootstrap(__name__, "scheduler_main"),
             env=dict(env, MS_ROLE="MS_SCHED"),
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -126,32 +119,11 @@ def _start_scheduler(env: dict[str, str], log_path: Path) -> subprocess.Popen:
         )
 
 
-def _start_worker(rank: int, env: dict[str, str]) -> _Rank:
-    read_fd, write_fd = os.pipe()
-    worker_env = dict(
-        env,
-        MS_ROLE="MS_WORKER",
-        MS_NODE_ID=str(rank),
-        RANK_ID=str(rank),
-        **{_REPORT_FD_ENV: str(write_fd)},
-    )
-    try:
-        process = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP.format(entry="worker_main")],
-            stdin=subprocess.PIPE,
-            env=worker_env,
-            pass_fds=(write_fd,),
-        )
-    finally:
-        os.close(write_fd)
-    return _Rank(rank, process, Connection(read_fd, writable=False))
-
-
 class _SchedulerWatch:
     """Notices the scheduler dying while workers run, and stops the workers then (without a
     scheduler they would wait for it until MindSpore's own, much longer, timeouts)."""
 
-    def __init__(self, scheduler: subprocess.Popen, ranks: list[_Rank]) -> None:
+    def __init__(self, scheduler: subprocess.Popen, ranks: list[RankProcess]) -> None:
         self.scheduler = scheduler
         self.ranks = ranks
         self.failed_with: int | None = None
@@ -174,7 +146,7 @@ class _SchedulerWatch:
                 continue
             if code != 0 and any(rank.process.poll() is None for rank in self.ranks):
                 self.failed_with = code
-                _stop(self.ranks)
+                stop(self.ranks)
             return
 
 
@@ -202,7 +174,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 def scheduler_main() -> None:
     """Entry point of the scheduler process: MindSpore's ``init()`` in the MS_SCHED role
     serves the cluster until the workers leave (or the launcher stops it)."""
-    _die_with_parent()
+    die_with_parent()
     from mindspore.communication import init
 
     init()
@@ -210,9 +182,9 @@ def scheduler_main() -> None:
 
 def worker_main() -> None:
     """Entry point of a worker process started by `launch`."""
-    _die_with_parent()
+    die_with_parent()
     rank, world_size = int(os.environ["MS_NODE_ID"]), int(os.environ["MS_WORKER_NUM"])
-    if not run_reported(rank, world_size, "pipetrace.runtime.mindspore.worker"):
+    if not run_reported(rank, world_size):
         # Leave at once: MindSpore's finalisation at exit would wait for peers that may be
         # stuck or gone; the launcher stops them and the scheduler.
         sys.stdout.flush()

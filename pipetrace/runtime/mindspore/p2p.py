@@ -28,31 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.runtime.mindspore.stage import COMPUTE_LOCK, pynative_executor
-from pipetrace.runtime.p2p_common import P2PBookkeeping, PendingRecv, StreamMeta
+from pipetrace.runtime.p2p_common import HEADER_LEN, P2PBookkeeping, PendingRecv, StreamMeta
 from pipetrace.schedule.ir import Step
 
 if TYPE_CHECKING:
     from mindspore import Tensor
 
 __all__ = ["MindSporeP2P", "PendingRecv", "TensorMeta", "dtype_name", "fix_default_group"]
-
-_MAX_DIMS = 8
-_META_LEN = 2 + _MAX_DIMS  # dtype code, number of dims, dims
-# dtype <-> small integer for the metadata message (names as mindspore's dtype attributes).
-_DTYPE_NAMES = (
-    "float32",
-    "float64",
-    "float16",
-    "bfloat16",
-    "int64",
-    "int32",
-    "int16",
-    "int8",
-    "uint8",
-    "bool_",
-    "complex64",
-    "complex128",
-)
 
 
 def fix_default_group() -> None:
@@ -90,6 +72,12 @@ class TensorMeta(StreamMeta):
     @property
     def dtype_name(self) -> str:
         return dtype_name(self.dtype)
+
+    @classmethod
+    def dtype_named(cls, name: str) -> Any:
+        import mindspore as ms
+
+        return getattr(ms, "bool_" if name == "bool" else name)
 
 
 def _itemsize(dtype: Any) -> int:
@@ -147,7 +135,7 @@ class MindSporeP2P(P2PBookkeeping):
         meta = self._meta.get(key)
         if meta is None:
             meta = self._meta[key] = sent
-            self._post_send(_encode_meta(meta), peer, None)
+            self._post_send(_int64_tensor(meta.header()), peer, None)
         else:
             self._check_stream(step, channel, sent, meta)
         self._post_send(tensor, peer, self._posted("send", step, peer, channel, meta))
@@ -167,31 +155,17 @@ class MindSporeP2P(P2PBookkeeping):
         if meta is None:
             import mindspore as ms
 
-            header = ops.zeros((_META_LEN,), ms.int64)
+            header = ops.zeros((HEADER_LEN,), ms.int64)
             _Work(self._comm.irecv(header, src=peer), self._sync).wait()
-            meta = self._meta[key] = _decode_meta(header)
+            values = [int(v) for v in header.asnumpy().tolist()]
+            meta = self._meta[key] = TensorMeta.from_header(values)
         buffer = ops.zeros(meta.shape, meta.dtype)
         token = self._posted("recv", step, peer, channel, meta)
         return self._received(_Work(self._comm.irecv(buffer, src=peer), self._sync), buffer, token)
 
 
-def _encode_meta(meta: TensorMeta) -> Tensor:
+def _int64_tensor(values: list[int]) -> Tensor:
     import mindspore as ms
     import numpy as np
 
-    if len(meta.shape) > _MAX_DIMS:
-        raise RuntimeError(f"cannot send a {len(meta.shape)}-dim tensor; at most {_MAX_DIMS} dims")
-    codes = [getattr(ms, name) for name in _DTYPE_NAMES]
-    if meta.dtype not in codes:
-        raise RuntimeError(f"cannot send dtype {meta.dtype}; supported: {', '.join(_DTYPE_NAMES)}")
-    values = [codes.index(meta.dtype), len(meta.shape), *meta.shape]
-    values += [0] * (_META_LEN - len(values))
     return ms.Tensor(np.array(values, dtype=np.int64))
-
-
-def _decode_meta(header: Tensor) -> TensorMeta:
-    import mindspore as ms
-
-    values = [int(v) for v in header.asnumpy().tolist()]
-    ndim = values[1]
-    return TensorMeta(tuple(values[2 : 2 + ndim]), getattr(ms, _DTYPE_NAMES[values[0]]))

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pipetrace.runtime.stage_base import StageBase
+
 if TYPE_CHECKING:
     from mindspore import Parameter, Tensor, nn
 
@@ -76,14 +78,13 @@ class _Saved:
     weight_grads: tuple[Tensor, ...] | None = None  # kept by I for W on the other stages
 
 
-class MindSporeStage:
-    """A cell chunk at position ``stage_index`` of ``num_stages``.
+class MindSporeStage(StageBase):
+    """A cell chunk (see `StageBase`). ``losses`` holds 0-dim tensors; ``grads`` the
+    accumulated gradients of ``params``."""
 
-    The last stage applies ``loss_fn(output, target)`` and backpropagates
-    ``loss * loss_scale`` (the executor passes 1/M, so that gradients accumulated over M
-    micro-batches are those of the mean loss). ``losses`` holds the unscaled loss of each
-    micro-batch (as 0-dim tensors), ``grads`` the accumulated gradients of ``params``.
-    """
+    module: nn.Cell
+    losses: dict[int, Tensor]
+    _saved: dict[int, _Saved]
 
     def __init__(
         self,
@@ -96,20 +97,9 @@ class MindSporeStage:
         import mindspore as ms
         from mindspore import ops
 
-        if not 0 <= stage_index < num_stages:
-            raise ValueError(f"stage_index {stage_index} outside 0..{num_stages - 1}")
-        self.module = module
-        self.stage_index = stage_index
-        self.num_stages = num_stages
-        self.is_first = stage_index == 0
-        self.is_last = stage_index == num_stages - 1
-        if self.is_last and loss_fn is None:
-            raise ValueError(f"stage {stage_index} is the last stage and needs a loss_fn")
-        self.loss_fn = loss_fn
+        super().__init__(module, stage_index=stage_index, num_stages=num_stages, loss_fn=loss_fn)
         self.params: list[Parameter] = list(module.trainable_params())
         self.grads: list[Tensor | None] = [None] * len(self.params)
-        self.losses: dict[int, Tensor] = {}
-        self._saved: dict[int, _Saved] = {}
         self._executor = pynative_executor()
         self._loss_scale = 1.0
         weights = ms.ParameterTuple(self.params) if self.params else None
@@ -184,14 +174,9 @@ class MindSporeStage:
         else:
             self._accumulate(saved.weight_grads)
 
-    def pending(self) -> int:
-        """Micro-batches whose backward has not finished (0 after a clean iteration)."""
-        return len(self._saved)
-
-    def reset(self) -> None:
-        """Forget per-iteration state (losses and anything an aborted iteration left)."""
-        self._saved.clear()
-        self.losses.clear()
+    def parameters(self) -> list[Parameter]:
+        """The cell's trainable parameters (aligned with `grads`)."""
+        return self.params
 
     def zero_grad(self) -> None:
         self.grads = [None] * len(self.params)

@@ -1,0 +1,255 @@
+"""How each rank's log ended: one verdict per rank, from the evidence, told alike by every finding.
+
+`rank_failed` (failures.py) and the end of a `rank_stalled` chain (deadlock.py) both describe
+how a rank ended; they read it here so that one rank never gets two stories (a rank "still
+computing" in one finding and "died without a trace" in the next). The verdict is one of the
+terminal states documented in docs/diagnosis.md, with the evidence that decided it:
+
+- `exited`: it finished its plan: `run_end`, or its end-of-run clock exchange completed
+  (`load` then calls it finished), or its watchdog caught it waiting in that exchange;
+- `crashed`: it raised (`exception`), a signal ended it (`signal`), or it died without a
+  trace: its log stops and a peer's connection to it closed later, or it stops between steps
+  while other ranks went on to finish or fail;
+- `computing`: its watchdog recorded it stalled inside a step (alive, the step never returns);
+- `hung`: its watchdog recorded it stalled outside any step;
+- `unknown`: its log just stops and nothing tells whether it hung or died;
+- `missing`: no usable log.
+
+`Where` says where in its plan a rank was when its log ended: in an open step, after its last
+step (between steps or iterations), or before its first step; never a placeholder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipetrace.analyze.findings import StepRef
+from pipetrace.analyze.model import MAIN_THREAD, OPEN, RankState, RankTimeline, Run
+from pipetrace.recorder import format as fmt
+
+EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING = (
+    "exited",
+    "crashed",
+    "computing",
+    "hung",
+    "unknown",
+    "missing",
+)
+"""Terminal states of a rank (docs/diagnosis.md); `rank_stalled` adds "transfer" for a chain
+that ends at a message both sides posted."""
+
+CLOSED_WORDS = ("connection closed", "connection reset", "broken pipe")
+"""An error with these words is a lost connection: the peer at the other end went away."""
+TIMED_OUT_WORDS = ("timed out", "timeout")
+"""An error with these words is a wait that gave up: the peer never came."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a rank was in its plan when its log ended."""
+
+    step: str | None
+    """The open step, else the last step it ran, else None (it ran none)."""
+    open: bool
+    """The log ends inside ``step``."""
+    ref: StepRef | None
+
+    @property
+    def phrase(self) -> str:
+        """ "in 2F1", "after 3SEND_B7" or "before its first step", for a message."""
+        if self.step is None:
+            return "before its first step"
+        return f"{'in' if self.open else 'after'} {self.step}"
+
+    @property
+    def iterations(self) -> list[int]:
+        it = self.ref.iteration if self.ref is not None else None
+        return [it] if it is not None and it >= 0 else []
+
+
+@dataclass(frozen=True)
+class Ending:
+    """The verdict on one rank's end."""
+
+    rank: int
+    state: str
+    """A terminal state above."""
+    evidence: str
+    """What decided it, as a clause: "raised ...", "rank 2's connection to it closed ..."."""
+    last_alive_ns: int
+    """The last moment its log shows it alive."""
+    idle: bool
+    """Nothing open at the end of its log: no step, no P2P op."""
+    keeps_peers_waiting: bool = False
+    """Its peers wait for it at the end of the run (`waiting_outside_iterations`)."""
+
+
+def rank_endings(run: Run) -> dict[int, Ending]:
+    """The verdict on every rank of the run, by rank."""
+    evidence = _PeerEvidence(run)
+    return {rank.rank: _ending(run, rank, evidence) for rank in run.ranks}
+
+
+def error_words(rank: RankTimeline) -> tuple[bool, bool]:
+    """(lost a connection, timed out): what kind of failure the rank's error is."""
+    error = str(rank.status.error or "").lower()
+    return any(w in error for w in CLOSED_WORDS), any(w in error for w in TIMED_OUT_WORDS)
+
+
+def failed_first_hand(run: Run) -> set[int]:
+    """Ranks that raised an error of their own (not a lost connection, not a wait that timed
+    out): such a rank is not waiting for anybody, whatever it had posted."""
+    return {
+        rank.rank
+        for rank in run.present_ranks
+        if rank.status.state == RankState.FAILED and not any(error_words(rank))
+    }
+
+
+def last_alive(rank: RankTimeline) -> int:
+    """The last moment the rank's log shows it alive."""
+    times = [int(c.max()) for c in rank.time_columns() if len(c)]
+    times += [ev.t for ev in rank.lifecycle]
+    return max(times, default=0)
+
+
+def where(run: Run, rank: RankTimeline) -> Where:
+    """The innermost step the last exception/signal/stall lists open; else the rank's last
+    open step in its log; else the last step it ran; else before its first step."""
+    listed = _listed_open_step(rank)
+    if listed is not None:
+        return Where(listed.step, True, listed)
+    steps = rank.steps
+    main = np.flatnonzero(steps.thread == MAIN_THREAD)
+    if not len(main):
+        return Where(None, False, None)
+    open_rows = main[steps.end[main] == OPEN]
+    row = int(open_rows[-1]) if len(open_rows) else int(main[-1])
+    text = run.catalog.texts[int(steps.code[row])]
+    note = "open" if len(open_rows) else "last step run"
+    ref = StepRef(
+        rank.rank, text, int(steps.it[row]), int(steps.pos[row]), int(steps.begin[row]), note
+    )
+    return Where(text, bool(len(open_rows)), ref)
+
+
+def _listed_open_step(rank: RankTimeline) -> StepRef | None:
+    for name in (fmt.EXCEPTION, fmt.SIGNAL, fmt.STALL):
+        ev = rank.last_of(name)
+        listed = ev.fields.get("open_steps") if ev else None
+        if listed and isinstance(listed[-1], dict) and isinstance(listed[-1].get("step"), str):
+            item = listed[-1]
+            pos = item.get("pos") if isinstance(item.get("pos"), int) else None
+            it = item.get("it") if isinstance(item.get("it"), int) else _last_iteration(rank)
+            return StepRef(rank.rank, item["step"], it, pos, None, "open")
+    return None
+
+
+def _last_iteration(rank: RankTimeline) -> int | None:
+    its = rank.iterations.it
+    return int(its[-1]) if len(its) else None
+
+
+def waiting_outside_iterations(run: Run) -> dict[int, str]:
+    """Ranks whose watchdog caught them waiting in a collective outside iterations (the
+    end-of-run clock exchange), with what they waited in."""
+    waiting = {}
+    for rank in run.present_ranks:
+        for name in (fmt.ABORT, fmt.STALL):
+            ev = rank.last_of(name)
+            if ev is not None and isinstance(ev.fields.get("waiting_in"), str):
+                waiting[rank.rank] = ev.fields["waiting_in"]
+                break
+    return waiting
+
+
+def failure_events(run: Run) -> list[tuple[int, int]]:
+    """(time, rank) of every recorded failure (exception, watchdog abort, signal), in order."""
+    return sorted(
+        (ev.t, r.rank)
+        for r in run.present_ranks
+        for name in (fmt.EXCEPTION, fmt.ABORT, fmt.SIGNAL)
+        for ev in r.events_of(name)
+    )
+
+
+class _PeerEvidence:
+    """What the other ranks' logs say after a given moment: failures, lost connections, ends."""
+
+    def __init__(self, run: Run) -> None:
+        ranks = run.present_ranks
+        self.waiting = waiting_outside_iterations(run)
+        self.finished = [r.rank for r in ranks if r.status.state == RankState.FINISHED]
+        self.ended = failure_events(run)
+        self.closed = sorted(
+            (ev.t, r.rank)
+            for r in ranks
+            for ev in r.events_of(fmt.EXCEPTION)
+            if any(w in str(ev.fields.get("message", "")).lower() for w in CLOSED_WORDS)
+        )
+
+    def closed_after(self, rank: int, t: int) -> tuple[int, int] | None:
+        """The first peer whose connection closed after ``t``: (its rank, ns later)."""
+        return next(((r, when - t) for when, r in self.closed if when > t and r != rank), None)
+
+    def went_on(self, rank: int, t: int) -> list[int]:
+        """Ranks that failed or ended after ``t``, or finished."""
+        later = {r for when, r in self.ended if when > t and r != rank}
+        return sorted(later.union(r for r in self.finished if r != rank))
+
+
+def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
+    st = rank.status
+    alive = last_alive(rank)
+    idle = not (rank.steps.end == OPEN).any() and not (rank.p2p.done == OPEN).any()
+
+    def verdict(state: str, evidence: str, keeps_peers_waiting: bool = False) -> Ending:
+        return Ending(rank.rank, state, evidence, alive, idle, keeps_peers_waiting)
+
+    if st.state == RankState.MISSING:
+        return verdict(MISSING, f"it has no usable log ({st.detail})")
+    if st.state == RankState.FINISHED:
+        return verdict(EXITED, st.detail)
+    if st.state in (RankState.FAILED, RankState.SIGNALED):
+        return verdict(CRASHED, st.detail)
+    if st.state in (RankState.STALLED, RankState.ABORTED):
+        return _watched(rank, peers, verdict)
+    closed = peers.closed_after(rank.rank, alive)
+    if closed is not None:
+        return verdict(
+            CRASHED,
+            f"rank {closed[0]}'s connection to it closed {closed[1] / 1e9:.3g} s after its "
+            "last event",
+        )
+    if idle and peers.waiting:
+        return verdict(
+            UNKNOWN,
+            "it never reached the end of the run that rank(s) "
+            f"{', '.join(map(str, sorted(peers.waiting)))} waited in: hung or slow between "
+            "iterations, or died (the logs cannot tell which)",
+            keeps_peers_waiting=True,
+        )
+    went_on = peers.went_on(rank.rank, alive)
+    if idle and went_on:
+        return verdict(
+            CRASHED,
+            f"it stopped between steps while rank(s) {', '.join(map(str, went_on))} went on "
+            "to end later",
+        )
+    return verdict(
+        UNKNOWN,
+        "its log stops with no later record: hung or killed, the logs cannot tell "
+        "(no watchdog record, no peer lost its connection to it)",
+    )
+
+
+def _watched(rank: RankTimeline, peers: _PeerEvidence, verdict) -> Ending:
+    """A rank its watchdog recorded stalled (and perhaps ended): alive where it stalled."""
+    waiting_in = peers.waiting.get(rank.rank)
+    if waiting_in is not None:
+        return verdict(EXITED, f"finished its plan and waits in {waiting_in}")
+    if (rank.steps.end == OPEN).any():
+        return verdict(COMPUTING, "its watchdog recorded it stalled inside a step")
+    return verdict(HUNG, "its watchdog recorded it stalled outside any step")

@@ -1,0 +1,196 @@
+"""How a rank's log ended, told right whatever the ending: runs written from the documented
+format (`handwritten.HandRun`), one test group per class of issue #13's defects."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pipetrace.analyze.analysis import analyze
+from pipetrace.analyze.load import load_run
+from pipetrace.cli import main
+
+from .handwritten import HandRun, at
+
+CLOSED = "Connection closed by peer [127.0.0.1]:1234"
+
+
+def analyzed(run: HandRun, tmp_path) -> dict:
+    return analyze(load_run(run.write(tmp_path / "run"), workers=0)).to_json()
+
+
+def of_kind(document: dict, kind: str) -> list[dict]:
+    return [f for f in document["findings"] if f["kind"] == kind]
+
+
+def stalls_ending_at(document: dict, rank: int) -> list[dict]:
+    return [
+        f for f in of_kind(document, "rank_stalled") if f["details"].get("terminal_rank") == rank
+    ]
+
+
+def assert_told_right(document: dict) -> None:
+    """No negative duration, no placeholder, no undocumented terminal state."""
+    for f in document["findings"]:
+        text = f["message"] + " " + f["cause"]
+        assert not re.search(r"\bNone\b|\(no step\)|at least -", text), text
+        if f["time_ns"] is not None:
+            assert f["time_ns"][1] >= f["time_ns"][0], f
+        assert f["details"].get("terminal_state") != "stopped", f
+
+
+# -- 1. a log that stops inside a step, with no later event ---------------------------------
+
+
+def test_a_log_stopping_in_a_step_before_a_peer_loses_its_connection_is_one_death(tmp_path):
+    run = HandRun().cut(1, at(1, 30))  # rank 1 inside 1B0 of iteration 1
+    run.cut(0, at(1, 20)).raises(0, at(1, 80), CLOSED)  # rank 0 waits in 0RECV_B0
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    died = [f for f in of_kind(document, "rank_failed") if f["ranks"] == [1]]
+    assert len(died) == 1 and died[0]["severity"] == "error"
+    assert "inside 1B0" in died[0]["message"] and died[0]["details"]["ending"] == "crashed"
+    assert "rank 0's connection to it closed" in died[0]["cause"]
+    for stall in stalls_ending_at(document, 1):
+        assert stall["details"]["terminal_state"] == "crashed"
+        assert "still in" not in stall["message"]
+
+
+# (rank 1, rank 0) stop in: (1RECV_F0, 0F0), (1F0, 0RECV_B0), (1B0, 0RECV_B0), (1B0 late, ...)
+@pytest.mark.parametrize("rank1_ms, rank0_ms", [(5, 9), (18, 20), (30, 20), (36, 20)])
+def test_a_log_stopping_with_no_evidence_either_way_says_it_cannot_tell(
+    tmp_path, rank1_ms, rank0_ms
+):
+    run = HandRun().cut(1, at(1, rank1_ms)).cut(0, at(1, rank0_ms))  # the whole job vanished
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    assert not [f for f in of_kind(document, "rank_failed") if f["severity"] == "error"]
+    stalls = of_kind(document, "rank_stalled")
+    assert stalls and {f["details"]["terminal_state"] for f in stalls} == {"unknown"}
+    for stall in stalls:
+        assert "cannot tell" in stall["message"]
+
+
+def test_a_watchdog_stall_inside_a_step_is_computing_for_a_positive_time(tmp_path):
+    run = HandRun().cut(1, at(1, 30)).stall(1, at(1, 2030), abort_ms=at(1, 4030))
+    run.cut(0, at(1, 20)).stall(0, at(1, 2020), abort_ms=at(1, 4020))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (stall,) = stalls_ending_at(document, 1)
+    assert stall["details"]["terminal_state"] == "computing" and "still in 1B0" in stall["message"]
+    assert re.search(r"open for at least 4\.\d+ s", stall["message"]), stall["message"]
+    assert not of_kind(document, "rank_failed")
+
+
+# -- 2. a torn last line after a clean end ---------------------------------------------------
+
+
+@pytest.mark.parametrize("torn", [b'{"e":"run_end","t":18', b"{"])
+def test_a_torn_run_end_after_the_end_of_run_clock_exchange_is_a_clean_end(tmp_path, torn):
+    run = HandRun().drop(1, e="run_end").tear(1, torn)
+    path = run.write(tmp_path / "run")
+    assert main(["analyze", str(path), "--workers", "0"]) == 0
+    document = analyze(load_run(path, workers=0)).to_json()
+    assert [r["state"] for r in document["ranks"]] == ["finished", "finished"]
+    assert not of_kind(document, "rank_failed")
+
+
+def test_a_log_torn_before_the_end_of_run_clock_exchange_is_not_a_clean_end(tmp_path):
+    run = HandRun(iterations=2).cut(1, at(1, 50)).tear(1)
+    document = analyzed(run, tmp_path)
+    assert document["ranks"][1]["state"] != "finished"
+
+
+# -- 3. a rank that finished its plan and waits in the end-of-run clock exchange --------------
+
+
+def test_a_chain_ending_at_a_rank_waiting_in_the_end_of_run_exchange_ends_at_exited(tmp_path):
+    exchange = "the end-of-run clock exchange"
+    run = HandRun()
+    # rank 0 ran 0SEND_F0 of iteration 1 without posting it, finished, and waits at the end
+    for op in run.events[0]:
+        if op["e"] == "p2p_post" and op["it"] == 1:
+            run.drop(0, id=op["id"])
+    run.drop(0, e="run_end").drop(0, e="clock", phase="end")
+    run.stall(0, at(2, 2000), abort_ms=at(2, 4000), waiting_in=exchange)
+    # rank 1 waits for it in 1RECV_F0
+    run.cut(1, at(1, 5)).stall(1, at(1, 2000), abort_ms=at(1, 4000))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (stall,) = stalls_ending_at(document, 0)
+    assert stall["details"]["chain"] == [1, 0] and stall["details"]["terminal_state"] == "exited"
+    assert exchange in stall["message"] and "died" not in stall["cause"]
+
+
+# -- 4. a crash inside a recv ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("peer_ends", ["connection closed", "watchdog"])
+def test_a_crash_inside_a_recv_ends_the_chain_at_the_crashed_rank(tmp_path, peer_ends):
+    run = HandRun().cut(1, at(1, 2)).raises(1, at(1, 5), "RuntimeError: boom in the recv")
+    run.cut(0, at(1, 11))  # its send is posted (at 10 ms) after the crash
+    if peer_ends == "connection closed":
+        run.raises(0, at(1, 60), CLOSED)
+    else:
+        run.stall(0, at(1, 2000), abort_ms=at(1, 4000))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    assert not [
+        f for f in of_kind(document, "rank_stalled") if f["details"]["terminal_state"] == "transfer"
+    ]
+    (stall,) = of_kind(document, "rank_stalled")
+    assert stall["details"]["chain"] == [0, 1]
+    assert stall["details"]["terminal_rank"] == 1
+    assert stall["details"]["terminal_state"] == "crashed"
+    failed = [f for f in of_kind(document, "rank_failed") if f["severity"] == "error"]
+    assert [f["ranks"] for f in failed] == [[1]] and "in 1RECV_F0" in failed[0]["message"]
+
+
+# -- 5. steps rebuilt from a stall record ----------------------------------------------------
+
+
+@pytest.mark.parametrize("with_iteration", [True, False], ids=["it", "old-format"])
+def test_a_step_rebuilt_from_a_stall_record_keeps_its_iteration(tmp_path, with_iteration):
+    run = HandRun().cut(1, at(1, 30))
+    open_steps = run.open_steps(1, with_iteration=with_iteration)
+    run.drop(1, e="step_begin", step="1B0", it=1)  # its begin was lost; the stall lists it
+    run.add(1, at(1, 2030), "stall", idle_s=2.0, stacks={}, open_steps=open_steps, inflight=[])
+    run.cut(0, at(1, 20)).stall(0, at(1, 2020))
+    path = run.write(tmp_path / "run")
+    loaded = load_run(path, workers=0)
+    rank = loaded.ranks[1]
+    rebuilt = [
+        int(it)
+        for it, code, end in zip(rank.steps.it, rank.steps.code, rank.steps.end)
+        if loaded.catalog.texts[int(code)] == "1B0" and end == -1
+    ]
+    assert rebuilt == [1]
+    document = analyze(loaded).to_json()
+    assert_told_right(document)
+    assert not of_kind(document, "plan_divergence")
+
+
+# -- 6. messages without holes ---------------------------------------------------------------
+
+
+def test_a_crash_before_the_first_step_is_said_so(tmp_path):
+    run = HandRun().cut(1, 0.6).raises(1, 0.8, "RuntimeError: bad config")
+    run.cut(0, at(0, 11)).raises(0, at(0, 30), CLOSED)
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (failed,) = [f for f in of_kind(document, "rank_failed") if f["ranks"] == [1]]
+    assert "before its first step" in failed["message"]
+    assert failed["steps"] == [] and failed["details"]["last_step"] is None
+    for stall in stalls_ending_at(document, 1):
+        assert "before its first step" in stall["message"]
+
+
+def test_a_crash_between_iterations_is_placed_after_the_last_step(tmp_path):
+    run = HandRun().cut(1, at(0, 50)).raises(1, at(0, 70), "RuntimeError: checkpoint failed")
+    run.cut(0, at(1, 11)).raises(0, at(1, 60), CLOSED)
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (failed,) = [f for f in of_kind(document, "rank_failed") if f["ranks"] == [1]]
+    assert "after 1SEND_B0" in failed["message"] and "in 1SEND_B0" not in failed["message"]
+    assert failed["iterations"] == [0] and failed["steps"][0]["note"] == "last step run"
