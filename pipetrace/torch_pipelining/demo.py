@@ -137,7 +137,7 @@ def build_schedule(case: TorchCase, rank: int, world_size: int) -> Any:
 
     from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import build_demo_model, demo_loss
-    from pipetrace.runtime.split import split_sequential
+    from pipetrace.runtime.torch_backend import split_sequential
 
     source = case.csv_from if case.schedule == CSV_RUNTIME else case.schedule
     per_rank = 1 if source in SINGLE_STAGE else case.stages_per_rank
