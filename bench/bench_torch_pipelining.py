@@ -57,23 +57,29 @@ def _rank_main(args: argparse.Namespace) -> None:
         )
         inputs, targets = demo_batch(0, args.microbatches * case.microbatch_size, demo, seed=SEED)
         times: dict[bool, list[float]] = {True: [], False: []}
+        cpu: dict[bool, list[float]] = {True: [], False: []}
         recording = record(schedule, settings=RecordSettings(run_dir=case.run_dir))
         assert recording.active, "recording did not start"
         for index in range(args.warmup + 2 * args.iterations):
             recorded = index % 2 == 0
             (recording.resume if recorded else recording.suspend)()
             dist.barrier()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             schedule.step(*((inputs,) if first else ()), target=targets if last else None)
             optimizer.step()
             optimizer.zero_grad()
+            used = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
             dist.barrier()
+            elapsed = time.perf_counter() - start
+            dist.all_reduce(used)  # CPU time of every rank (all its threads), outside the timing
             if index >= args.warmup:
-                times[recorded].append(time.perf_counter() - start)
+                times[recorded].append(elapsed)
+                cpu[recorded].append(float(used))
         recording.resume()
         recording.close()
         if rank == 0:
             on, off = statistics.median(times[True]), statistics.median(times[False])
+            cpu_on, cpu_off = statistics.median(cpu[True]), statistics.median(cpu[False])
             print(
                 json.dumps(
                     {
@@ -84,6 +90,9 @@ def _rank_main(args: argparse.Namespace) -> None:
                         "recorded_ms": round(on * 1e3, 3),
                         "unrecorded_ms": round(off * 1e3, 3),
                         "overhead_pct": round((on / off - 1) * 100, 2),
+                        "cpu_recorded_ms": round(cpu_on * 1e3, 3),
+                        "cpu_unrecorded_ms": round(cpu_off * 1e3, 3),
+                        "cpu_overhead_pct": round((cpu_on / cpu_off - 1) * 100, 2),
                     }
                 ),
                 flush=True,

@@ -81,10 +81,10 @@ class Instrumentation:
                 self._patch(
                     stage, name, self._ops_wrapper(getattr(stage, name), stage, kind, channel)
                 )
-            for name, kind_of in _COMPUTE.items():
-                self._patch(
-                    stage, name, self._compute_wrapper(getattr(stage, name), stage, kind_of)
-                )
+            if self.single or self.index.has_composites:  # else actions are the steps
+                for name, kind_of in _COMPUTE.items():
+                    method = getattr(stage, name)
+                    self._patch(stage, name, self._compute_wrapper(method, stage, kind_of))
             if self.single:
                 self._patch(
                     stage,

@@ -58,6 +58,7 @@ class MessageLog(P2PBookkeeping):
 
         super().__init__(num_stages=0, recorder=recorder, overlap=True, known=None)
         self._tensor_meta = TensorMeta
+        self._metas: dict[tuple[tuple[int, ...], Any], Any] = {}  # a message kind's few shapes
         self._pending: dict[int, tuple[Any, Step, int, str]] = {}  # id(op) -> (op, step, pos, ch)
 
     def begin_iteration(self) -> None:
@@ -88,7 +89,10 @@ class MessageLog(P2PBookkeeping):
     def _report(self, op: Any, step: Step, channel: str) -> Any:
         kind = "send" if step.kind in (StepKind.SEND_F, StepKind.SEND_B) else "recv"
         tensor = op.tensor
-        meta = self._tensor_meta(tuple(tensor.shape), tensor.dtype)
+        shape = tuple(tensor.shape)
+        meta = self._metas.get((shape, tensor.dtype))
+        if meta is None:
+            meta = self._metas[(shape, tensor.dtype)] = self._tensor_meta(shape, tensor.dtype)
         return self._posted(kind, step, op.group_peer, channel, meta)
 
     def wrap_works(self, works: list[Any], tokens: list[Any]) -> list[Any]:

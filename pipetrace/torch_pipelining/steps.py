@@ -25,9 +25,12 @@ class StepIndex:
     def __init__(self, plan: Plan, rank: int) -> None:
         self.by_text: dict[str, Entry] = {}
         self.by_key: dict[Key, Entry] = {}
+        self.has_composites = False
         for position, step in enumerate(plan.steps(rank)):
             self.by_text[format_step(step)] = (position, step)
-            if not step.sub_steps:
+            if step.sub_steps:
+                self.has_composites = True
+            else:
                 self.by_key[key_of(step)] = (position, step)
 
     def sub_step(self, composite: Entry, key: Key) -> Entry | None:
