@@ -4,8 +4,9 @@ schedule unrecorded: 1F1B and Interleaved1F1B on 4 CPU ranks (gloo).
 One invocation, one process group, one schedule object per class: after warm-up, iterations
 alternate recorded / unrecorded (`Recording.suspend` / `resume` put torch's own code back in
 between), so machine noise hits both alike. An iteration is timed on rank 0 between two
-barriers and includes the SGD step. The figure is the ratio of medians, recorded /
-unrecorded (target <= 1.03).
+barriers and includes the SGD step; the CPU time of every rank (all its threads, the
+recorder's included) is summed for the same iteration. The figures are the ratios of medians,
+recorded / unrecorded (target <= 1.03).
 
     .venv/bin/python bench/bench_torch_pipelining.py
     .venv/bin/python bench/bench_torch_pipelining.py --iterations 40 --width 512
