@@ -5,7 +5,7 @@
     .venv/bin/python bench/bench_analyze.py --run-dir /tmp/run --keep --reuse --repeat 3 \\
         --baseline HEAD~5
 
-Writes a synthetic run in the documented trace format (`pipetrace.analyze.synthetic`: a 1F1B
+Writes a synthetic run in the documented trace format (`pipetrace.testing.synthetic`: a 1F1B
 schedule with P = --ranks, timed by the shared executor, every rank's log written exactly
 as the recorder writes it), then runs `pipetrace analyze RUN --json` end to end in a child
 process (interpreter start, imports, parallel loading, every analyzer, JSON output) and
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="pipetrace-bench-"))
     microbatches, iterations = plan_size(args.ranks, args.events_per_rank)
     if not (args.reuse and (run_dir / "meta.json").exists()):
-        from pipetrace.analyze.synthetic import write_synthetic_run
+        from pipetrace.testing.synthetic import write_synthetic_run
 
         start = time.perf_counter()
         write_synthetic_run(

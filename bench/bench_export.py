@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_export.py [--ranks 8 --microbatches 64 --iterations 20]
                                            [--schedule zbv] [--run DIR] [--repeat 3]
 
-Writes a synthetic run (`pipetrace.analyze.synthetic`, the recorder's exact format) unless
+Writes a synthetic run (`pipetrace.testing.synthetic`, the recorder's exact format) unless
 ``--run`` names a recorded one, loads it once, then times, best of ``--repeat``:
 
 - the export itself (layout + protobuf writer), in slices per second (target >= 200k/s);
@@ -30,11 +30,11 @@ from perfetto.trace_builder.proto_builder import StreamingTraceProtoBuilder
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
-from pipetrace.analyze.synthetic import write_synthetic_run
 from pipetrace.export.args import slice_args
 from pipetrace.export.chrome_json import write_chrome_json
 from pipetrace.export.layout import build_layout
 from pipetrace.export.perfetto import write_perfetto
+from pipetrace.testing.synthetic import write_synthetic_run
 
 
 def best(fn, repeat: int) -> tuple[float, object]:

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipetrace.analyze.synthetic import write_synthetic_run
+from pipetrace.testing.synthetic import write_synthetic_run
 
 RANKS, MICROBATCHES = 8, 32
 EVENTS_PER_ITERATION = 4624  # 1F1B, 8 ranks, 32 micro-batches, plain P2P (measured)
@@ -64,7 +64,7 @@ def ensure_run(run_dir: Path, events: int) -> Path:
 
 def _stats(values: list[float]) -> str:
     values = sorted(values)
-    p95 = values[min(len(values) - 1, int(round(0.95 * (len(values) - 1))))]
+    p95 = values[min(len(values) - 1, round(0.95 * (len(values) - 1)))]
     return f"median {statistics.median(values) * 1e3:6.1f} ms   p95 {p95 * 1e3:6.1f} ms"
 
 

@@ -12,11 +12,29 @@ The algorithm is backend-neutral: a backend supplies `send_ints` / `recv_ints`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 SendInts = Callable[[int, list[int]], None]  # (peer, values)
 RecvInts = Callable[[int, int], list[int]]  # (peer, count) -> values
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Where a recorder reads time: a monotonic nanosecond reading for every event, and the
+    wall clock once, to anchor those readings to the Unix epoch.
+
+    Injectable so that a fake cluster (`pipetrace.testing.cluster`) can run real recorders on
+    virtual time, with any per-rank clock offset, without sleeping.
+    """
+
+    monotonic_ns: Callable[[], int] = time.perf_counter_ns
+    wall_ns: Callable[[], int] = time.time_ns
+
+
+SYSTEM_CLOCK = Clock()
+"""The process's own clocks: what every real run records with."""
 
 
 @dataclass(frozen=True)

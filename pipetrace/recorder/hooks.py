@@ -4,8 +4,8 @@ The runtime calls these hooks at every step and P2P op; `NullRecorder` is what i
 recording is off (``--record off``), so the hot path pays only for a method call. The real
 recorder (`pipetrace.recorder.recorder.Recorder`) implements the same methods.
 
-Times are taken by the recorder itself (``time.perf_counter_ns`` mapped to the epoch), never
-by the caller, so every event on a rank shares one clock.
+Times are taken by the recorder itself (from its `Clock`: by default ``time.perf_counter_ns``
+mapped to the epoch), never by the caller, so every event on a rank shares one clock.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The recorder: turns runtime hooks into a per-rank event log (see docs/trace-format.md).
 
 The hot path (`begin_step`, `end_step`, `p2p_posted`, `p2p_completed`) takes one monotonic
-clock reading and appends a tuple; encoding to JSON happens on the writer's flush thread.
+clock reading (from the injected `Clock`, bound once) and appends a tuple; encoding to JSON
+happens on the writer's flush thread.
 Each hook also notes progress for the watchdog and keeps the set of open steps and in-flight
 P2P ops, which is what a stall dump reports.
 """
@@ -12,7 +13,6 @@ import itertools
 import os
 import socket
 import sys
-import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ import orjson
 
 from pipetrace import __version__
 from pipetrace.recorder import format as fmt
-from pipetrace.recorder.clock import RecvInts, SendInts, align_clocks
+from pipetrace.recorder.clock import SYSTEM_CLOCK, Clock, RecvInts, SendInts, align_clocks
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step
 
@@ -74,8 +74,12 @@ class Recorder:
         framework_version: str = "",
         profiler: ProfilerRanges | None = None,
         clock_exchange: tuple[SendInts, RecvInts] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.config = config
+        self.clock = clock
+        # Bound once: the hot path calls it without an attribute lookup on the Clock.
+        self._monotonic_ns = clock.monotonic_ns
         self._stacks = config.mode == "full"  # read on every P2P post: decide once
         self.framework = framework
         self.framework_version = framework_version
@@ -89,8 +93,8 @@ class Recorder:
         self._in_iteration = False
         self.waiting_in: str | None = None
         """A collective wait outside iterations that the watchdog must watch."""
-        self._epoch_anchor = time.time_ns()
-        self._perf_anchor = time.perf_counter_ns()
+        self._epoch_anchor = clock.wall_ns()
+        self._perf_anchor = clock.monotonic_ns()
         self.last_progress = self._perf_anchor
         self.open_steps: dict[int, tuple[str, int, Step, int]] = {}  # id -> (thread, pos, step, it)
         self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
@@ -133,6 +137,7 @@ class Recorder:
                 config=config,
                 framework=self.framework,
                 framework_version=self.framework_version,
+                created_ns=self.now_ns(),
             )
         steps = [format_step(s) for s in plan.steps(rank)]
         self._other(fmt.RUN_START, config=config, plan=steps, stages=plan.stages_of(rank))
@@ -147,7 +152,7 @@ class Recorder:
         # A peer that never gets here (hung between iterations, or killed) leaves this rank
         # waiting in the exchange: the watchdog watches that wait like an iteration.
         self.waiting_in = "the end-of-run clock exchange"
-        self.last_progress = time.perf_counter_ns()
+        self.last_progress = self._monotonic_ns()
         self._align_clock("end")
         self.waiting_in = None
         self._other(fmt.RUN_END)
@@ -207,7 +212,7 @@ class Recorder:
     # -- the hot path ----------------------------------------------------------------------
 
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
-        t = time.perf_counter_ns()
+        t = self._monotonic_ns()
         self.last_progress = t
         sid = next(self._ids)
         self.open_steps[sid] = (thread, position, step, self._iteration)
@@ -218,7 +223,7 @@ class Recorder:
         return sid
 
     def end_step(self, token: Any) -> None:
-        t = time.perf_counter_ns()
+        t = self._monotonic_ns()
         self.last_progress = t
         if type(token) is tuple:
             token, handle = token
@@ -238,7 +243,7 @@ class Recorder:
         shape: tuple[int, ...],
         dtype: str,
     ) -> Any:
-        t = time.perf_counter_ns()
+        t = self._monotonic_ns()
         self.last_progress = t
         pid = next(self._ids)
         stack = _short_stack() if self._stacks else None
@@ -262,7 +267,7 @@ class Recorder:
         return pid
 
     def p2p_completed(self, token: Any) -> None:
-        t = time.perf_counter_ns()
+        t = self._monotonic_ns()
         self.last_progress = t
         self.inflight.pop(token, None)
         self._writer.append((_P2P_DONE, t, token))
@@ -299,12 +304,12 @@ class Recorder:
 
     def now_ns(self) -> int:
         """Wall-clock nanoseconds on this rank's event clock."""
-        return self._epoch_anchor + (time.perf_counter_ns() - self._perf_anchor)
+        return self._epoch_anchor + (self._monotonic_ns() - self._perf_anchor)
 
     # -- encoding (flush thread) -----------------------------------------------------------
 
     def _other(self, event: str, *, progress: bool = True, **fields: Any) -> None:
-        t = time.perf_counter_ns()
+        t = self._monotonic_ns()
         if progress:  # the watchdog's own events must not count as progress
             self.last_progress = t
         if self._writer is not None:
@@ -385,8 +390,10 @@ def write_meta(
     config: dict[str, Any],
     framework: str,
     framework_version: str,
+    created_ns: int,
 ) -> None:
-    """meta.json: what was run. Written once by rank 0, atomically (write then rename)."""
+    """meta.json: what was run. Written once by rank 0, atomically (write then rename).
+    ``created_ns`` is rank 0's wall-clock time (its recorder's clock, virtual in fakes)."""
     meta = fmt.META.build(
         format=fmt.META_FORMAT,
         schema_version=fmt.SCHEMA_VERSION,
@@ -395,7 +402,7 @@ def write_meta(
         framework_version=framework_version,
         python_version=sys.version.split()[0],
         world_size=world_size,
-        created=time.time_ns(),
+        created=created_ns,
         schedule={"name": plan.name, "params": plan.params},
         num_microbatches=plan.num_microbatches,
         placement=list(plan.placement),

@@ -129,7 +129,7 @@ class Watchdog:
                 return
             recorder = self.recorder
             progress = recorder.last_progress
-            idle = (time.perf_counter_ns() - progress) / 1e9
+            idle = (recorder.clock.monotonic_ns() - progress) / 1e9  # progress's own clock
             if not recorder.watched or idle < self.stall_timeout:
                 stalled_at_progress = None
                 continue

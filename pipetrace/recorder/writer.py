@@ -13,6 +13,7 @@ itself (backpressure) rather than dropping events or growing without limit.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import deque
@@ -53,6 +54,11 @@ class EventWriter:
             daemon=True,
         )
         self._thread.start()
+
+    @property
+    def pending(self) -> int:
+        """Events appended but not written yet (at most ``capacity``)."""
+        return len(self._pending)
 
     def append(self, record: tuple) -> None:
         pending = self._pending
@@ -106,8 +112,6 @@ class EventWriter:
         while not self._stop.is_set():
             self._wake.wait(interval)
             self._wake.clear()
-            try:
+            # The disk is full or gone: keep the run alive, the next flush retries.
+            with contextlib.suppress(OSError):
                 self.flush()
-            except OSError:
-                # The disk is full or gone: keep the run alive, the next flush retries.
-                pass

@@ -126,3 +126,28 @@ def recvs_at_consumers(row: list[Step]) -> list[Step]:
             out.remove(recv)
             out.insert(out.index(user), recv)
     return out
+
+
+class StepOrder:
+    """The step order of a rank per iteration: some steps moved right after others (what
+    the deadlock and swap-order faults do; the runtime's executor and the fake cluster
+    both run it)."""
+
+    def __init__(self, steps: list[Step]) -> None:
+        self.steps = steps
+        self.moves: dict[int, list[tuple[int, int]]] = {}  # iteration -> (moved, anchor) positions
+
+    def move(self, iteration: int, step: Step, *, after: Step) -> None:
+        self.moves.setdefault(iteration, []).append(
+            (self.steps.index(step), self.steps.index(after))
+        )
+
+    def __call__(self, iteration: int) -> list[int] | None:
+        moves = self.moves.get(iteration)
+        if moves is None:
+            return None
+        order = list(range(len(self.steps)))
+        for moved, anchor in moves:
+            order.remove(moved)
+            order.insert(order.index(anchor) + 1, moved)
+        return order

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from pipetrace.runtime.fault_plan import waited_at
+from pipetrace.runtime.fault_plan import StepOrder, waited_at
 from pipetrace.runtime.faults import (
     NOBODY_MICROBATCH,
     Crash,
@@ -70,7 +70,7 @@ def install_faults(runner: PipelineRunner, faults: tuple[Fault, ...], *, overlap
     for kind, hook in hooks.items():
         runner.register_custom_function(kind, hook)
     executor = runner.executor
-    reorder = _Reorder(plan.steps(rank))
+    reorder = StepOrder(plan.steps(rank))
     for fault in mine:
         if isinstance(fault, Deadlock):
             send, recv = fault.hold(plan, overlap=overlap)
@@ -150,29 +150,6 @@ class _Slow:
             time.sleep(elapsed * self.extra)
 
 
-class _Reorder:
-    """The step order of a rank per iteration: some steps moved right after others."""
-
-    def __init__(self, steps: list[Step]) -> None:
-        self.steps = steps
-        self.moves: dict[int, list[tuple[int, int]]] = {}  # iteration -> (moved, anchor) positions
-
-    def move(self, iteration: int, step: Step, *, after: Step) -> None:
-        self.moves.setdefault(iteration, []).append(
-            (self.steps.index(step), self.steps.index(after))
-        )
-
-    def __call__(self, iteration: int) -> list[int] | None:
-        moves = self.moves.get(iteration)
-        if moves is None:
-            return None
-        order = list(range(len(self.steps)))
-        for moved, anchor in moves:
-            order.remove(moved)
-            order.insert(order.index(anchor) + 1, moved)
-        return order
-
-
 # -- messages ------------------------------------------------------------------------------
 
 
@@ -189,7 +166,7 @@ class FaultyP2P:
         self.skips = {f.target(plan): f for f in faults if isinstance(f, DropSend)}
         self.extras = {f.target(plan): f for f in faults if isinstance(f, ExtraSend)}
         self.shapes = {f.target(plan): f for f in faults if isinstance(f, ShapeMismatch)}
-        # swap-order: the executor runs the pair's sends in swapped order (`_Reorder`); each
+        # swap-order: the executor runs the pair's sends in swapped order (`StepOrder`); each
         # goes under the other's tag, so the recv posted for the first message takes the
         # second one, as an order-matching transport (NCCL, untagged gloo) would deliver it.
         self.swaps: dict[Step, tuple[SwapOrder, Step]] = {}  # send -> (fault, the other send)

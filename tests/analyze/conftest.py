@@ -4,15 +4,19 @@ import pytest
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
+from pipetrace.runtime.faults import Hang
+from pipetrace.testing.cluster import FakeCluster
 
-from .driver import record_run
+STALL_AFTER_NS = 300_000_000
+"""When a rank that stopped records the watchdog's stall (the runtime's would, after its
+stall timeout)."""
 
 
 @pytest.fixture(scope="session")
 def clean_run(tmp_path_factory):
-    """One clean 4-rank 1F1B run recorded through the real Recorder (shared, read-only)."""
+    """One clean 4-rank 1F1B run recorded by the fake cluster (shared, read-only)."""
     path = tmp_path_factory.mktemp("clean") / "run"
-    record_run(path, schedule="1f1b", ranks=4, microbatches=4, iterations=3)
+    FakeCluster.of("1f1b", ranks=4, microbatches=4, iterations=3).record(path)
     return path
 
 
@@ -20,11 +24,14 @@ def analyzed(path):
     return analyze(load_run(path, workers=0))
 
 
+def hang_in_3b1() -> Hang:
+    """Rank 3 never returns from 3B1 (its first backward) in the first iteration."""
+    return Hang(rank=3, step=0, microbatch=1, phase="B")
+
+
 @pytest.fixture(scope="session")
 def hung_run(tmp_path_factory):
     """A 4-rank run where rank 3 never returns from 3B1 (stall events, open steps and ops)."""
-    from .driver import Fault
-
     path = tmp_path_factory.mktemp("hung") / "run"
-    record_run(path, faults=[Fault("block", 3, "3B1")], timeout=0.8, stall_timeout=0.3)
+    FakeCluster.of(faults=[hang_in_3b1()], stall_after_ns=STALL_AFTER_NS).record(path)
     return path

@@ -1,9 +1,12 @@
-"""No byte-level corruption of a log crashes the loader or the analyzers (hypothesis)."""
+"""No byte-level corruption of a log crashes the loader or the analyzers, and none goes
+unnoticed: a line that no longer parses shows in the run's problems, a log that lost its
+end no longer reads as finished (hypothesis)."""
 
 from __future__ import annotations
 
 import shutil
 
+import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,20 +45,51 @@ def corrupt(data: bytes, ops) -> bytes:
     return bytes(buf)
 
 
+def unreadable_lines(data: bytes) -> int:
+    """Lines (blank ones aside) that are not a JSON object."""
+    count = 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            count += not isinstance(orjson.loads(line), dict)
+        except orjson.JSONDecodeError:
+            count += 1
+    return count
+
+
+def ends_cleanly(data: bytes) -> bool:
+    """Whether the log's last readable event is run_end."""
+    for line in reversed(data.split(b"\n")):
+        try:
+            event = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        return isinstance(event, dict) and event.get("e") == fmt.RUN_END
+    return False
+
+
 def check(source, tmp_path_factory, rank, ops) -> None:
     path = tmp_path_factory.mktemp("corrupt") / "run"
     shutil.copytree(source, path)
     log = path / fmt.rank_log_name(rank)
-    log.write_bytes(corrupt(log.read_bytes(), ops))
+    original = log.read_bytes()
+    damaged = corrupt(original, ops)
+    log.write_bytes(damaged)
     try:
         run = load_run(path, workers=0)
     except TraceFormatError:
         return
     result = analyze(run)
-    result.to_json()
+    states = {r["rank"]: r["state"] for r in result.to_json()["ranks"]}
     from pipetrace.analyze.report import report_lines
 
-    report_lines(result)
+    assert report_lines(result)
+    noted = [p.message for p in run.problems if p.rank == rank]
+    if unreadable_lines(damaged):
+        assert noted, "a damaged line went unnoticed"
+    if ends_cleanly(original) and not ends_cleanly(damaged) and not noted:
+        assert states.get(rank) != "finished", "a log that lost its end reads as finished"
 
 
 @settings(

@@ -1,14 +1,24 @@
-"""Faults injected into runs recorded through the real Recorder are diagnosed with the right
-kind, ranks and micro-batches; clean runs of every built-in schedule have nothing above info."""
+"""Faults injected into runs of the fake cluster (real Recorders on virtual time, the
+runtime's fault kinds) are diagnosed with the right kind, ranks and micro-batches; clean runs
+of every built-in schedule have nothing above info."""
 
 from __future__ import annotations
 
 import pytest
 
 from pipetrace.analyze import findings as fk
+from pipetrace.runtime.faults import (
+    Crash,
+    DropRecv,
+    ExtraSend,
+    ShapeMismatch,
+    Straggler,
+    SwapOrder,
+)
+from pipetrace.schedule.builders import build_plan
+from pipetrace.testing.cluster import FakeCluster
 
-from .conftest import analyzed
-from .driver import Fault, record_run
+from .conftest import STALL_AFTER_NS, analyzed, hang_in_3b1
 
 SCHEDULES = [
     ("gpipe", None, 4),
@@ -22,9 +32,7 @@ SCHEDULES = [
 
 @pytest.mark.parametrize("schedule,v,m", SCHEDULES, ids=[s[0] for s in SCHEDULES])
 def test_clean_runs_have_no_finding_above_info(tmp_path, schedule, v, m):
-    record_run(
-        tmp_path, schedule=schedule, ranks=4, microbatches=m, stages_per_rank=v, compute_s=0.0005
-    )
+    FakeCluster.of(schedule, ranks=4, microbatches=m, stages_per_rank=v).record(tmp_path)
     result = analyzed(tmp_path)
     assert [f.kind for f in result.findings if f.severity != fk.INFO] == []
     assert not result.run.problems
@@ -42,8 +50,17 @@ def kinds(result):
     return {f.kind: f for f in result.findings}
 
 
+def record_with(path, *faults, **options):
+    """A 4-rank 1F1B run (4 micro-batches, 2 iterations) with ``faults``."""
+    FakeCluster.of(faults=faults, **options).record(path)
+
+
+DROP_1RECV_F2 = DropRecv(rank=1, step=0, microbatch=2, channel="F")
+SWAP_0SEND_F1 = SwapOrder(rank=0, step=0, microbatch=1, channel="F")
+
+
 def test_dropped_recv_is_an_unmatched_send_naming_the_receiver(tmp_path):
-    record_run(tmp_path, faults=[Fault("drop_recv", 1, "1RECV_F2")])
+    record_with(tmp_path, DROP_1RECV_F2)
     found = kinds(analyzed(tmp_path))
     f = found[fk.UNMATCHED_SEND]
     assert f.severity == fk.ERROR and set(f.ranks) == {0, 1} and 2 in f.microbatches
@@ -51,29 +68,29 @@ def test_dropped_recv_is_an_unmatched_send_naming_the_receiver(tmp_path):
 
 
 def test_dropped_recv_under_rendezvous_is_a_deadlock_plus_the_unmatched_send(tmp_path):
-    record_run(tmp_path, faults=[Fault("drop_recv", 1, "1RECV_F2")], rendezvous=True, timeout=0.5)
+    record_with(tmp_path, DROP_1RECV_F2, semantics="rendezvous")
     found = kinds(analyzed(tmp_path))
     assert found[fk.DEADLOCK].details["cycle"] in ([0, 1], [1, 0])
     assert 2 in found[fk.UNMATCHED_SEND].microbatches
 
 
 def test_extra_send_is_unmatched_and_called_a_duplicate(tmp_path):
-    record_run(tmp_path, faults=[Fault("extra_send", 0, "0SEND_F1")])
+    record_with(tmp_path, ExtraSend(rank=0, step=0, microbatch=1, channel="F"))
     f = kinds(analyzed(tmp_path))[fk.UNMATCHED_SEND]
     assert set(f.ranks) == {0, 1} and f.microbatches == [1] and "more than once" in f.cause
 
 
 def test_wrong_shape_is_a_message_mismatch(tmp_path):
-    record_run(tmp_path, faults=[Fault("wrong_shape", 2, "2SEND_F1")])
+    record_with(tmp_path, ShapeMismatch(rank=2, step=0, microbatch=1, channel="F", shape=(16, 32)))
     result = analyzed(tmp_path)
     f = kinds(result)[fk.MESSAGE_MISMATCH]
     assert set(f.ranks) == {2, 3} and f.microbatches == [1]
-    assert f.details["send"]["shape"] == [8, 8] and f.details["recv"]["shape"] == [4, 4]
+    assert f.details["send"]["shape"] == [16, 32] and f.details["recv"]["shape"] == [32, 32]
     assert [x.kind for x in result.findings if x.severity == fk.ERROR] == [fk.MESSAGE_MISMATCH]
 
 
 def test_swapped_sends_are_an_order_crossing(tmp_path):
-    record_run(tmp_path, faults=[Fault("swap_sends", 0, "0SEND_F1")])
+    record_with(tmp_path, SWAP_0SEND_F1)
     result = analyzed(tmp_path)
     f = kinds(result)[fk.ORDER_CROSSING]
     assert set(f.ranks) == {0, 1} and set(f.microbatches) == {1, 2}
@@ -82,7 +99,7 @@ def test_swapped_sends_are_an_order_crossing(tmp_path):
 
 
 def test_swapped_sends_under_rendezvous_deadlock(tmp_path):
-    record_run(tmp_path, faults=[Fault("swap_sends", 0, "0SEND_F1")], rendezvous=True, timeout=0.5)
+    record_with(tmp_path, SWAP_0SEND_F1, semantics="rendezvous")
     f = kinds(analyzed(tmp_path))[fk.DEADLOCK]
     assert sorted(f.details["cycle"]) == [0, 1]
     blocked = f.details["blocked"]
@@ -90,18 +107,18 @@ def test_swapped_sends_under_rendezvous_deadlock(tmp_path):
 
 
 def test_slow_rank_is_a_straggler_with_its_effect(tmp_path):
-    record_run(tmp_path, faults=[Fault("slow", 2, factor=5)], compute_s=0.002)
+    record_with(tmp_path, Straggler(rank=2, step=0, factor=5, phase="all"))
     f = kinds(analyzed(tmp_path))[fk.STRAGGLER]
     assert f.ranks == [2] and f.details["stage"] == 2 and f.severity == fk.WARNING
     assert f.details["effect_fraction"] > 0.1
 
 
 def test_raising_rank_fails_and_the_others_stall_behind_it(tmp_path):
-    record_run(tmp_path, faults=[Fault("raise", 2, "2F1")], timeout=0.5)
+    record_with(tmp_path, Crash(rank=2, step=0, microbatch=1, phase="F"))
     result = analyzed(tmp_path)
     found = kinds(result)
     failed = found[fk.RANK_FAILED]
-    assert failed.ranks == [2] and "injected failure" in failed.message
+    assert failed.ranks == [2] and "injected crash" in failed.message
     assert failed.steps[0].step == "2F1"
     stalled = found[fk.RANK_STALLED]
     assert stalled.details["terminal_rank"] == 2 and stalled.details["terminal_state"] == "crashed"
@@ -113,7 +130,7 @@ def test_raising_rank_fails_and_the_others_stall_behind_it(tmp_path):
 
 
 def test_blocked_rank_ends_the_wait_chain_as_computing(tmp_path):
-    record_run(tmp_path, faults=[Fault("block", 3, "3B1")], timeout=0.8, stall_timeout=0.3)
+    record_with(tmp_path, hang_in_3b1(), stall_after_ns=STALL_AFTER_NS)
     result = analyzed(tmp_path)
     f = kinds(result)[fk.RANK_STALLED]
     assert f.details["terminal_rank"] == 3 and f.details["terminal_state"] == "computing"
@@ -122,6 +139,8 @@ def test_blocked_rank_ends_the_wait_chain_as_computing(tmp_path):
 
 
 def test_rank_given_another_plan_is_a_plan_divergence(tmp_path):
-    record_run(tmp_path, faults=[Fault("plan", 1, positions=(1, 2))])
+    steps = build_plan("1f1b", num_ranks=4, num_microbatches=4, comms=True).steps(1)
+    steps[1], steps[2] = steps[2], steps[1]  # rank 1 was launched with another plan
+    record_with(tmp_path, rank_steps={1: steps})
     f = kinds(analyzed(tmp_path))[fk.PLAN_DIVERGENCE]
     assert f.ranks == [1] and f.severity == fk.ERROR and f.details["position"] == 1

@@ -1,5 +1,6 @@
 """Damaged inputs: each gives a clear message and exit code 2, or a partial analysis with a
-warning. Logs are real recordings (tests/analyze/driver.py) damaged afterwards."""
+warning. Logs are recordings of the fake cluster (`pipetrace.testing.cluster`: real Recorders)
+damaged afterwards."""
 
 from __future__ import annotations
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import orjson
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import OP_SEND, OPEN
-from pipetrace.analyze.synthetic import write_synthetic_run
-
-from .driver import record_run
+from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.synthetic import write_synthetic_run
 
 
 def matched_slack(run):
@@ -28,11 +28,10 @@ def matched_slack(run):
 
 def test_clock_refinement_puts_every_recv_after_its_send(tmp_path):
     # ranks' clocks are skewed and the recorded offsets of ranks 1 and 2 are 3 ms wrong
-    record_run(
-        tmp_path,
-        clock_skew_ns=[0, 40_000_000, -25_000_000, 7_000_000],
-        clock_error_ns=[0, 3_000_000, -3_000_000, 0],
-    )
+    FakeCluster.of(
+        clock_offsets_ns=[0, 40_000_000, -25_000_000, 7_000_000],
+        clock_errors_ns=[0, 3_000_000, -3_000_000, 0],
+    ).record(tmp_path)
     run = load_run(tmp_path, workers=0)
     q = run.clock_quality
     assert q["early_receives_before"] > 0 and q["refined"] and q["min_slack_ns"] >= 0
@@ -80,32 +79,41 @@ def test_synthetic_straggler_and_clean(tmp_path):
 
 
 def test_overlapping_substeps_are_folded_into_their_composite(tmp_path):
-    record_run(
-        tmp_path, schedule="dualpipev", ranks=2, microbatches=4, stages_per_rank=2, iterations=1
-    )
+    FakeCluster.of("dualpipev", ranks=2, stages_per_rank=2, iterations=1).record(tmp_path)
     run = load_run(tmp_path, workers=0)
     assert "overlap" in run.threads
     assert [f.kind for f in analyze(run).findings if f.severity != "info"] == []
 
 
 def test_pairing_by_channel_equals_the_global_sort_with_duplicates(tmp_path, clean_run):
+    """Sequence numbers too large to pack take the general pairing (one global sort): it
+    pairs a run with duplicated ops exactly as the per-channel pairing does."""
     import shutil
 
-    from pipetrace.analyze import matching
     from pipetrace.recorder import format as fmt
 
-    shutil.copytree(clean_run, tmp_path / "run")
-    log = tmp_path / "run" / fmt.rank_log_name(1)
+    shutil.copytree(clean_run, tmp_path / "packed")
+    log = tmp_path / "packed" / fmt.rank_log_name(1)
     lines = log.read_bytes().splitlines(keepends=True)
     posts = [line for line in lines if b'"p2p_post"' in line][:6]
     log.write_bytes(b"".join(lines + posts))  # the same ops (ids, seqs) again
-    run = load_run(tmp_path / "run", workers=0)
-    fast = [(r.p2p.match_rank.copy(), r.p2p.match_index.copy()) for r in run.ranks]
-    for r in run.ranks:
-        r.p2p.match_rank[:] = -1
-        r.p2p.match_index[:] = -1
-    matching._match_general(run.ranks)
-    for (rank_a, index_a), r in zip(fast, run.ranks):
-        assert np.array_equal(rank_a, r.p2p.match_rank) and np.array_equal(
-            index_a, r.p2p.match_index
-        )
+    shutil.copytree(tmp_path / "packed", tmp_path / "general")
+    for log in (tmp_path / "general").glob("rank-*.ndjson"):
+        header, *events = log.read_bytes().splitlines(keepends=True)
+        shifted = [_shift_seq(line, 2**40) for line in events]
+        log.write_bytes(header + b"".join(shifted))
+    packed = load_run(tmp_path / "packed", workers=0)
+    general = load_run(tmp_path / "general", workers=0)
+    assert general.ranks[1].p2p.seq.min() >= 2**40
+    for a, b in zip(packed.ranks, general.ranks):
+        assert np.array_equal(a.p2p.match_rank, b.p2p.match_rank)
+        assert np.array_equal(a.p2p.match_index, b.p2p.match_index)
+    assert (packed.ranks[1].p2p.match_rank < 0).sum() == 6  # the duplicates stay unpaired
+
+
+def _shift_seq(line: bytes, by: int) -> bytes:
+    if b'"p2p_post"' not in line:
+        return line
+    event = orjson.loads(line)
+    event["seq"] += by
+    return orjson.dumps(event) + b"\n"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
-from pipetrace.analyze.synthetic import write_synthetic_run
+from pipetrace.testing.synthetic import write_synthetic_run
 
 from .handwritten import HandRun
 

@@ -10,13 +10,14 @@ from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import Run
-from pipetrace.analyze.synthetic import write_synthetic_run
 from pipetrace.export.chrome_json import write_chrome_json
 from pipetrace.export.layout import Layout, build_layout
 from pipetrace.export.perfetto import write_perfetto
+from pipetrace.runtime.faults import Crash, DropSend, Hang
+from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.synthetic import write_synthetic_run
 
 from .decode import Decoded, JsonTrace, decode_chrome_json, decode_perfetto
-from .recording import record_run
 
 
 @dataclass
@@ -46,16 +47,20 @@ def export(path: Path) -> Exported:
     )
 
 
-# Runs recorded through the real Recorder, shared by the tests (read-only).
+# Runs of the fake cluster (real Recorders, virtual time), shared by the tests (read-only);
+# ``overlap``: every recv posted at the iteration's start, sends drained at its end.
 RUNS = {
-    "clean-1f1b": dict(schedule="1f1b", ranks=3, microbatches=4, iterations=2),
-    "overlap-dualpipev": dict(
-        schedule="dualpipev", ranks=2, microbatches=4, iterations=2, overlap=True
+    "clean-1f1b": dict(schedule="1f1b", ranks=3),
+    "overlap-dualpipev": dict(schedule="dualpipev", overlap=True),
+    "overlap-zbv": dict(schedule="zbv", iterations=1, overlap=True),
+    # in the last iteration rank 0 never posts 0SEND_F1: rank 1 blocks in 1RECV_F1, and rank 0
+    # later in 0RECV_B0, waiting for rank 1
+    "deadlock": dict(faults=[DropSend(rank=0, step=1, microbatch=1, channel="F")]),
+    # in the last iteration rank 1 never returns from its first backward; rank 0 waits for it
+    "stuck": dict(faults=[Hang(rank=1, step=1, microbatch=0, phase="B")]),
+    "crash": dict(
+        iterations=1, overlap=True, faults=[Crash(rank=1, step=0, microbatch=0, phase="B")]
     ),
-    "overlap-zbv": dict(schedule="zbv", ranks=2, microbatches=4, iterations=1, overlap=True),
-    "deadlock": dict(schedule="1f1b", scenario="deadlock", iterations=2),
-    "stuck": dict(schedule="1f1b", scenario="stuck", iterations=2),
-    "crash": dict(schedule="1f1b", scenario="crash", iterations=1, overlap=True),
 }
 
 
@@ -77,7 +82,7 @@ def recorded(tmp_path_factory):
                     stages_per_rank=2 if schedule == "interleaved-1f1b" else None,
                 )
             else:
-                record_run(path, wait_s=0.5, **RUNS[name])
+                FakeCluster.of(**{"ranks": 2, **RUNS[name]}).record(path)
             cache[name] = export(path)
         return cache[name]
 

@@ -145,7 +145,7 @@ def test_crash_shows_the_exception(recorded):
     exc = [i for i in e.trace.instants if i.name == "exception"]
     assert (
         len(exc) == 1
-        and "injected failure" in exc[0].args["message"]
+        and "injected crash" in exc[0].args["message"]
         and "Traceback" in exc[0].args["traceback"]
     )
     # messages that never arrived still get their arrow, to an instant that says so

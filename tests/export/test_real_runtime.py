@@ -6,7 +6,7 @@ import pytest
 
 from .checks import check_chrome_json, check_perfetto
 from .conftest import export
-from .recording import record_torch_run
+from .torch_runs import record_torch_run
 
 pytestmark = pytest.mark.multiproc
 

@@ -1,8 +1,11 @@
-"""A small recording session driven straight through the Recorder (no framework, no runtime).
+"""A recording session in a real process, for what only real time and a real process show:
+the watchdog's stall and abort, SIGUSR1 dumps and SIGTERM. Everything else is recorded by the
+fake cluster (`pipetrace.testing.cluster`) on virtual time.
 
-Run as a script so that tests can watch real processes end: by the watchdog (``hang`` in a
-step, ``late`` at the end-of-run clock exchange), by a signal (``wait``) or cleanly
-(``clean``). Two ranks run as threads and align clocks over queues.
+Two ranks (threads) run 1F1B straight through the Recorder on its real clock, aligning
+clocks over queues. Scenarios: ``hang`` (rank 1 never returns from its third step: the
+watchdog must end the process), ``wait`` (the same, but the test sends signals) and ``late``
+(rank 1 hangs between iterations; rank 0 waits for it in the end-of-run clock exchange).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from pathlib import Path
 
 from pipetrace.recorder.recorder import Recorder, RecorderConfig
 from pipetrace.schedule.builders import build_plan
+from pipetrace.schedule.ir import SEND_KINDS
+
+STUCK_POSITION = 2
 
 
 def _exchange(inboxes: dict[int, queue.Queue], me: int):
@@ -29,17 +35,20 @@ def _exchange(inboxes: dict[int, queue.Queue], me: int):
     return send_ints, recv_ints
 
 
-def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> None:
+def _config(run_dir: Path, rank: int, scenario: str) -> RecorderConfig:
+    # in "hang", rank 0 waits for the hung rank 1 at its end: let rank 1's watchdog act first
+    return RecorderConfig(
+        run_dir,
+        stall_timeout=5 if scenario == "hang" and rank == 0 else 0.5,
+        abort_timeout=0.5 if scenario in ("hang", "late") else 0,
+        flush_interval=0.05,
+    )
+
+
+def record_rank(run_dir: Path, rank: int, inboxes, scenario: str) -> None:
     plan = build_plan("1f1b", num_ranks=2, num_microbatches=2, comms=True)
     recorder = Recorder(
-        # in "hang", rank 0 waits for the hung rank 1 at its end: let rank 1's watchdog act first
-        RecorderConfig(
-            run_dir,
-            mode=mode,
-            stall_timeout=5 if scenario == "hang" and rank == 0 else 0.5,
-            abort_timeout=0.5 if scenario in ("hang", "late") else 0,
-            flush_interval=0.05,
-        ),
+        _config(run_dir, rank, scenario),
         framework="none",
         framework_version="0",
         clock_exchange=_exchange(inboxes, rank),
@@ -49,9 +58,8 @@ def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> 
     for position, step in enumerate(plan.steps(rank)):
         token = recorder.begin_step(position, step)
         if step.is_comm:
-            op = "send" if step.kind.value.startswith("SEND") else "recv"
             ticket = recorder.p2p_posted(
-                op=op,
+                op="send" if step.kind in SEND_KINDS else "recv",
                 step=step,
                 peer=1 - rank,
                 channel=step.kind.value[-1],
@@ -61,37 +69,23 @@ def record_rank(run_dir: Path, rank: int, inboxes, scenario: str, mode: str) -> 
                 dtype="float32",
             )
             recorder.p2p_completed(ticket)
-        if scenario == "hang" and rank == 1 and position == 2:
-            time.sleep(3600)  # the watchdog must end this
-        if scenario == "wait" and rank == 1 and position == 2:
-            print("waiting", flush=True)
-            time.sleep(3600)  # the test sends signals now
+        if rank == 1 and position == STUCK_POSITION and scenario in ("hang", "wait"):
+            if scenario == "wait":
+                print("waiting", flush=True)  # the test sends signals now
+            time.sleep(3600)  # the watchdog (or a signal) must end this
         recorder.end_step(token)
     recorder.end_iteration(0, 0.5 if rank == 1 else None)
     if scenario == "late" and rank == 1:  # hangs between iterations: rank 0 waits at its end
         time.sleep(3600)
-    if scenario == "crash":  # rank 1 fails; rank 0 is left without a clean end
-        if rank == 1:
-            try:
-                raise RuntimeError("injected failure")
-            except RuntimeError as exc:
-                recorder.exception(exc)
-        recorder.close()
-        return
     recorder.end_run()
 
 
-def main(run_dir: str, scenario: str, mode: str = "steps") -> None:
+def main(run_dir: str, scenario: str) -> None:
     inboxes = {0: queue.Queue(), 1: queue.Queue()}
-    threads = [
-        threading.Thread(target=record_rank, args=(Path(run_dir), r, inboxes, scenario, mode))
-        for r in (1,)
-    ]
-    for t in threads:
-        t.start()
-    record_rank(Path(run_dir), 0, inboxes, scenario, mode)
-    for t in threads:
-        t.join()
+    peer = threading.Thread(target=record_rank, args=(Path(run_dir), 1, inboxes, scenario))
+    peer.start()
+    record_rank(Path(run_dir), 0, inboxes, scenario)
+    peer.join()
 
 
 if __name__ == "__main__":

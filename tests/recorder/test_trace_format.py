@@ -1,6 +1,10 @@
 """The trace format declaration (`pipetrace.recorder.format`), the recorder and the doc cannot
 drift apart: every declared field is written, in the declared order and with its declared type,
-nothing undeclared is written, and the doc's field tables are the generated ones."""
+nothing undeclared is written, and the doc's field tables are the generated ones.
+
+Clean, full-mode and crashed runs come from the fake cluster (real Recorders on virtual
+time); the watchdog's stall and abort and the signal events need a real process
+(tests/recorder/session.py)."""
 
 from __future__ import annotations
 
@@ -20,14 +24,21 @@ from pipetrace.analyze.reader import read_log, read_meta
 from pipetrace.recorder import format as fmt
 from pipetrace.recorder.format_doc import RECORDS, documented, with_tables
 from pipetrace.recorder.watchdog import WATCHDOG_EXIT_CODE
+from pipetrace.runtime.faults import Crash
+from pipetrace.testing.cluster import FakeCluster
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "trace-format.md"
 SESSION = Path(__file__).with_name("session.py")
 EXAMPLES = {fmt.INT: -7, fmt.STR: 'a "quoted" \\ text', fmt.INTS: [4, 0, 2], fmt.OP: "recv"}
 
 
-def run_session(run_dir: Path, scenario: str, mode: str = "steps", **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(SESSION), str(run_dir), scenario, mode], **popen)
+def run_session(run_dir: Path, scenario: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SESSION), str(run_dir), scenario], **popen)
+
+
+def record_fake(run_dir: Path, **options) -> None:
+    """A 2-rank 1F1B run of one iteration (2 micro-batches) by the fake cluster."""
+    FakeCluster.of(ranks=2, microbatches=2, iterations=1, **options).record(run_dir)
 
 
 def recorded_records(run_dir: Path) -> list[tuple[str, dict]]:
@@ -43,12 +54,12 @@ def recorded_records(run_dir: Path) -> list[tuple[str, dict]]:
 
 
 def record_sessions(tmp_path: Path) -> list[Path]:
-    """Runs that between them write every record: clean, full mode, crash, hang, and a wait
-    interrupted by SIGUSR1, a stall and SIGTERM."""
+    """Runs that between them write every record: clean, full mode and crash (fake cluster),
+    hang, and a wait interrupted by SIGUSR1, a stall and SIGTERM (real processes)."""
     runs = {name: tmp_path / name for name in ("clean", "full", "crash", "hang", "wait")}
-    assert run_session(runs["clean"], "clean").wait(30) == 0
-    assert run_session(runs["full"], "clean", "full").wait(30) == 0
-    assert run_session(runs["crash"], "crash").wait(30) == 0
+    record_fake(runs["clean"])
+    record_fake(runs["full"], record_mode="full")
+    record_fake(runs["crash"], faults=[Crash(rank=1, step=0, microbatch=1, phase="F")])
     assert run_session(runs["hang"], "hang").wait(30) == WATCHDOG_EXIT_CODE
     waiting = run_session(runs["wait"], "wait", stdout=subprocess.PIPE)
     assert waiting.stdout.readline().strip() == b"waiting"
@@ -162,7 +173,7 @@ def test_a_peer_that_never_ends_is_a_stall_at_the_end_of_run(tmp_path):
 
 
 def test_reader_refuses_newer_schema(tmp_path):
-    assert run_session(tmp_path, "clean").wait(30) == 0
+    record_fake(tmp_path)
     log = tmp_path / fmt.rank_log_name(0)
     lines = log.read_bytes().splitlines(keepends=True)
     header = orjson.loads(lines[0])
@@ -173,7 +184,7 @@ def test_reader_refuses_newer_schema(tmp_path):
 
 
 def test_torn_last_line_is_tolerated(tmp_path):
-    assert run_session(tmp_path, "clean").wait(30) == 0
+    record_fake(tmp_path)
     log = tmp_path / fmt.rank_log_name(0)
     data = log.read_bytes()
     log.write_bytes(data[: len(data) - 7])

@@ -18,7 +18,7 @@ def test_a_full_buffer_is_written_by_the_appending_thread(tmp_path):
     )
     for n in range(250):
         writer.append((n,))
-        assert len(writer._pending) < 100  # never more than the bound waits in memory
+        assert writer.pending < 100  # never more than the bound waits in memory
     assert writer.events_written == 200
     writer.close()
     lines = path.read_bytes().splitlines()

@@ -15,7 +15,7 @@ from pipetrace.cli import main
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime import faults as ft
 from pipetrace.runtime.config import RunConfig, run_options
-from pipetrace.runtime.fault_plan import finishes, peer_of, waited_at
+from pipetrace.runtime.fault_plan import StepOrder, finishes, peer_of, waited_at
 from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import StepKind, format_step
 
@@ -376,12 +376,11 @@ def test_swap_order_sends_each_message_under_the_other_ones_tag():
 
 
 def test_reordering_faults_move_steps_in_their_iteration_only():
-    from pipetrace.runtime.inject import _Reorder
 
     plan = build_plan("1f1b", num_ranks=4, num_microbatches=4, comms=True)
     steps = plan.steps(2)
     texts = [format_step(s) for s in steps]
-    reorder = _Reorder(steps)
+    reorder = StepOrder(steps)
     reorder.move(1, steps[texts.index("2SEND_F0")], after=steps[texts.index("2SEND_F1")])
     assert reorder(0) is None
     order = [texts[i] for i in reorder(1)]

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipetrace.analyze.synthetic import write_synthetic_run
-
-from .runs import clean_plan, deadlock_plan, record_plan
+from pipetrace.runtime.faults import Crash
+from pipetrace.schedule.ir import Plan, parse_step
+from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.synthetic import write_synthetic_run
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+STALL_AFTER_NS = 200_000_000
+"""When a rank left blocked records the watchdog's stall."""
 
 
 @pytest.fixture(scope="session")
@@ -26,26 +29,39 @@ def synthetic_run(tmp_path_factory) -> Path:
     return path
 
 
+def deadlock_plan() -> Plan:
+    """Two ranks that each wait to receive before sending what the other needs."""
+    rows = [
+        ["0F0", "0SEND_F0", "0RECV_B0", "0F1", "0SEND_F1", "0B0", "0RECV_B1", "0B1"],
+        ["1RECV_F0", "1F0", "1RECV_F1", "1B0", "1SEND_B0", "1F1", "1B1", "1SEND_B1"],
+    ]
+    return Plan(2, (0, 1), [[parse_step(t) for t in row] for row in rows], name="1f1b-misordered")
+
+
 @pytest.fixture(scope="session")
 def deadlock_run(tmp_path_factory) -> Path:
-    """Two ranks blocked in recvs from each other, recorded through the real Recorder."""
-    return record_plan(tmp_path_factory.mktemp("deadlock") / "run", deadlock_plan())
+    """Two ranks blocked in recvs from each other (a fake cluster: real Recorders)."""
+    path = tmp_path_factory.mktemp("deadlock") / "run"
+    FakeCluster(deadlock_plan(), iterations=1, stall_after_ns=STALL_AFTER_NS).record(path)
+    return path
 
 
 @pytest.fixture(scope="session")
 def crash_run(tmp_path_factory) -> Path:
-    """4-rank 1F1B where rank 2 raises in its 6th step; ranks 0 and 1 are left waiting on it."""
-    return record_plan(
-        tmp_path_factory.mktemp("crash") / "run", clean_plan("1f1b", 4, 4), crash_at=(2, 5)
-    )
+    """4-rank 1F1B where rank 2 raises in its first backward (2B0); ranks 0 and 1 are left
+    waiting on it."""
+    path = tmp_path_factory.mktemp("crash") / "run"
+    crash = Crash(rank=2, step=0, microbatch=0, phase="B")
+    FakeCluster.of(iterations=1, faults=[crash], stall_after_ns=STALL_AFTER_NS).record(path)
+    return path
 
 
 @pytest.fixture(scope="session")
 def overlap_run(tmp_path_factory) -> Path:
     """DualPipeV on 2 ranks: OVERLAP_F_B composites with the backward on the overlap thread."""
-    return record_plan(
-        tmp_path_factory.mktemp("overlap") / "run", clean_plan("dualpipev", 2, 4), iterations=2
-    )
+    path = tmp_path_factory.mktemp("overlap") / "run"
+    FakeCluster.of("dualpipev", ranks=2).record(path)
+    return path
 
 
 async def wait_loaded(pilot) -> None:

@@ -266,8 +266,10 @@ async def test_overlap_thread_gets_its_own_row(overlap_run):
         main0 = index.main_lane(0)
         lane = index.lanes[main0]
         composite = int(np.flatnonzero(lane.base_cat == 6)[0])
-        app._move("select", main0, composite)
+        assert app.state.cursor == (main0, 0)
+        await pilot.press(*["right"] * composite)  # step by step to the first composite
         await pilot.pause()
+        assert app.state.cursor == (main0, composite)
         text = screen_text(app)
         assert "sub-steps" in text and "overlap," in text
 

@@ -239,9 +239,7 @@ def test_a_stalled_chain_also_shows_where_its_last_rank_is_stuck(crash_run):
     assert set(stalled.finding.ranks) <= ranks  # the crashed rank at the end of the chain too
     crashed = [(lane, i) for lane, i in stalled.items if index.lanes[lane].rank == 2]
     assert crashed and all(index.lanes[lane].open[i] for lane, i in crashed)
-    assert (
-        session.run.catalog.texts[int(index.lanes[crashed[0][0]].code[crashed[0][1]])] == "2RECV_F2"
-    )
+    assert session.run.catalog.texts[int(index.lanes[crashed[0][0]].code[crashed[0][1]])] == "2B0"
 
 
 def test_describe_ops_steps_and_plan(synthetic_run):
