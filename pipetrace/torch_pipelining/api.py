@@ -1,0 +1,134 @@
+"""The public API: record an existing torch.distributed.pipelining schedule.
+
+::
+
+    from pipetrace.torch_pipelining import record
+
+    schedule = ScheduleInterleaved1F1B(stages, n_microbatches=8, loss_fn=loss_fn)
+    with record(schedule, "run/"):          # or record(schedule) with PIPETRACE_DIR=run/
+        for inputs, targets in data:
+            schedule.step(inputs, target=targets)
+
+``record`` patches nothing when recording is off (no ``run_dir`` and no ``PIPETRACE_DIR``), so
+the schedule runs torch's own code at torch's own speed. It never stops training: on a torch
+release it was not verified against, on a schedule it cannot read, or if setting up fails,
+it warns once and the job runs unrecorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from types import TracebackType
+from typing import Any
+
+from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.recorder.setup import RecordSettings, torch_recorder
+from pipetrace.torch_pipelining.instrument import Instrumentation, rank_and_size
+from pipetrace.torch_pipelining.plan import plan_of
+from pipetrace.torch_pipelining.version import unsupported_reason
+
+
+class Recording:
+    """A schedule being recorded (or not: `active` says). Close it, or use it as a context
+    manager, after the last ``step``: a clean close records the end-of-run clock exchange,
+    a collective every rank must reach."""
+
+    def __init__(
+        self,
+        instrumentation: Instrumentation | None = None,
+        recorder: RecorderHooks | None = None,
+    ) -> None:
+        self._instrumentation = instrumentation
+        self._recorder = recorder
+
+    @property
+    def active(self) -> bool:
+        return self._instrumentation is not None
+
+    def suspend(self) -> None:
+        """Run torch's own code until `resume` (the recorder stays open; iterations run
+        meanwhile are not in the log). For measuring the recording's cost, or recording
+        only some iterations."""
+        if self._instrumentation is not None:
+            self._instrumentation.undo()
+
+    def resume(self) -> None:
+        if self._instrumentation is not None and not self._instrumentation.installed:
+            self._instrumentation.install()
+
+    def close(self, *, clean: bool = True) -> None:
+        """Restore torch's code and end the run (``clean=False`` after a failure: the rank's
+        log then has no ``run_end``, which is how the analyzers know it failed)."""
+        instrumentation, self._instrumentation = self._instrumentation, None
+        if instrumentation is None:
+            return
+        instrumentation.undo()
+        recorder = self._recorder
+        if clean:
+            recorder.end_run()
+        elif hasattr(recorder, "close"):
+            recorder.close()
+
+    def __enter__(self) -> Recording:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(clean=exc_type is None)
+
+
+def record(
+    schedule: Any,
+    run_dir: str | os.PathLike[str] | None = None,
+    *,
+    settings: RecordSettings | None = None,
+    config: dict[str, Any] | None = None,
+) -> Recording:
+    """Start recording ``schedule`` on this rank; every rank of the pipeline must call it.
+
+    ``run_dir`` overrides ``PIPETRACE_DIR``; the other ``PIPETRACE_*`` variables (or
+    ``settings``) tune the recorder as for pipetrace's own runtime. ``config`` is added to
+    the run configuration in meta.json.
+    """
+    settings = settings if settings is not None else RecordSettings.from_env()
+    if run_dir is not None:
+        settings = dataclasses.replace(settings, run_dir=os.fspath(run_dir))
+    if not settings.enabled:
+        return Recording()
+    import torch
+
+    problem = unsupported_reason(torch.__version__)
+    if problem is not None:
+        warnings.warn(problem, RuntimeWarning, stacklevel=2)
+        return Recording()
+    instrumentation = None
+    try:
+        plan = plan_of(schedule)
+        rank, world_size = rank_and_size(schedule)
+        recorder = torch_recorder(settings)
+        instrumentation = Instrumentation(schedule, plan, rank, recorder)
+        instrumentation.install()
+        run_config = {
+            "runtime": "torch.distributed.pipelining",
+            "schedule_class": type(schedule).__name__,
+            "record": settings.mode,
+            **(config or {}),
+        }
+        recorder.begin_run(rank=rank, world_size=world_size, plan=plan, config=run_config)
+    except Exception as exc:
+        if instrumentation is not None:
+            instrumentation.undo()
+        warnings.warn(
+            f"pipetrace could not record {type(schedule).__name__} ({type(exc).__name__}: "
+            f"{exc}); training continues unrecorded",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return Recording()
+    return Recording(instrumentation, recorder)

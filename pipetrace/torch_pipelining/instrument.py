@@ -1,0 +1,301 @@
+"""Patching one torch schedule object (and the two module functions its loops call) so that
+every action, message and iteration reaches pipetrace's recorder.
+
+What is patched, and only while recording:
+
+- ``schedule.step`` (on the instance): one call is one iteration; the loss of the last stage.
+- each of the schedule's stages (on the instance): ``get_*_ops`` note which step and channel
+  their ops belong to; ``forward_one_chunk`` / ``backward_one_chunk`` /
+  ``backward_weight_one_chunk`` / ``perform_reduce_grad`` are steps of single-stage
+  schedules and the sub-steps of an ``OVERLAP_F_B`` action.
+- ``schedules._batch_p2p``: the ops a batch carries are posted; its works report completion.
+- ``schedules.record_function``: `_PipelineScheduleRuntime` wraps every action it performs in
+  ``record_function("PP:<action>")``; the same range is kept, and it is the action's step.
+
+Undo restores every original: a schedule that is no longer recorded runs torch's own code.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.schedule.ir import Plan, Step, StepKind
+from pipetrace.torch_pipelining.messages import OP_SOURCES, MessageLog
+from pipetrace.torch_pipelining.steps import Entry, Key, StepIndex
+
+_ACTION_PREFIX = "PP:"
+_MISSING = object()
+_active_lock = threading.Lock()
+_active: list[Instrumentation] = []  # at most one: the module functions are process-wide
+
+
+def stages_of(schedule: Any) -> list[Any]:
+    from torch.distributed.pipelining import schedules
+
+    if isinstance(schedule, schedules.PipelineScheduleSingle):
+        return [schedule._stage]
+    return list(schedule._stages)
+
+
+def rank_and_size(schedule: Any) -> tuple[int, int]:
+    """This process's rank in the pipeline group and the group's size (the plan's ranks)."""
+    stage = stages_of(schedule)[0]
+    return stage.group_rank, stage.group_size
+
+
+class Instrumentation:
+    """The patches that record one schedule on this rank into ``recorder``."""
+
+    def __init__(self, schedule: Any, plan: Plan, rank: int, recorder: RecorderHooks) -> None:
+        from torch.distributed.pipelining import schedules
+
+        self.schedule = schedule
+        self.recorder = recorder
+        self.index = StepIndex(plan, rank)
+        self.messages = MessageLog(recorder)
+        self.single = isinstance(schedule, schedules.PipelineScheduleSingle)
+        self.stages = stages_of(schedule)
+        self.holds_last = any(stage.is_last for stage in self.stages)
+        self.iteration = -1
+        self.messages_failed = False
+        """Set when reporting P2P ops failed: torch's code runs on, no longer recorded."""
+        self._composite: Entry | None = None  # the OVERLAP_F_B action being performed
+        self._module = schedules
+        self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, what it held)
+
+    # -- install / undo --------------------------------------------------------------------
+
+    def install(self) -> None:
+        with _active_lock:
+            if _active:
+                raise RuntimeError("another schedule is already being recorded in this process")
+            _active.append(self)
+        schedule = self.schedule
+        self._patch(schedule, "step", self._step_wrapper(schedule.step))
+        for stage in self.stages:
+            for name, (kind, channel) in OP_SOURCES.items():
+                self._patch(
+                    stage, name, self._ops_wrapper(getattr(stage, name), stage, kind, channel)
+                )
+            if self.single or self.index.has_composites:  # else actions are the steps
+                for name, kind_of in _COMPUTE.items():
+                    method = getattr(stage, name)
+                    self._patch(stage, name, self._compute_wrapper(method, stage, kind_of))
+            if self.single:
+                self._patch(
+                    stage,
+                    "perform_reduce_grad",
+                    self._reduce_grad_wrapper(stage.perform_reduce_grad, stage),
+                )
+        module = self._module
+        self._patch(module, "_batch_p2p", self._batch_wrapper(module._batch_p2p))
+        if not self.single:
+            self._patch(module, "record_function", self._action_ranges(module.record_function))
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._saved)
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        """Set ``owner.name``, remembering what ``owner`` itself held (an instance attribute
+        someone else set, or nothing: then the class's method shows through again)."""
+        self._saved.append((owner, name, vars(owner).get(name, _MISSING)))
+        setattr(owner, name, replacement)
+
+    def undo(self) -> None:
+        while self._saved:
+            owner, name, previous = self._saved.pop()
+            if previous is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, previous)
+        with _active_lock:
+            if self in _active:
+                _active.remove(self)
+
+    # -- iterations ------------------------------------------------------------------------
+
+    def _step_wrapper(self, step: Callable[..., Any]) -> Callable[..., Any]:
+        recorder = self.recorder
+        wants_losses = self.holds_last and self.schedule._loss_fn is not None
+
+        def recorded_step(*args: Any, **kwargs: Any) -> Any:
+            self.iteration += 1
+            self.messages.begin_iteration()
+            losses = kwargs.get("losses")
+            if wants_losses and losses is None:
+                kwargs["losses"] = losses = []
+            recorder.begin_iteration(self.iteration)
+            try:
+                result = step(*args, **kwargs)
+            except BaseException as exc:
+                recorder.exception(exc)
+                raise
+            recorder.end_iteration(self.iteration, _mean(losses) if losses else None)
+            return result
+
+        return recorded_step
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _action_ranges(self, record_function: Callable[[str], Any]) -> Callable[[str], Any]:
+        """`_PipelineScheduleRuntime`'s per-action profiler range, also the action's step."""
+        by_text = self.index.by_text
+        recorder = self.recorder
+        owner = self
+
+        class ActionRange:
+            __slots__ = ("_entry", "_range", "_token")
+
+            def __init__(self, name: str) -> None:
+                self._range = record_function(name)
+                self._entry = (
+                    by_text.get(name[len(_ACTION_PREFIX) :])
+                    if name.startswith(_ACTION_PREFIX)
+                    else None
+                )
+
+            def __enter__(self) -> Any:
+                handle = self._range.__enter__()
+                entry = self._entry
+                if entry is not None:
+                    if entry[1].sub_steps:
+                        owner._composite = entry
+                    self._token = recorder.begin_step(entry[0], entry[1])
+                return handle
+
+            def __exit__(self, *exc: Any) -> Any:
+                if self._entry is not None and exc[0] is None:
+                    owner._composite = None
+                    recorder.end_step(self._token)
+                return self._range.__exit__(*exc)
+
+        return ActionRange
+
+    def _entry(self, key: Key) -> Entry | None:
+        """The step a compute call is: a step of a single-stage schedule's plan, or a
+        sub-step of the composite action being performed (other actions are their own
+        steps already)."""
+        if self.single:
+            return self.index.by_key.get(key)
+        if self._composite is not None:
+            return self.index.sub_step(self._composite, key)
+        return None
+
+    def _compute_wrapper(
+        self,
+        method: Callable[..., Any],
+        stage: Any,
+        kind_of: Callable[[tuple, dict], StepKind],
+    ) -> Callable[..., Any]:
+        recorder = self.recorder
+        stage_index = stage.stage_index
+
+        def recorded(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            entry = self._entry((kind_of(args, kwargs), stage_index, chunk_id))
+            if entry is None:
+                return method(chunk_id, *args, **kwargs)
+            token = recorder.begin_step(*entry)
+            result = method(chunk_id, *args, **kwargs)  # a failing step stays open: as designed
+            recorder.end_step(token)
+            return result
+
+        return recorded
+
+    def _reduce_grad_wrapper(self, method: Callable[..., Any], stage: Any) -> Callable[..., Any]:
+        entry = self.index.by_key.get((StepKind.REDUCE_GRAD, stage.stage_index, None))
+        recorder = self.recorder
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if entry is None:
+                return method(*args, **kwargs)
+            token = recorder.begin_step(*entry)
+            result = method(*args, **kwargs)
+            recorder.end_step(token)
+            return result
+
+        return recorded
+
+    # -- messages --------------------------------------------------------------------------
+
+    def _ops_wrapper(
+        self, method: Callable[[int], list[Any]], stage: Any, kind: StepKind, channel: str
+    ) -> Callable[[int], list[Any]]:
+        by_key = self.index.by_key
+        stage_index = stage.stage_index
+        messages = self.messages
+
+        def recorded(chunk_id: int, *args: Any, **kwargs: Any) -> list[Any]:
+            ops = method(chunk_id, *args, **kwargs)
+            if ops:
+                entry = by_key.get((kind, stage_index, chunk_id))
+                if entry is not None:
+                    messages.note(ops, entry[1], entry[0], channel)
+            return ops
+
+        return recorded
+
+    def _batch_wrapper(self, batch_p2p: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+        messages = self.messages
+
+        def recorded(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
+            if self.messages_failed:
+                return batch_p2p(p2p_ops, desc)
+            try:
+                tokens = self._post_batch(p2p_ops)
+            except Exception as exc:  # a recording bug must not stop the training
+                self.messages_failed = True
+                warnings.warn(
+                    f"pipetrace stopped recording P2P ops ({type(exc).__name__}: {exc}); "
+                    "training continues",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return batch_p2p(p2p_ops, desc)
+            return messages.wrap_works(batch_p2p(p2p_ops, desc), tokens)
+
+        return recorded
+
+    def _post_batch(self, p2p_ops: list[Any]) -> list[Any]:
+        """Report a batch's ops as posted; returns their completion tokens."""
+        if not self.single:
+            return self.messages.post(p2p_ops, None)
+        # Single-stage loops have no SEND/RECV actions: each op's step is opened and closed
+        # around its post, consecutively for the ops of one batch.
+        recorder = self.recorder
+        opened: list[tuple[Step, Any]] = []  # the step open now, and its token
+
+        def open_step(position: int, step: Step) -> None:
+            if opened and opened[0][0] is step:
+                return  # another tensor of the same message step
+            if opened:
+                recorder.end_step(opened.pop()[1])
+            opened.append((step, recorder.begin_step(position, step)))
+
+        tokens = self.messages.post(p2p_ops, open_step)
+        if opened:
+            recorder.end_step(opened.pop()[1])
+        return tokens
+
+
+def _backward_kind(args: tuple, kwargs: dict) -> StepKind:
+    """``backward_one_chunk(mb, loss=None, full_backward=True, ...)``: B, or I (dx only)."""
+    full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+    return StepKind.B if full else StepKind.I
+
+
+_COMPUTE: dict[str, Callable[[tuple, dict], StepKind]] = {
+    "forward_one_chunk": lambda args, kwargs: StepKind.F,
+    "backward_one_chunk": _backward_kind,
+    "backward_weight_one_chunk": lambda args, kwargs: StepKind.W,
+}
+
+
+def _mean(losses: list[Any]) -> float:
+    import torch
+
+    return float(torch.stack([loss.detach() for loss in losses]).mean())

@@ -1,0 +1,97 @@
+"""Without ranks: the version gate, recording off, a schedule that cannot be recorded, and
+the single-stage orders against torch's own description of them."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+
+from pipetrace.schedule.ir import StepKind, format_step
+from pipetrace.torch_pipelining import SUPPORTED_TORCH_VERSIONS, record
+from pipetrace.torch_pipelining.plan import gpipe_order, one_f_one_b_order
+from pipetrace.torch_pipelining.version import unsupported_reason
+
+torch = pytest.importorskip("torch")
+schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+
+
+def test_only_verified_releases_are_recorded():
+    assert unsupported_reason("2.13.0+cpu") is None
+    reason = unsupported_reason("2.14.1")
+    assert reason is not None and "2.14.1" in reason
+    assert all(version in reason for version in SUPPORTED_TORCH_VERSIONS)
+
+
+def test_another_release_warns_once_and_patches_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch, "__version__", "2.99.0")
+    original = schedules._batch_p2p
+    with pytest.warns(RuntimeWarning, match="supports torch 2.13.0"):
+        recording = record(SimpleNamespace(), tmp_path / "run")
+    assert not recording.active
+    assert schedules._batch_p2p is original
+    assert not (tmp_path / "run").exists()
+
+
+def test_recording_off_patches_nothing(monkeypatch):
+    monkeypatch.delenv("PIPETRACE_DIR", raising=False)
+    original = schedules._batch_p2p
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with record(SimpleNamespace()) as recording:
+            assert not recording.active
+            assert schedules._batch_p2p is original
+
+
+def test_a_schedule_it_cannot_read_runs_unrecorded(tmp_path):
+    with pytest.warns(RuntimeWarning, match="training continues unrecorded"):
+        recording = record(SimpleNamespace(), tmp_path / "run")
+    assert not recording.active
+    recording.close()
+
+
+def compute_texts(steps):
+    return [format_step(s) for s in steps if not s.is_comm]
+
+
+@pytest.mark.parametrize(
+    ("order", "torch_class"),
+    [(gpipe_order, schedules.ScheduleGPipe), (one_f_one_b_order, schedules.Schedule1F1B)],
+)
+@pytest.mark.parametrize(("stages", "microbatches"), [(2, 4), (4, 4), (4, 8)])
+def test_single_stage_orders_compute_what_torch_says(order, torch_class, stages, microbatches):
+    """Torch's ``_get_pipeline_order`` (compute only, with bubbles) lists the compute in the
+    order the loop runs it; ours adds the messages in the order the loop posts them.
+
+    Torch 2.13's 1F1B description numbers the last stage's forwards from 1 (its warm-up count
+    is 0, and the counter is bumped before the first forward), while the loop runs F0 first:
+    there only the sequence of kinds is compared."""
+    described = torch_class._get_pipeline_order(
+        SimpleNamespace(_num_stages=stages, _n_microbatches=microbatches)
+    )
+    for stage in range(stages):
+        ours = compute_texts(order(stage, stages, microbatches))
+        theirs = [str(a) for a in described[stage] if a is not None]
+        if torch_class is schedules.Schedule1F1B and stage == stages - 1:
+            ours, theirs = (
+                [t.rstrip("0123456789") for t in ours],
+                [t.rstrip("0123456789") for t in theirs],
+            )
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("order", [gpipe_order, one_f_one_b_order])
+def test_single_stage_orders_send_and_receive_in_the_same_order(order):
+    """Untagged gloo matches messages in posting order: stage s's sends and stage s+1's
+    recvs of each channel must list the same micro-batches in the same order."""
+    stages, microbatches = 4, 8
+    plans = [order(stage, stages, microbatches) for stage in range(stages)]
+    for stage in range(stages - 1):
+
+        def mbs(steps, kind):
+            return [s.microbatch for s in steps if s.kind is kind]
+
+        assert mbs(plans[stage], StepKind.SEND_F) == mbs(plans[stage + 1], StepKind.RECV_F)
+        assert mbs(plans[stage + 1], StepKind.SEND_B) == mbs(plans[stage], StepKind.RECV_B)
+        assert len(mbs(plans[stage], StepKind.SEND_F)) == microbatches

@@ -1,0 +1,36 @@
+"""Helpers for the torch.distributed.pipelining tests: analyze a recorded run through the CLI
+(the public interface) and read its logs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def analyze_json(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """``pipetrace analyze --json``'s exit code and output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pipetrace", "analyze", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout, done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def errors(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["severity"] == "error"]
+
+
+def events(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    lines = (run_dir / f"rank-{rank:05d}.ndjson").read_text().splitlines()
+    return [json.loads(line) for line in lines[1:]]
+
+
+def meta(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "meta.json").read_text())
