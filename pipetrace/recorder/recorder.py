@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -85,6 +86,8 @@ class Recorder:
         self._clock_exchange = clock_exchange
         self.world_size = 1
         self._writer: EventWriter | None = None
+        # The writer's append, bound once for the hot path (None until begin_run).
+        self._append: Callable[[tuple], None] = _not_recording
         self._ids = itertools.count()
         self._iteration = -1
         self._in_iteration = False
@@ -138,10 +141,11 @@ class Recorder:
         self._writer = EventWriter(
             fmt.rank_log_path(run_dir, rank),
             header,
-            self._encode,
+            self._encode_lines,
             flush_interval=self.config.flush_interval,
             capacity=self.config.buffer_events,
         )
+        self._append = self._writer.append
         if rank == 0:
             write_meta(
                 run_dir,
@@ -183,6 +187,7 @@ class Recorder:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._append = _not_recording
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -236,7 +241,7 @@ class Recorder:
         self.last_progress = t
         sid = next(self._ids)
         self.open_steps[sid] = (thread, position, step, self._iteration)
-        self._writer.append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
+        self._append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
         profiler = self._profiler
         if self._timer is None and (profiler is None or not profiler.active()):
             return sid
@@ -264,7 +269,7 @@ class Recorder:
             if handle is not None:
                 self._profiler.end(handle)
         self.open_steps.pop(token, None)
-        self._writer.append((_STEP_END, t, token))
+        self._append((_STEP_END, t, token))
 
     def p2p_posted(
         self,
@@ -303,7 +308,7 @@ class Recorder:
             stack,
         )
         self.inflight[pid] = record
-        self._writer.append(record)
+        self._append(record)
         return pid
 
     def p2p_enqueued(self, token: Any) -> None:
@@ -318,7 +323,7 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         self.inflight.pop(token, None)
-        self._writer.append((_P2P_DONE, t, token))
+        self._append((_P2P_DONE, t, token))
 
     # -- device timing ---------------------------------------------------------------------
 
@@ -430,47 +435,64 @@ class Recorder:
         return text
 
     def _encode(self, record: tuple) -> bytes:
-        """One event line. The hot event types are formatted from the byte templates that
-        `fmt.line_template` derives from their declarations (about 3x cheaper than building a
-        dict for orjson, measured in bench/bench_recorder.py); their strings go in as cached
-        JSON literals, so the output is the JSON orjson would write."""
-        tag = record[0]
-        t = self._epoch_anchor + (record[1] - self._perf_anchor)
-        if tag == _STEP_BEGIN:
-            _, _, sid, it, pos, step, thread = record
-            return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literals[thread])
-        if tag == _STEP_END:
-            return _STEP_END_LINE % (t, record[2])
-        if tag == _P2P_DONE:
-            return _P2P_DONE_LINE % (t, record[2])
-        if tag == _P2P_POST:
-            _, _, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
-            literal = self._literals
-            line = _P2P_POST_LINE % (
-                t,
-                pid,
-                it,
-                literal[op],
-                self._text(step),
-                peer,
-                literal[channel],
-                seq,
-                nbytes,
-                literal[tuple(shape)],
-                literal[dtype],
-            )
-            if stack is None:
-                return line
-            return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
-        _, _, event_name, fields = record
-        return orjson.dumps({"e": event_name, "t": t, **fields}, option=_DUMP_OPTIONS)
+        """One event line (for stall dumps; the writer encodes whole batches)."""
+        return bytes(self._encode_lines([record]))
+
+    def _encode_lines(self, records: list[tuple]) -> bytearray:
+        """The event lines of a batch of records, in order. The hot event types are formatted
+        from the byte templates that `fmt.line_template` derives from their declarations
+        (about 3x cheaper than building a dict for orjson, measured in
+        bench/bench_recorder.py); their strings go in as cached JSON literals, so the output
+        is the JSON orjson would write. One loop over the batch with everything bound to
+        locals: a call and the attribute lookups per event cost as much as the formatting."""
+        offset = self._epoch_anchor - self._perf_anchor
+        texts, text, literal = self._texts, self._text, self._literals
+        step_begin, step_end, p2p_done = _STEP_BEGIN_LINE, _STEP_END_LINE, _P2P_DONE_LINE
+        begin_tag, end_tag, done_tag, post_tag = _STEP_BEGIN, _STEP_END, _P2P_DONE, _P2P_POST
+        out = bytearray()
+        for record in records:
+            tag = record[0]
+            if tag == end_tag:
+                out += step_end % (record[1] + offset, record[2])
+            elif tag == begin_tag:
+                _, t, sid, it, pos, step, thread = record
+                step_text = texts.get(id(step)) or text(step)
+                out += step_begin % (t + offset, sid, it, pos, step_text, literal[thread])
+            elif tag == done_tag:
+                out += p2p_done % (record[1] + offset, record[2])
+            elif tag == post_tag:
+                out += self._p2p_post_line(record, offset)
+            else:
+                _, t, event_name, fields = record
+                out += orjson.dumps({"e": event_name, "t": t + offset, **fields}, option=_DUMP)
+        return out
+
+    def _p2p_post_line(self, record: tuple, offset: int) -> bytes:
+        _, t, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
+        literal = self._literals
+        line = _P2P_POST_LINE % (
+            t + offset,
+            pid,
+            it,
+            literal[op],
+            self._text(step),
+            peer,
+            literal[channel],
+            seq,
+            nbytes,
+            literal[tuple(shape)],
+            literal[dtype],
+        )
+        if stack is None:
+            return line
+        return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
 
 
 _STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
 _STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
 _P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
 _P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
-_DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_DUMP = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
 class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
@@ -480,6 +502,10 @@ class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
     def __missing__(self, value: str | tuple[int, ...]) -> bytes:
         literal = self[value] = orjson.dumps(value)
         return literal
+
+
+def _not_recording(record: tuple) -> None:
+    raise RuntimeError("the recorder is not recording: begin_run first, and not after close")
 
 
 def _short_stack(limit: int = 8) -> list[str]:
