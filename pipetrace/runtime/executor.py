@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.runtime import fsdp
 from pipetrace.runtime.config import CustomFunction
+from pipetrace.runtime.recv_ahead import RecvAhead
 from pipetrace.schedule.ir import Plan, Step, StepKind
 
 if TYPE_CHECKING:
@@ -137,6 +138,10 @@ class Executor:
             raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
         self._program: list[tuple[int, Step, Handler]] = []
         self._compile()
+        # Recvs posted one message ahead where the transport matches by tag (gloo).
+        self._ahead: RecvAhead | None = None
+        if getattr(p2p, "tag_matched", False):
+            self._ahead = RecvAhead.of(self._steps, plan.placement)
         self._step_order: Callable[[int], Sequence[int] | None] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._iteration = -1
@@ -166,6 +171,11 @@ class Executor:
         plan positions in the order to run them in that iteration, or None for the plan's
         order. The recorder sees each step with its plan position, as it ran."""
         self._step_order = order
+
+    def post_recvs_at_steps(self) -> None:
+        """Fault injection only: post every recv at its own step, none ahead, so that an
+        injected message fault blocks a send exactly as the plan's order makes it."""
+        self._ahead = None
 
     def _compile(self) -> None:
         handlers = self._handlers
@@ -206,6 +216,8 @@ class Executor:
         self._fsdp.begin_iteration()
         if self.p2p is not None:
             self.p2p.begin_iteration()
+        if self._ahead is not None:
+            self._ahead.begin_iteration(self.p2p)
         begin, end = recorder.begin_step, recorder.end_step
         program = self._program
         if (
@@ -235,6 +247,7 @@ class Executor:
             "activations never sent": self._act_out,
             "received gradients never used": self._grad_in,
             "gradients never sent": self._grad_out,
+            "recvs posted ahead never used": {} if self._ahead is None else self._ahead.posted,
         }
         problems = [f"{what}: {sorted(box)}" for what, box in leftovers.items() if box]
         problems += [
@@ -350,12 +363,28 @@ class Executor:
 
     def _recv_f(self, position: int, step: Step) -> None:
         s = step.stage
-        self._act_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
-            step, peer=self._placement[s - 1], channel="F", src_stage=s - 1
-        )
+        peer = self._placement[s - 1]
+        self._act_in[(s, step.microbatch)] = self._receive(position, step, peer, "F", s - 1)
 
     def _recv_b(self, position: int, step: Step) -> None:
         s = step.stage
-        self._grad_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
-            step, peer=self._placement[s + 1], channel="B", src_stage=s + 1
-        )
+        peer = self._placement[s + 1]
+        self._grad_in[(s, step.microbatch)] = self._receive(position, step, peer, "B", s + 1)
+
+    def _receive(self, position: int, step: Step, peer: int, channel: str, src: int) -> Any:
+        """The message of a RECV step: the tensor (plain mode, waited here) or a pending recv
+        (overlap mode, waited by its consumer). With `RecvAhead`, the recv was posted one
+        message earlier, or is posted here before the next one of its (peer, channel)."""
+        p2p = self.p2p
+        ahead = self._ahead
+        if ahead is None:
+            return p2p.recv(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+        received = ahead.take(position, p2p)
+        if received is None:  # not posted ahead; the stream's first message: its shape first
+            received = p2p.recv_early(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+            if received is None:
+                received = p2p.recv(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+            ahead.posted_at_step(position, p2p)
+        if type(received) is self._pending and not p2p.overlap:  # type: ignore[union-attr]
+            return received.wait()
+        return received

@@ -136,6 +136,7 @@ class P2P(P2PBookkeeping):
         )
         self.device = device
         self.group = group
+        self.tag_matched = self.streams is None  # gloo matches by tag; NCCL in posting order
         self._detached: list[tuple[Any, torch.Tensor, Any]] = []  # kept alive, never waited
 
     def _tag(self, channel: str, src_stage: int, mb: int, meta: bool = False) -> int:
@@ -203,9 +204,26 @@ class P2P(P2PBookkeeping):
                 work = dist.irecv(header, group=self.group, group_src=peer, tag=tag)
             self.complete(work, None)
             meta = self._meta[key] = TensorMeta.from_header(header.tolist())
+        return self._received(*self._post_recv(step, peer, channel, src_stage, meta))
+
+    def recv_early(
+        self, step: Step, *, peer: int, channel: str, src_stage: int
+    ) -> PendingRecv | None:
+        """Post the recv for ``step`` now and return it pending, in either mode; None while
+        its stream's shape is not known yet (the first iteration). Only where messages are
+        matched by tag (`tag_matched`): posting ahead reorders posts across streams."""
+        meta = self._meta.get((channel, src_stage))
+        if meta is None:
+            return None
+        return PendingRecv(*self._post_recv(step, peer, channel, src_stage, meta), self)
+
+    def _post_recv(
+        self, step: Step, peer: int, channel: str, src_stage: int, meta: TensorMeta
+    ) -> tuple[Any, torch.Tensor, Any]:
+        """(work, buffer, recorder token) of a data recv posted now."""
         buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
         token = self._posted("recv", step, peer, channel, meta)
-        tag = self._tag(channel, src_stage, mb)
+        tag = self._tag(channel, src_stage, step.microbatch)
         with self.posting():
             work = dist.irecv(buffer, group=self.group, group_src=peer, tag=tag)
-        return self._received(work, buffer, token)
+        return work, buffer, token

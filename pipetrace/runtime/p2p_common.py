@@ -133,6 +133,11 @@ class PendingRecv:
 class P2PBookkeeping:
     """Stream metadata, sequence numbers, recorder reports and the sends in flight."""
 
+    tag_matched = False
+    """Whether the transport matches each recv to its send by tag, whatever the posting
+    order (gloo), so that recvs may be posted ahead of their steps (`recv_early`); False
+    where ops between two ranks match in posting order (NCCL, MindSpore's mccl)."""
+
     def __init__(
         self,
         *,
