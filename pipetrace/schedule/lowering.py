@@ -408,7 +408,7 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
             np.concatenate([np.where(simple, leaves.stage[leaf], 0), stage, recv_stage])[order],
             np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
         ]
-        program_of(lowered, [list(row) for row in rows], *fields)  # type: ignore[arg-type]
+        program_of(lowered, [list(row) for row in rows], *fields, lowered=True)  # type: ignore[arg-type]
     return lowered
 
 
