@@ -379,12 +379,12 @@ class Executor:
         ahead = self._ahead
         if ahead is None:
             return p2p.recv(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
-        received = ahead.take(position, p2p)
-        if received is None:  # not posted ahead; the stream's first message: its shape first
-            received = p2p.recv_early(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
-            if received is None:
+        early = ahead.take(position, p2p)
+        if early is None:
+            early = p2p.recv_early(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+            if early is None:  # the stream's first message: its shape comes first
                 received = p2p.recv(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+                ahead.posted_at_step(position, p2p)
+                return received
             ahead.posted_at_step(position, p2p)
-        if type(received) is self._pending and not p2p.overlap:  # type: ignore[union-attr]
-            return received.wait()
-        return received
+        return p2p.received_early(early, step, peer, channel)  # type: ignore[union-attr]

@@ -5,14 +5,16 @@ each recv at its own RECV step therefore makes every send a rendezvous: a rank t
 to a peer busy computing waits for that peer. Posting each recv one message ahead, the way
 torch.distributed.pipelining posts its recvs, lets the send complete as soon as the data is
 on the wire, and the RECV step still waits for its own message (plain mode: each message
-finishes at its own step; overlap mode: the consumer waits, as before).
+finishes at its own step; overlap mode: the consumer waits, as before). The recorder is
+told of each recv when its RECV step takes it (`P2PBookkeeping.received_early`), so the
+trace reads as before: the post time of a recv is its step's, its buffer was posted earlier.
 
 Per (peer, channel), the recv of the next message in plan order is posted when the RECV
-step of the previous one runs (the first at the start of the iteration). Recvs of one
-(peer, channel) are thus posted in plan order, so their sequence numbers (and the trace's
-send/recv pairing) are those of posting at the steps. A recv whose stream's shape is not
-known yet (the first iteration) is posted at its step. Each (peer, channel) holds at most
-two receive buffers at a time.
+step of the previous one runs (the first at the start of the iteration), so each
+(peer, channel) holds at most two receive buffers at a time. A recv whose stream's shape is
+not known yet (the first iteration) is posted at its step. Only over a transport that
+matches messages by tag (`P2PBookkeeping.tag_matched`: gloo); NCCL and MindSpore's mccl
+match in posting order, and a run with injected faults posts every recv at its step.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from pipetrace.schedule.ir import Step, StepKind
 
 if TYPE_CHECKING:
-    from pipetrace.runtime.p2p_common import PendingRecv
+    from pipetrace.runtime.p2p_common import EarlyRecv
 
 Recv = tuple[int, Step, int, str, int]  # (plan position, RECV step, peer, channel, sending stage)
 
@@ -36,7 +38,7 @@ class RecvAhead:
     """The first recv of each (peer, channel) of the plan, posted as an iteration begins."""
     following: dict[int, Recv]
     """Plan position of a RECV step -> the next recv of the same (peer, channel)."""
-    posted: dict[int, PendingRecv] = field(default_factory=dict)
+    posted: dict[int, EarlyRecv] = field(default_factory=dict)
     """Plan position -> its recv, posted ahead and not yet taken by its step."""
 
     @classmethod
@@ -63,7 +65,7 @@ class RecvAhead:
         for recv in self.first:
             self._post(recv, p2p)
 
-    def take(self, position: int, p2p: Any) -> PendingRecv | None:
+    def take(self, position: int, p2p: Any) -> EarlyRecv | None:
         """The recv of the RECV step at ``position`` if it was posted ahead, else None (then
         the step posts it itself, and calls `posted_at_step`)."""
         pending = self.posted.pop(position, None)

@@ -88,33 +88,27 @@ def test_every_schedule_matches_single_process(ranks, tmp_path):
     for index, case in enumerate(cases):
         check_recording(tmp_path, index, case)
         if not case.overlap_p2p:
-            check_recvs_posted_ahead(tmp_path, index, case)
+            check_recvs_in_own_step(tmp_path, index, case)
 
 
-def check_recvs_posted_ahead(directory: Path, index: int, case: RunConfig) -> None:
-    """Plain mode over gloo: each recv completes inside its own RECV step, and after the
-    first iteration (when every stream's shape is known) each is posted ahead of it, while
-    an earlier step runs or as the iteration begins (`pipetrace.runtime.recv_ahead`)."""
+def check_recvs_in_own_step(directory: Path, index: int, case: RunConfig) -> None:
+    """Plain mode, recvs posted ahead on gloo (`pipetrace.runtime.recv_ahead`): the trace
+    still shows each recv posted and done inside its own RECV step."""
     for rank in range(case.ranks):
         main: dict[int, str] = {}  # token -> step, of the steps open on the main thread
-        recvs: dict[int, tuple[dict, str | None, int]] = {}  # token -> (post, open step, it)
-        iteration = -1
+        recvs: dict[int, dict] = {}  # token -> its p2p_posted event
         for event in read_events(directory / f"rank{rank}-case{index}.jsonl"):
             kind = event["event"]
             open_step = next(reversed(main.values()), None)
-            if kind == "begin_iteration":
-                iteration = event["iteration"]
-            elif kind == "begin_step" and event["thread"] == "main":
+            if kind == "begin_step" and event["thread"] == "main":
                 main[event["token"]] = event["step"]
             elif kind == "end_step":
                 main.pop(event["begin"], None)
             elif kind == "p2p_posted" and event["op"] == "recv":
-                recvs[event["token"]] = (event, open_step, iteration)
+                assert open_step == event["step"], (case.schedule, rank, event)
+                recvs[event["token"]] = event
             elif kind == "p2p_completed" and event["posted"] in recvs:
-                post, open_at_post, it = recvs[event["posted"]]
-                assert open_step == post["step"], (case.schedule, rank, post)
-                if it > 0:
-                    assert open_at_post != post["step"], (case.schedule, rank, post)
+                assert open_step == recvs[event["posted"]]["step"], (case.schedule, rank, event)
 
 
 def check_recording(directory: Path, index: int, case: RunConfig) -> None:
