@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from numbers import Integral
 
+import numpy as np
+
 from pipetrace.records import JsonRecord, record_json
 
 from .execution import (
@@ -251,18 +253,35 @@ def _durations(program: Program, costs: Costs) -> list[list[float]]:
 _ACTIVATIONS = (1, -1, 0, -1, 0, 0, 0, 0)  # by step code: F holds one, B or W frees it
 
 
+def _peak_inflights(program: Program) -> list[int]:
+    """Per rank, the running maximum (from 0) of +1 per F end and -1 per B or W end, in the
+    rank's order: one cumulative sum over every step's code, cut at the ranks' starts. A
+    rank with composite steps counts their leaves instead (`_peak_inflight`)."""
+    sizes = np.array([len(row) for row in program.ids], dtype=np.int64)
+    codes = (program.arrays.ids & 7).astype(np.int64)  # -1 & 7 is 7: FSDP steps count 0
+    running = np.cumsum(np.array(_ACTIVATIONS, dtype=np.int64)[codes])
+    starts = np.cumsum(sizes) - sizes
+    before = np.where(starts > 0, running[np.maximum(starts - 1, 0)], 0)
+    nonempty = sizes > 0
+    peaks = np.zeros(len(sizes), dtype=np.int64)
+    if nonempty.any():
+        highest = np.maximum.reduceat(running, starts[nonempty])
+        peaks[nonempty] = np.maximum(highest - before[nonempty], 0)
+    result = peaks.tolist()
+    for rank, ids in enumerate(program.ids):
+        if -1 in ids and any(s.sub_steps for s in program.steps[rank]):
+            result[rank] = _peak_inflight(program, rank)
+    return result
+
+
 def _peak_inflight(program: Program, rank: int) -> int:
-    """Running maximum of +1 per F end and -1 per B or W end, in the rank's order."""
-    ids = program.ids[rank]
-    if -1 in ids and any(s.sub_steps for s in program.steps[rank]):
-        changes = [
-            _ACTIVATIONS[CODES[leaf.kind]]
-            for s in program.steps[rank]
-            for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
-            if leaf.kind in CODES
-        ]  # an overlap's forward counts first
-    else:
-        changes = [_ACTIVATIONS[k & 7] for k in ids]  # -1 & 7 is 7: FSDP steps count 0
+    """`_peak_inflights` of a rank with composite steps: an overlap's forward counts first."""
+    changes = [
+        _ACTIVATIONS[CODES[leaf.kind]]
+        for s in program.steps[rank]
+        for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
+        if leaf.kind in CODES
+    ]
     return max(accumulate(changes, initial=0))
 
 
@@ -272,6 +291,7 @@ def _result(
     program = outcome.program
     makespan = max((ends[-1] for ends in outcome.end if ends), default=0.0)
     per_rank = []
+    peaks = _peak_inflights(program)
     for rank, row in enumerate(durations):
         busy = math.fsum(row)
         idle = max(makespan - busy, 0.0)
@@ -282,7 +302,7 @@ def _result(
                 idle,
                 idle / makespan if makespan else 0.0,
                 _ratio(idle, busy),
-                _peak_inflight(program, rank),
+                peaks[rank],
             )
         )
     busy = math.fsum(r.busy for r in per_rank)
