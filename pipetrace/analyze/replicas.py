@@ -164,19 +164,24 @@ def replica_findings(run: Run, findings: list[Finding]) -> list[Finding]:
 
 
 def _confined(run: Run, finding: Finding) -> Finding:
-    """A hang whose ranks outside collectives all belong to one replica, while ranks of
-    other replicas wait for it in a collective: say so."""
+    """A hang whose root (the deadlock's cycle, the stalled chain's last rank) lies in one
+    replica, while ranks of other replicas wait for it in a collective: say so. P2P waits
+    never leave a pipeline, so another replica is in the finding only through a collective."""
     if finding.kind not in (fk.DEADLOCK, fk.RANK_STALLED):
         return finding
-    blocked = finding.details.get("blocked", {})
-    waiting = {int(r): b["step"] for r, b in blocked.items() if b.get("op") == COLLECTIVE}
-    stuck = {run.pipelines.replica_of(r) for r in finding.ranks if r not in waiting}
-    if len(stuck) != 1 or not waiting:
+    details = finding.details
+    roots = details.get("cycle") or [details.get("terminal_rank")]
+    hung = {run.pipelines.replica_of(r) for r in roots if isinstance(r, int)}
+    blocked = details.get("blocked", {})
+    waiting = {
+        int(r): b["step"]
+        for r, b in blocked.items()
+        if b.get("op") == COLLECTIVE and run.pipelines.replica_of(int(r)) not in hung
+    }
+    if len(hung) != 1 or not waiting:
         return finding
-    (replica,) = stuck
-    others = sorted({run.pipelines.replica_of(r) for r in waiting} - stuck)
-    if not others:
-        return finding
+    (replica,) = hung
+    others = sorted({run.pipelines.replica_of(r) for r in waiting})
     steps = sorted(set(waiting.values()))
     what = sorted({_WAITING_IN.get(s.lstrip("0123456789"), "collective") for s in steps})
     words = ", ".join(f"replica {r}" for r in others)
@@ -185,7 +190,7 @@ def _confined(run: Run, finding: Finding) -> Finding:
         f"{'was' if len(others) == 1 else 'were'} waiting for it in the {' and '.join(what)} "
         f"({', '.join(steps)})"
     )
-    finding.details["replicas"] = {
+    details["replicas"] = {
         "hung": replica,
         "waiting": others,
         "waiting_ranks": sorted(waiting),
