@@ -61,8 +61,8 @@ class Fault:
     step: int | None = None
     """The training step (iteration, from 0) it happens in."""
     replica: int | None = None
-    """The replica (data-parallel pipeline) whose rank misbehaves; only with several
-    replicas (default 0), None otherwise."""
+    """The replica (data-parallel pipeline) whose rank misbehaves: default 0 with several
+    replicas; None (the only pipeline) without."""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -91,8 +91,9 @@ class Fault:
         return dataclasses.replace(self, rank=rank, step=step, replica=self._replica(where))
 
     def _replica(self, where: FaultTarget) -> int | None:
+        """None without data parallelism, so that a spec stays as it always was."""
         if where.replicas == 1:
-            if self.replica not in (None, 0):
+            if self.replica:
                 raise self.error("replica= needs --data-parallel 2 or more")
             return None
         replica = self.replica or 0
