@@ -113,3 +113,25 @@ def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
     )
     assert finding.details["replicas"]["hung"] == 1
     assert finding.details["replicas"]["waiting"] == [0]
+
+
+def test_torch_pipelining_groups_record_as_replicas(tmp_path):
+    """A torch.distributed.pipelining job of two pipeline groups records like the runtime."""
+    command = [str(TORCHRUN), "--nproc-per-node", "4", "--master-addr", "127.0.0.1"]
+    command += [
+        "--master-port",
+        str(free_port()),
+        str(Path(__file__).with_name("dp_pipelining.py")),
+    ]
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env=_env(PIPETRACE_DIR=str(run_dir))
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    analysis = analyze(load_run(run_dir, workers=0))
+    run = analysis.run
+    assert run.pipelines.groups == ((0, 1), (2, 3))
+    assert [r.header["pipeline_rank"] for r in run.ranks] == [0, 1, 0, 1]
+    assert {int(p) for p in run.ranks[3].p2p.peer} == {2}
+    assert not [f for f in analysis.findings if f.severity != fk.INFO]
+    assert analysis.replicas is not None and len(analysis.replicas.skew) == 2
