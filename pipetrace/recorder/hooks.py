@@ -15,10 +15,13 @@ from typing import Any, Protocol
 
 from pipetrace.schedule.ir import Plan, Step
 
+Config = dict[str, Any]
+"""A run's configuration as the recorder writes it (meta.json's and run_start's ``config``)."""
+
 
 @dataclass(frozen=True)
-class PipelinePlace:
-    """Where one pipeline sits in a job of several (data-parallel replicas): the runtime
+class Place:
+    """Where a pipeline sits in a job of several (data-parallel replicas): the runtime
     speaks of pipeline ranks (plan rows, P2P peers), the trace of global ranks, so the
     recorder needs both. ``pipelines[replica][pipeline_rank]`` is a global rank."""
 
@@ -48,13 +51,7 @@ class PipelinePlace:
 
 class RecorderHooks(Protocol):
     def begin_run(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        plan: Plan,
-        config: dict[str, Any],
-        place: PipelinePlace | None = None,
+        self, *, rank: int, world_size: int, plan: Plan, config: Config, place: Place | None = None
     ) -> None:
         """Once per rank after the process group is up; ``plan`` is the full plan (all ranks
         of the pipeline); ``rank`` and ``world_size`` are the pipeline's. ``place``: where the
@@ -105,15 +102,7 @@ class RecorderHooks(Protocol):
 class NullRecorder:
     """Records nothing. Every hook is a no-op."""
 
-    def begin_run(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        plan: Plan,
-        config: dict[str, Any],
-        place: PipelinePlace | None = None,
-    ) -> None:
+    def begin_run(self, **run: Any) -> None:
         pass
 
     def begin_iteration(self, iteration: int) -> None:

@@ -33,7 +33,7 @@ from pipetrace.recorder.device.anchor import Anchor
 from pipetrace.recorder.device.protocol import DeviceBackend
 from pipetrace.recorder.device.spans import DeviceSpan, PendingWork
 from pipetrace.recorder.device.timer import DeviceTimer, TimerSettings
-from pipetrace.recorder.hooks import PipelinePlace
+from pipetrace.recorder.hooks import Config, Place
 from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step
@@ -121,13 +121,7 @@ class Recorder:
     # -- lifecycle -------------------------------------------------------------------------
 
     def begin_run(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        plan: Plan,
-        config: dict[str, Any],
-        place: PipelinePlace | None = None,
+        self, *, rank: int, world_size: int, plan: Plan, config: Config, place: Place | None = None
     ) -> None:
         """``rank`` is the pipeline rank (its plan row); the log, the header and the clock
         exchange use the global rank ``place`` gives (the same without one)."""
@@ -164,7 +158,7 @@ class Recorder:
             self._watchdog = Watchdog(self)
             self._watchdog.start()
 
-    def _header(self, place: PipelinePlace | None) -> dict[str, Any]:
+    def _header(self, place: Place | None) -> dict[str, Any]:
         return fmt.HEADER.build(
             format=fmt.LOG_FORMAT,
             schema_version=fmt.SCHEMA_VERSION,

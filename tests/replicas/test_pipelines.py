@@ -4,7 +4,7 @@ and how findings name a global rank."""
 from __future__ import annotations
 
 from pipetrace.analyze.pipelines import Pipelines, pipelines_of, rank_name
-from pipetrace.recorder.hooks import PipelinePlace
+from pipetrace.recorder.hooks import Place
 
 
 def test_two_pipelines_map_global_and_pipeline_ranks():
@@ -33,9 +33,7 @@ def test_pipelines_come_from_meta_else_from_the_headers():
     meta = {"pipelines": [[0, 1], [2, 3]]}
     assert pipelines_of(meta, [], 4) == (Pipelines(((0, 1), (2, 3))), None)
     # a node's directory without meta.json: each header says its own pipeline
-    headers = [
-        PipelinePlace(rank, 4, ((0, 1), (2, 3))).header() | {"rank": rank} for rank in (3, 0)
-    ]
+    headers = [Place(rank, 4, ((0, 1), (2, 3))).header() | {"rank": rank} for rank in (3, 0)]
     assert pipelines_of({}, headers, 4) == (Pipelines(((0, 1), (2, 3))), None)
     assert pipelines_of({}, [{"rank": 0}], 4) == (Pipelines(), None)
 
@@ -46,7 +44,7 @@ def test_pipelines_that_do_not_split_the_world_are_a_problem():
 
 
 def test_a_place_writes_the_header_fields():
-    place = PipelinePlace(
+    place = Place(
         global_rank=14, world_size=16, pipelines=((0, 1, 2, 3, 4, 5, 6, 7), tuple(range(8, 16)))
     )
     assert place.header() == {
