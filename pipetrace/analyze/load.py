@@ -44,11 +44,11 @@ from pipetrace.analyze.model import (
     steps_of,
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
-from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.source import RunPaths, RunSource, open_source
 from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.gc_pause import gc_paused
-from pipetrace.limits import check_world_size
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
 
@@ -62,39 +62,25 @@ _PARALLEL_MIN_BYTES = 16 << 20
 
 
 def load_run(
-    path: str | Path, *, progress: Progress | None = None, workers: int | None = None
+    path: RunPaths | RunSource,
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
 ) -> Run:
-    """Load a run directory into one `Run`.
+    """Load a run: one directory, several (one per node) or a glob (`source.open_source`).
 
     ``workers``: processes for parsing (None: automatic, 0: parse in this process).
     """
-    run_dir = Path(path)
-    meta = read_meta(run_dir)
-    world_size = meta.get("world_size")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise TraceFormatError(f"{run_dir / fmt.META_FILE}: invalid world_size {world_size!r}")
-    logs = sorted(run_dir.glob("rank-*.ndjson"))
-    check_world_size(world_size, len(logs), str(run_dir / fmt.META_FILE))
-    problems: list[InputProblem] = []
-    paths = [fmt.rank_log_path(run_dir, r) for r in range(world_size)]
-    expected = {p.name for p in paths}
-    for extra in logs:
-        if extra.name not in expected:
-            problems.append(
-                InputProblem(
-                    "warning",
-                    f"{extra.name} is not a rank of this run (world size {world_size}): "
-                    "left over from another run; ignored",
-                )
-            )
-    assembly = _Assembly(meta, world_size, problems)
+    source = path if isinstance(path, RunSource) else open_source(path)
+    problems = list(source.problems)
+    assembly = _Assembly(source.meta, source.world_size, problems)
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        with _Parsing(paths, progress, workers) as parsing:
+        with _Parsing(source.logs, progress, workers) as parsing:
             for rank, raw in enumerate(parsing.in_rank_order()):
                 assembly.add(rank, raw)
-        return assembly.finish(run_dir)
+        return assembly.finish(source)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -338,10 +324,10 @@ class _Assembly:
         )
         self.ranks.append(timeline)
 
-    def finish(self, run_dir: Path) -> Run:
+    def finish(self, source: RunSource) -> Run:
         if not any(r.present for r in self.ranks):
             raise TraceFormatError(
-                f"{run_dir}: no usable event log ("
+                f"{source.path}: no usable event log ("
                 + "; ".join(p.message for p in self.problems if p.rank is not None)[:400]
                 + ")"
             )
@@ -364,7 +350,8 @@ class _Assembly:
         _note_clock_problems(self.ranks, quality, self.problems)
         _note_cut_logs(self.ranks, self.problems)
         return Run(
-            path=run_dir,
+            path=source.path,
+            directories=source.directories,
             meta=self.meta,
             plan=plan,
             world_size=self.world_size,
