@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze import clocks
+from pipetrace.analyze.host_clocks import align_hosts, host_groups
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
     OPEN,
@@ -340,9 +341,11 @@ class _Assembly:
                     row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
                 )
         match_messages(self.ranks)
-        offsets, quality = clocks.align(
-            [r for r in self.ranks if r.present], self.world_size, self.models
-        )
+        present = [r for r in self.ranks if r.present]
+        if len(host_groups(present)) > 1:  # one clock per host: align hosts
+            offsets, quality = align_hosts(present, self.models)
+        else:
+            offsets, quality = clocks.align(present, self.world_size, self.models)
         t0 = _shift_times(self.ranks, offsets)
         for rank in self.ranks:
             if rank.present:
@@ -580,7 +583,9 @@ def _note_clock_problems(
                 f"messages; aligned with {quality['model']} instead",
             )
         )
-    if quality.get("refined"):
+    if quality.get("refined") and "hosts" in quality:
+        _note_moved_hosts(ranks, quality["hosts"], problems)
+    elif quality.get("refined"):
         for rank in ranks:
             u = rank.clock.uncertainty_ns
             if u is not None and abs(rank.clock.correction_ns) > 2 * u + 100_000:
@@ -592,6 +597,28 @@ def _note_clock_problems(
                         rank.rank,
                     )
                 )
+
+
+def _note_moved_hosts(
+    ranks: list[RankTimeline], hosts: list[dict[str, Any]], problems: list[InputProblem]
+) -> None:
+    """A host whose correction goes beyond its recorded uncertainty: its exchange was off."""
+    by_rank = {r.rank: r for r in ranks}
+    for host in hosts:
+        u = by_rank[host["ranks"][0]].clock.uncertainty_ns
+        moved = host["correction_ns"]
+        if u is not None and abs(moved) > 2 * u + 100_000:
+            left = host["uncertainty_ns"]
+            problems.append(
+                InputProblem(
+                    "info",
+                    f"clocks: host {host['host']} ({len(host['ranks'])} ranks) moved "
+                    f"{moved / 1e3:+.0f} us, beyond its recorded uncertainty (+-{u / 1e3:.0f} "
+                    "us); "
+                    + ("now +-?" if left is None else f"now +-{left / 1e3:.0f} us")
+                    + " from the messages' order",
+                )
+            )
 
 
 def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> None:
