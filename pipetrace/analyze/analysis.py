@@ -105,7 +105,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "iterations": len(run.iterations()),
         "events": run.num_events,
         "t0_ns": run.t0_ns,
-        **({"directories": [str(d) for d in run.directories]} if len(run.directories) > 1 else {}),
+        "directories": [str(d) for d in run.directories],
     }
 
 

@@ -98,6 +98,15 @@ def align_hosts(
     return fns, quality
 
 
+def one_host(ranks: list[RankTimeline]) -> list[dict[str, Any]]:
+    """``hosts`` for a run on one host: the reference itself (its ranks are aligned one by
+    one, `clocks.align`)."""
+    (host, members), *_ = host_groups(ranks) or [("?", [])]
+    lead = min(ranks, key=_certainty, default=None)
+    offset = lead.clock.offset_start_ns if lead is not None else None
+    return [HostClock(host, members, offset, 0, 0).to_json()]
+
+
 def _certainty(rank: RankTimeline) -> int:
     return _uncertainty(rank) if rank.rank else -1  # rank 0 is the reference itself
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze import clocks
-from pipetrace.analyze.host_clocks import align_hosts, host_groups
+from pipetrace.analyze.host_clocks import align_hosts, host_groups, one_host
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
     OPEN,
@@ -346,6 +346,7 @@ class _Assembly:
             offsets, quality = align_hosts(present, self.models)
         else:
             offsets, quality = clocks.align(present, self.world_size, self.models)
+            quality["hosts"] = one_host(present)
         t0 = _shift_times(self.ranks, offsets)
         for rank in self.ranks:
             if rank.present:
@@ -583,7 +584,7 @@ def _note_clock_problems(
                 f"messages; aligned with {quality['model']} instead",
             )
         )
-    if quality.get("refined") and "hosts" in quality:
+    if quality.get("refined") and len(quality["hosts"]) > 1:
         _note_moved_hosts(ranks, quality["hosts"], problems)
     elif quality.get("refined"):
         for rank in ranks:

@@ -217,7 +217,7 @@ def _clock_line(cl: dict[str, Any]) -> Line:
     )
     return (
         f"  clocks: {cl.get('message_pairs_checked', 0)} "
-        + ("host" if "hosts" in cl else "rank")
+        + ("host" if len(cl.get("hosts", ())) > 1 else "rank")
         + f" pairs checked, {cl.get('early_receives_before', 0)} received before sent with "
         "recorded offsets" + refined + slack + _hosts_text(cl.get("hosts")),
         None,
@@ -226,7 +226,7 @@ def _clock_line(cl: dict[str, Any]) -> Line:
 
 def _hosts_text(hosts: list[dict[str, Any]] | None) -> str:
     """Each host's correction and remaining uncertainty (runs over several hosts)."""
-    if not hosts:
+    if not hosts or len(hosts) < 2:
         return ""
     parts = [
         f"{h['host']} ({len(h['ranks'])} ranks) "

@@ -76,10 +76,14 @@ def test_a_wrong_exchange_is_said_per_host(tmp_path):
     assert re.search(r"node-c \(2 ranks\) moved -1500 us.*now \+-\d+ us", notes[1])
 
 
-def test_one_host_keeps_per_rank_alignment(tmp_path):
-    FakeCluster.of("1f1b", ranks=2, microbatches=2, iterations=1).record(tmp_path / "run")
-    quality = load_run(tmp_path / "run", workers=0).clock_quality
-    assert quality["feasible"] and "hosts" not in quality  # one clock: nothing per host
+def test_one_host_is_the_reference_and_ranks_align_one_by_one(tmp_path):
+    FakeCluster.of(
+        "1f1b", ranks=2, microbatches=2, iterations=1, clock_errors_ns=[0, 3_000_000]
+    ).record(tmp_path / "run")
+    run = load_run(tmp_path / "run", workers=0)
+    [host] = run.clock_quality["hosts"]
+    assert host["ranks"] == [0, 1] and host["correction_ns"] == host["uncertainty_ns"] == 0
+    assert run.ranks[1].clock.correction_ns != 0  # the per-rank refinement, as before
 
 
 def test_a_run_split_by_host_is_aligned_as_one(tmp_path, truth):
