@@ -75,8 +75,9 @@ def align_hosts(
     fns = {r: models[leaders[host_of[r]]][names[leaders[host_of[r]]]] for r in by_rank}
     src, dst, post, done = message_pairs(ranks)
     slack = apply_offsets(fns, dst, done) - apply_offsets(fns, src, post)
-    h_src = np.array([host_of[r] for r in src.tolist()], np.int64)
-    h_dst = np.array([host_of[r] for r in dst.tolist()], np.int64)
+    host_index = np.zeros(max(host_of) + 1, np.int64)
+    host_index[list(host_of)] = list(host_of.values())
+    h_src, h_dst = host_index[src], host_index[dst]
     across = h_src != h_dst  # within a host one clock: nothing to learn
     bounds = tightest_bounds(h_src[across], h_dst[across], slack[across])
     recorded = [0] + [_uncertainty(by_rank[lead]) for lead in leaders[1:]]

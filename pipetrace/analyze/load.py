@@ -1,7 +1,9 @@
-"""Run directory -> `Run`: parallel per-rank parsing, validation, clock alignment, matching.
+"""Run directory (or several) -> `Run`: parallel per-rank parsing, validation, clock
+alignment, matching.
 
     from pipetrace.analyze.load import load_run
     run = load_run("runs/demo")                # raises TraceFormatError when unusable
+    run = load_run(["runs/node0", "runs/node1"])   # one run, a directory per node (source.py)
     run.ranks[1].steps.begin                    # ns since run.t0_ns, on rank 0's clock
 
 Each rank's log is parsed in a worker process (`parse.parse_rank_file`, streaming) once the
