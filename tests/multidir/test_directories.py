@@ -139,3 +139,15 @@ def test_the_loader_takes_a_gathered_source(split_sample):
     assert [log.parent for log in source.logs] == [split_sample[0], *[split_sample[1]] * 2]
     run = load_run(source, workers=0)
     assert run.directories == tuple(split_sample)
+
+
+def test_tui_and_export_refuse_two_runs_before_anything_else(two_runs, capsys):
+    for verb in ("tui", "export"):
+        assert main([verb, *map(str, two_runs)]) == 2
+        assert "two different runs" in capsys.readouterr().err
+    assert not list(two_runs[0].parent.glob("*.pftrace"))
+
+
+def test_export_writes_beside_the_directory_holding_meta_json(split_sample, capsys):
+    assert main(["export", str(split_sample[1]), str(split_sample[0]), "--workers", "0"]) == 0
+    assert (split_sample[0].parent / "node0.pftrace").stat().st_size > 0
