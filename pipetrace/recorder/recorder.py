@@ -165,7 +165,7 @@ class Recorder:
             rank=self.rank,
             world_size=self.world_size,
             pid=os.getpid(),
-            host=socket.gethostname(),
+            host=self.clock.host(),
             pipetrace_version=__version__,
             framework=self.framework,
             framework_version=self.framework_version,

@@ -1,15 +1,12 @@
 """Every replica recorded, for real: `pipetrace run --data-parallel 2 --fsdp`, and a 2-"node"
 job (two torchrun launches on 127.0.0.1 with a common c10d rendezvous, each node with its own
 PIPETRACE_DIR), pipeline degree 2 x data parallel 2, clean and with a hang on one rank of
-replica 1.
-
-Until several directories can be analyzed as one run, the nodes' directories are copied
-into one (a plain copy: rank logs are named by global rank, so they never collide)."""
+replica 1, analyzed as `pipetrace analyze node0/ node1/`."""
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +38,8 @@ def pipetrace_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=240, env=_env())
 
 
-def two_node_job(root: Path, *worker_args: str) -> Path:
-    """Both nodes' launches, at once; returns one directory holding every node's files."""
+def two_node_job(root: Path, *worker_args: str) -> list[Path]:
+    """Both nodes' launches, at once; returns each node's directory."""
     port, launches = free_port(), []
     root.mkdir()
     for node in (0, 1):
@@ -67,13 +64,7 @@ def two_node_job(root: Path, *worker_args: str) -> Path:
             if launch.poll() is None:
                 launch.kill()
                 launch.wait()
-    merged = root / "run"
-    merged.mkdir()
-    for node in (0, 1):
-        for path in (root / f"node{node}").iterdir():
-            if path.name != "run-id" or not (merged / path.name).exists():
-                shutil.copy(path, merged / path.name)
-    return merged
+    return [root / "node0", root / "node1"]
 
 
 def test_pipetrace_run_records_every_replica(tmp_path):
@@ -90,7 +81,9 @@ def test_pipetrace_run_records_every_replica(tmp_path):
 
 
 def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
-    clean = analyze(load_run(two_node_job(tmp_path / "clean"), workers=0))
+    nodes = two_node_job(tmp_path / "clean")
+    assert not (nodes[1] / fmt.META_FILE).exists()  # meta.json is where global rank 0 ran
+    clean = analyze(load_run(nodes, workers=0))
     run = clean.run
     assert [r.header.get("replica") for r in run.ranks] == [0, 0, 1, 1]
     assert run.pipelines.groups == ((0, 1), (2, 3))
@@ -101,18 +94,19 @@ def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
     assert not [f for f in clean.findings if f.severity != fk.INFO]
     assert clean.replicas is not None and len(clean.replicas.skew) == 2
 
-    hung = analyze(
-        load_run(two_node_job(tmp_path / "hang", "--inject", "hang:rank=1,replica=1"), workers=0)
-    )
-    (finding,) = [f for f in hung.findings if f.severity == fk.ERROR]
-    assert finding.kind == fk.RANK_STALLED and finding.details["terminal_rank"] == 3
-    assert "replica 1, stage 1, global rank 3 is still in 1F1" in finding.message
+    nodes = two_node_job(tmp_path / "hang", "--inject", "hang:rank=1,replica=1")
+    report = pipetrace_cli("analyze", "--json", *map(str, nodes))
+    assert report.returncode == 1, report.stderr
+    (finding,) = [f for f in json.loads(report.stdout)["findings"] if f["severity"] == fk.ERROR]
+    assert finding["kind"] == fk.RANK_STALLED and finding["details"]["terminal_rank"] == 3
+    message = finding["message"]
+    assert "replica 1, stage 1, global rank 3 is still in 1F1" in message
     assert (
         "the hang is confined to replica 1: replica 0 was waiting for it in the gradient "
-        "reduction" in finding.message
+        "reduction" in message
     )
-    assert finding.details["replicas"]["hung"] == 1
-    assert finding.details["replicas"]["waiting"] == [0]
+    assert finding["details"]["replicas"]["hung"] == 1
+    assert finding["details"]["replicas"]["waiting"] == [0]
 
 
 def test_torch_pipelining_groups_record_as_replicas(tmp_path):
