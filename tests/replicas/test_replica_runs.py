@@ -17,8 +17,10 @@ import pipetrace
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
+from pipetrace.export.layout import process_name
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.launch import free_port
+from pipetrace.tui.session import open_session
 
 pytestmark = pytest.mark.multiproc
 
@@ -93,6 +95,9 @@ def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
         assert (rank.p2p.match_rank >= 0).all()
     assert not [f for f in clean.findings if f.severity != fk.INFO]
     assert clean.replicas is not None and len(clean.replicas.skew) == 2
+    names = [process_name(run, rank) for rank in run.ranks]  # the export's process tracks
+    assert names[3] == "replica 1, stage 1, global rank 3"
+    assert open_session(nodes, workers=0).run.rank_name(2) == "replica 1, stage 0, global rank 2"
 
     nodes = two_node_job(tmp_path / "hang", "--inject", "hang:rank=1,replica=1")
     report = pipetrace_cli("analyze", "--json", *map(str, nodes))
