@@ -46,7 +46,7 @@ def _replica_lines(summary: ReplicaSummary | None) -> list[Line]:
     arrive = (
         "its last rank begins REDUCE_GRAD"
         if summary.reduction != "iteration end"
-        else ("its last rank ends the iteration")
+        else "its last rank ends the iteration"
     )
     for r in summary.replicas:
         lines.append(
@@ -80,9 +80,11 @@ def _run_lines(run: Run) -> list[Line]:
     """What ran, how each rank ended and what was wrong with the input."""
     s = run_summary(run)
     sched = s["schedule"] or {}
+    count = run.pipelines.count
+    replicas = f" ({count} replicas of {s['world_size'] // count})" if count > 1 else ""
     lines: list[Line] = [
         (
-            f"{run.path}: {sched.get('name', '?')}, {s['world_size']} ranks, "
+            f"{run.path}: {sched.get('name', '?')}, {s['world_size']} ranks{replicas}, "
             f"{s['num_stages']} stages, {s['num_microbatches']} micro-batches, "
             f"{s['iterations']} iterations, {s['events']:,} events",
             "bold",
