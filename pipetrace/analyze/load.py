@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.analyze import cache as column_cache
 from pipetrace.analyze import clocks
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
@@ -62,11 +63,16 @@ _PARALLEL_MIN_BYTES = 16 << 20
 
 
 def load_run(
-    path: str | Path, *, progress: Progress | None = None, workers: int | None = None
+    path: str | Path,
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    cache: bool = True,
 ) -> Run:
     """Load a run directory into one `Run`.
 
     ``workers``: processes for parsing (None: automatic, 0: parse in this process).
+    ``cache``: read and write the columnar cache beside the logs (`analyze.cache`).
     """
     run_dir = Path(path)
     meta = read_meta(run_dir)
@@ -91,7 +97,7 @@ def load_run(
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        with _Parsing(paths, progress, workers) as parsing:
+        with _Parsing(paths, progress, workers, cache) as parsing:
             for rank, raw in enumerate(parsing.in_rank_order()):
                 assembly.add(rank, raw)
         return assembly.finish(run_dir)
@@ -103,16 +109,23 @@ def load_run(
 class _Parsing:
     """The rank logs parsed in worker processes (or in this one for a small run), handed
     over in rank order so that the caller assembles rank r while the workers parse the next
-    ones."""
+    ones. With ``cache``, the logs whose cache entries are fresh are read from them here,
+    first, and only the others go to the workers (which cache what they parse)."""
 
-    def __init__(self, paths: list[Path], progress: Progress | None, workers: int | None) -> None:
+    def __init__(
+        self, paths: list[Path], progress: Progress | None, workers: int | None, cache: bool
+    ) -> None:
         self.paths, self.progress = paths, progress
+        self.read = column_cache.parse_and_store if cache else parse_rank_file
+        loaded = (column_cache.load(p) for p in paths) if cache else ()
+        self.cached = {p: raw for p, raw in zip(paths, loaded) if raw is not None}
+        self.stale = [p for p in paths if p not in self.cached]
         if workers is None:
-            size = sum(p.stat().st_size for p in paths if p.exists())
-            workers = len(paths) if size >= _PARALLEL_MIN_BYTES else 0
-        self.workers = worker_count(workers, len(paths))
+            size = sum(p.stat().st_size for p in self.stale if p.exists())
+            workers = len(self.stale) if size >= _PARALLEL_MIN_BYTES else 0
+        self.workers = worker_count(workers, len(self.stale))
         self._pool: ProcessPoolExecutor | None = None
-        self._futures: list[Future[RawRank]] = []
+        self._futures: dict[Path, Future[RawRank]] = {}
 
     def __enter__(self) -> _Parsing:
         if self.workers > 1:
@@ -127,7 +140,7 @@ class _Parsing:
                 initializer=exit_with_parent,
                 initargs=(os.getpid(),),
             )
-            self._futures = [self._pool.submit(parse_rank_file, p) for p in self.paths]
+            self._futures = {p: self._pool.submit(self.read, p) for p in self.stale}
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -140,16 +153,19 @@ class _Parsing:
 
     def in_rank_order(self) -> Iterator[RawRank]:
         for done, path in enumerate(self.paths, 1):
-            yield self._result(done - 1) if self._pool is not None else parse_rank_file(path)
+            if path in self.cached:
+                yield self.cached.pop(path)
+            else:
+                yield self._result(path) if path in self._futures else self.read(path)
             if self.progress:
                 self.progress(done, len(self.paths))
 
-    def _result(self, index: int) -> RawRank:
+    def _result(self, path: Path) -> RawRank:
         try:
-            return self._futures[index].result()
+            return self._futures[path].result()
         except BrokenProcessPool:  # every pending log fails with it: which one killed it is unknown
             raise PipetraceError(
-                f"a process parsing the logs died (out of memory?) before {self.paths[index].name} "
+                f"a process parsing the logs died (out of memory?) before {path.name} "
                 "was read; try again with --workers 0 to parse in one process"
             ) from None
 
