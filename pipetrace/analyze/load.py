@@ -46,6 +46,7 @@ from pipetrace.analyze.model import (
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.analyze.selection import RankSelection, format_rank_list
 from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.gc_pause import gc_paused
@@ -68,11 +69,13 @@ def load_run(
     progress: Progress | None = None,
     workers: int | None = None,
     cache: bool = True,
+    select: RankSelection | None = None,
 ) -> Run:
     """Load a run directory into one `Run`.
 
     ``workers``: processes for parsing (None: automatic, 0: parse in this process).
     ``cache``: read and write the columnar cache beside the logs (`analyze.cache`).
+    ``select``: load only these ranks; the others stand as `RankState.NOT_LOADED`.
     """
     run_dir = Path(path)
     meta = read_meta(run_dir)
@@ -93,14 +96,40 @@ def load_run(
                     "left over from another run; ignored",
                 )
             )
+    wanted = _selected(select, meta, world_size, problems)
     assembly = _Assembly(meta, world_size, problems)
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        with _Parsing(paths, progress, workers, cache) as parsing:
-            for rank, raw in enumerate(parsing.in_rank_order()):
-                assembly.add(rank, raw)
+        with _Parsing([paths[r] for r in wanted], progress, workers, cache) as parsing:
+            parsed = parsing.in_rank_order()
+            for rank, path in enumerate(paths):
+                if rank in wanted:
+                    assembly.add(rank, next(parsed))
+                else:
+                    assembly.ranks.append(_not_loaded(rank, path, select))
         return assembly.finish(run_dir)
+
+
+def _selected(
+    select: RankSelection | None,
+    meta: dict[str, Any],
+    world_size: int,
+    problems: list[InputProblem],
+) -> frozenset[int] | range:
+    """The ranks to load (all without ``select``); notes the restriction when there is one."""
+    if select is None:
+        return range(world_size)
+    wanted = select.resolve(meta, world_size)
+    if len(wanted) < world_size:
+        problems.append(
+            InputProblem(
+                "info",
+                f"only rank(s) {format_rank_list(wanted)} of {world_size} loaded "
+                f"({select.describe()}): what the others did is unknown",
+            )
+        )
+    return wanted
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -503,6 +532,18 @@ def _timeline(
 
 
 def _missing(rank: int, raw: RawRank) -> RankTimeline:
+    return _absent(
+        rank, Path(raw.path), RankStatus(RankState.MISSING, raw.error or "no usable log")
+    )
+
+
+def _not_loaded(rank: int, path: Path, select: RankSelection | None) -> RankTimeline:
+    why = f"left out by {select.describe()}" if select else "not loaded"
+    return _absent(rank, path, RankStatus(RankState.NOT_LOADED, why))
+
+
+def _absent(rank: int, path: Path, status: RankStatus) -> RankTimeline:
+    """A rank without a timeline: no usable log, or not loaded."""
     empty = np.empty(0, np.int64)
     return RankTimeline(
         rank=rank,
@@ -510,9 +551,9 @@ def _missing(rank: int, raw: RawRank) -> RankTimeline:
         steps=StepTable.empty(),
         p2p=P2PTable.empty(),
         iterations=IterationTable(np.empty(0, np.int32), empty, empty, np.empty(0)),
-        status=RankStatus(RankState.MISSING, raw.error or "no usable log"),
+        status=status,
         clock=ClockInfo(None, None, None, 0),
-        path=Path(raw.path),
+        path=path,
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.errors import EXIT_OK
 
 
@@ -87,6 +88,7 @@ class _Progress:
     default=None,
     help="Processes that parse rank logs (default: automatic; 0: none).",
 )
+@load_options
 def export(
     run_dir: str,
     output: str | None,
@@ -96,6 +98,7 @@ def export(
     timeout: float,
     no_findings: bool,
     workers: int | None,
+    loading: Loading,
 ) -> int:
     """Export a recorded run as a trace for ui.perfetto.dev (or chrome://tracing).
 
@@ -122,6 +125,7 @@ def export(
             run_dir,
             progress=lambda done, total: progress("loading rank logs", done / total),
             workers=workers,
+            **loading.kwargs(),
         )
         findings = None
         if not no_findings:

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import click
 
+from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.errors import EXIT_OK, EXIT_USAGE, PipetraceError
 
 
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-def tui(run_dir: Path) -> int:
+@load_options
+def tui(run_dir: Path, loading: Loading) -> int:
     """Inspect a recorded run interactively.
 
     A timeline of every rank (steps coloured by kind, P2P ops in flight, the plan beside what
@@ -20,8 +22,9 @@ def tui(run_dir: Path) -> int:
     press ? for the keys.
 
     \b
-    Example:
+    Examples:
       pipetrace tui runs/demo
+      pipetrace tui runs/big --replica 3      # one pipeline of a data-parallel job
     """
     from pipetrace.analyze.reader import read_meta
 
@@ -36,7 +39,7 @@ def tui(run_dir: Path) -> int:
         raise PipetraceError(
             "pipetrace tui needs a terminal (stdin and stdout); run it in a terminal"
         )
-    app = PipetraceApp(run_dir)
+    app = PipetraceApp(run_dir, load=loading.kwargs())
     app.run()
     if app.load_error:
         click.echo(f"pipetrace: error: {app.load_error}", err=True)
