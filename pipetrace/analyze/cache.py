@@ -31,7 +31,7 @@ import numpy as np
 import orjson
 
 from pipetrace.analyze.parse import P2P_COLUMNS, STEP_COLUMNS, RawRank, parse_rank_file
-from pipetrace.analyze.reader import LogProblems
+from pipetrace.analyze.reader import LogProblems, TraceFormatError, open_regular
 
 CACHE_DIR = ".pipetrace-cache"
 """The cache's directory inside a run directory (recording and merging ignore it)."""
@@ -43,6 +43,7 @@ _MAGIC = b"PTCOLS\x00\x01"
 _ALIGN = 64
 _TEXT_PARTS = (np.int8, np.int32, np.int32)  # `parse.parse_texts`: kind, stage, micro-batch
 _LOG = logging.getLogger(__name__)
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _PROBLEMS = asdict(LogProblems())
 
 
@@ -57,8 +58,9 @@ class LogKey:
 
     @classmethod
     def of(cls, log: Path) -> LogKey:
-        """The log's key now (OSError when it cannot be read)."""
-        with open(log, "rb") as handle:
+        """The log's key now (OSError when it cannot be read, TraceFormatError when it is not
+        a regular file: a FIFO must not block the load)."""
+        with open_regular(log) as handle:
             info = os.fstat(handle.fileno())
             digest = hashlib.blake2b(handle.read(_EDGE_BYTES), digest_size=16)
             if info.st_size > _EDGE_BYTES:
@@ -85,7 +87,7 @@ def load(log: Path) -> RawRank | None:
     """The cached columns of a log, or None when there is no fresh, whole entry."""
     try:
         key = asdict(LogKey.of(log))
-        with open(cache_path(log), "rb") as handle:
+        with open_regular(cache_path(log)) as handle:
             size = os.fstat(handle.fileno()).st_size
             index, start = _read_index(handle)
             if index["key"] != key:
@@ -95,8 +97,8 @@ def load(log: Path) -> RawRank | None:
             if handle.readinto(buffer) != size:
                 raise ValueError("short read")
         return _decode(log, index, memoryview(buffer)[start:])
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, TraceFormatError):
+        return None  # no entry, or no log to check it against (the parser says why)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         _LOG.debug("%s: cache entry ignored (%s)", log, exc)
         return None
@@ -106,19 +108,20 @@ def parse_and_store(log: Path) -> RawRank:
     """Parse the log and cache the result when the log held still while it was read."""
     try:
         key = LogKey.of(log)
-    except OSError:
+    except (OSError, TraceFormatError):
         return parse_rank_file(log)  # the parser says what is wrong with it
     raw = parse_rank_file(log)
     if raw.error is None and time.time_ns() - key.mtime_ns >= RECENT_NS:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, TraceFormatError):
             if LogKey.of(log) == key:
                 store(log, key, raw)
     return raw
 
 
 def store(log: Path, key: LogKey, raw: RawRank) -> None:
-    """Write the entry (a temporary file renamed into place, so readers see all or
-    nothing); a directory that cannot be written is skipped with a debug note."""
+    """Write the entry (a new temporary file renamed into place, so readers see all or
+    nothing, and no planted link is followed); a directory that cannot be written is skipped
+    with a debug note."""
     arrays = _arrays(raw)
     specs, offset = [], 0
     for name, array in arrays.items():
@@ -130,7 +133,9 @@ def store(log: Path, key: LogKey, raw: RawRank) -> None:
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(exist_ok=True)
-        with open(temporary, "wb") as handle:
+        if target.parent.is_symlink():
+            raise OSError(f"{target.parent} is a symbolic link")
+        with os.fdopen(os.open(temporary, _NEW_FILE, 0o644), "wb") as handle:
             handle.write(_MAGIC + len(index).to_bytes(8, "little") + index)
             for (_, _, _, at), array in zip(specs, arrays.values()):
                 handle.seek(start + at)

@@ -166,3 +166,16 @@ def test_the_flags_are_on_every_loading_command(capsys):
         assert main([command, "--help"]) == 0
         out = capsys.readouterr().out
         assert "--no-cache" in out and "--ranks" in out and "--replica" in out, command
+
+
+def test_planted_files_are_neither_followed_nor_waited_on(run, tmp_path, capsys):
+    plain = _analyze(run, capsys, "--no-cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / cache.CACHE_DIR).symlink_to(elsewhere)  # a link where the directory would go
+    assert _analyze(run, capsys) == plain
+    assert list(elsewhere.iterdir()) == []
+    (run / cache.CACHE_DIR).unlink()
+    (run / cache.CACHE_DIR).mkdir()
+    os.mkfifo(run / cache.CACHE_DIR / f"{fmt.rank_log_name(0)}.cols")  # would block a read
+    assert _analyze(run, capsys) == plain
