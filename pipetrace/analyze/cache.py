@@ -22,27 +22,33 @@ import contextlib
 import hashlib
 import logging
 import os
+import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from pipetrace import __version__, interning
+from pipetrace.analyze import model, parse, reader
 from pipetrace.analyze.parse import P2P_COLUMNS, STEP_COLUMNS, RawRank, parse_rank_file
 from pipetrace.analyze.reader import LogProblems, TraceFormatError, open_regular
+from pipetrace.recorder import format as fmt
 
 CACHE_DIR = ".pipetrace-cache"
 """The cache's directory inside a run directory (recording and merging ignore it)."""
 CACHE_VERSION = 1
-"""Bump when `RawRank` or the meaning of a parsed column changes."""
+"""Bump when the entry's layout changes (a changed parser makes entries stale by itself)."""
 RECENT_NS = 2 * 10**9
 _EDGE_BYTES = 4 << 10
 _MAGIC = b"PTCOLS\x00\x01"
 _ALIGN = 64
 _TEXT_PARTS = (np.int8, np.int32, np.int32)  # `parse.parse_texts`: kind, stage, micro-batch
 _LOG = logging.getLogger(__name__)
+_PARSER_MODULES = (parse, reader, model, interning, fmt, sys.modules[__name__])
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _PROBLEMS = asdict(LogProblems())
 
@@ -69,14 +75,16 @@ class LogKey:
         return cls(_format_version(), info.st_size, info.st_mtime_ns, digest.hexdigest())
 
 
+@cache
 def _format_version() -> str:
-    """The cache version with the columns' names and dtypes: a parser change that alters
-    them makes older entries stale by itself."""
-    columns = [
-        f"{name}:{np.dtype(dtype).str}" for name, dtype in {**STEP_COLUMNS, **P2P_COLUMNS}.items()
-    ]
-    names = [f.name for f in fields(RawRank)] + [f.name for f in fields(LogProblems)]
-    return f"{CACHE_VERSION}/" + ",".join(columns + names)
+    """The cache version and a hash of the source of every module that decides what a log
+    parses to: any change to the parser (a new pipetrace, or a developer's edit) makes older
+    entries stale by itself, so no entry outlives the code that made it."""
+    digest = hashlib.blake2b(f"{CACHE_VERSION}/{__version__}".encode(), digest_size=16)
+    for module in _PARSER_MODULES:
+        with contextlib.suppress(OSError, TypeError):  # no source (a frozen install): version only
+            digest.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]
+    return digest.hexdigest()
 
 
 def cache_path(log: Path) -> Path:
