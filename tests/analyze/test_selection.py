@@ -5,9 +5,10 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from pipetrace.analyze.selection import format_rank_list, parse_rank_list
+from pipetrace.analyze.selection import RankSelection, format_rank_list, parse_rank_list
 from pipetrace.cli import main
 from pipetrace.testing.cluster import FakeCluster
+from pipetrace.tui.session import open_session
 
 
 def test_rank_lists_read_and_write_back():
@@ -68,3 +69,12 @@ def test_a_bad_selection_is_a_usage_error(hung_run, capsys, flags, said):
     assert main(["analyze", str(hung_run), *flags]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err
+
+
+def test_export_and_the_tui_load_the_selection(hung_run, tmp_path):
+    out = tmp_path / "part.pftrace"
+    assert main(["export", str(hung_run), "--ranks", "0-1", "-o", str(out), "--no-cache"]) == 0
+    assert out.stat().st_size > 0
+    session = open_session(hung_run, select=RankSelection(ranks=frozenset({2, 3})), cache=False)
+    assert [r.status.state for r in session.run.ranks[:2]] == ["not_loaded"] * 2
+    assert all(r.present for r in session.run.ranks[2:])
