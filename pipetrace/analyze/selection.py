@@ -41,9 +41,18 @@ def format_rank_list(numbers: frozenset[int] | set[int]) -> str:
 
 
 def replica_of_ranks(meta: dict[str, Any], world_size: int) -> list[int]:
-    """The data-parallel replica of each global rank: consecutive blocks of the pipeline
-    size, the layout `pipetrace run --data-parallel D` uses (replica = rank // P, with
-    P = world_size // D); one replica when meta.json's config names no data parallelism."""
+    """The data-parallel replica of each global rank: from meta.json's ``pipelines``
+    (``pipelines[replica]`` lists that replica's global ranks) when it has them, else
+    consecutive blocks of the pipeline size, the layout `pipetrace run --data-parallel D`
+    uses (replica = rank // P, P = world_size // D); one replica when neither says more."""
+    groups = meta.get("pipelines")
+    if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
+        replica = [0] * world_size
+        for number, ranks in enumerate(groups):
+            for rank in ranks:
+                if type(rank) is int and 0 <= rank < world_size:
+                    replica[rank] = number
+        return replica
     config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     replicas = config.get("data_parallel", 1)
     if type(replicas) is not int or replicas < 1 or world_size % replicas:

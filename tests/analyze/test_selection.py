@@ -5,7 +5,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from pipetrace.analyze.selection import RankSelection, format_rank_list, parse_rank_list
+from pipetrace.analyze.selection import (
+    RankSelection,
+    format_rank_list,
+    parse_rank_list,
+    replica_of_ranks,
+)
 from pipetrace.cli import main
 from pipetrace.testing.cluster import FakeCluster
 from pipetrace.tui.session import open_session
@@ -78,3 +83,9 @@ def test_export_and_the_tui_load_the_selection(hung_run, tmp_path):
     session = open_session(hung_run, select=RankSelection(ranks=frozenset({2, 3})), cache=False)
     assert [r.status.state for r in session.run.ranks[:2]] == ["not_loaded"] * 2
     assert all(r.present for r in session.run.ranks[2:])
+
+
+def test_replicas_follow_the_pipelines_meta_json_names():
+    assert replica_of_ranks({"pipelines": [[0, 2], [1, 3]]}, 4) == [0, 1, 0, 1]
+    assert replica_of_ranks({"config": {"data_parallel": 2}}, 4) == [0, 0, 1, 1]
+    assert replica_of_ranks({"config": {"data_parallel": 3}}, 4) == [0, 0, 0, 0]
