@@ -44,7 +44,8 @@ def replica_of_ranks(meta: dict[str, Any], world_size: int) -> list[int]:
     """The data-parallel replica of each global rank: from meta.json's ``pipelines``
     (``pipelines[replica]`` lists that replica's global ranks) when it has them, else
     consecutive blocks of the pipeline size, the layout `pipetrace run --data-parallel D`
-    uses (replica = rank // P, P = world_size // D); one replica when neither says more."""
+    uses (replica = rank // P, P = the config's ``ranks``); one replica when neither says
+    more, or when the world is one pipeline (older runs recorded replica 0 only)."""
     groups = meta.get("pipelines")
     if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
         replica = [0] * world_size
@@ -54,10 +55,13 @@ def replica_of_ranks(meta: dict[str, Any], world_size: int) -> list[int]:
                     replica[rank] = number
         return replica
     config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
-    replicas = config.get("data_parallel", 1)
-    if type(replicas) is not int or replicas < 1 or world_size % replicas:
-        replicas = 1
-    per_replica = world_size // replicas
+    replicas, per_replica = config.get("data_parallel"), config.get("ranks")
+    if type(replicas) is not int or replicas < 1:
+        return [0] * world_size
+    if type(per_replica) is not int:
+        per_replica = world_size // replicas
+    if per_replica < 1 or per_replica * replicas != world_size:  # only one replica recorded
+        return [0] * world_size
     return [rank // per_replica for rank in range(world_size)]
 
 

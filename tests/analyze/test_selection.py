@@ -89,3 +89,5 @@ def test_replicas_follow_the_pipelines_meta_json_names():
     assert replica_of_ranks({"pipelines": [[0, 2], [1, 3]]}, 4) == [0, 1, 0, 1]
     assert replica_of_ranks({"config": {"data_parallel": 2}}, 4) == [0, 0, 1, 1]
     assert replica_of_ranks({"config": {"data_parallel": 3}}, 4) == [0, 0, 0, 0]
+    only_replica_0 = {"config": {"data_parallel": 2, "ranks": 4}}
+    assert replica_of_ranks(only_replica_0, 4) == [0, 0, 0, 0]
