@@ -8,6 +8,7 @@ import time
 import click
 
 from pipetrace.cli.load_options import Loading, load_options
+from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
 
 
@@ -48,8 +49,8 @@ class _LazyProgress:
             self.bar.stop()
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.command(epilog=RUN_DIRS_HELP)
+@run_dirs
 @click.option(
     "--json", "as_json", is_flag=True, help="Findings and metrics as JSON (docs/analyze.md)."
 )
@@ -64,7 +65,11 @@ class _LazyProgress:
 )
 @load_options
 def analyze(
-    run_dir: str, as_json: bool, workers: int | None, no_segments: bool, loading: Loading
+    run_dirs: tuple[str, ...],
+    as_json: bool,
+    workers: int | None,
+    no_segments: bool,
+    loading: Loading,
 ) -> int:
     """Diagnose a recorded run: hangs, failures, message problems, plan divergence,
     stragglers, exposed communication; then iteration time, bubbles, per-stage step
@@ -76,6 +81,8 @@ def analyze(
     Examples:
       pipetrace run -s 1f1b -p 4 -m 8 --out runs/a && pipetrace analyze runs/a
       pipetrace analyze runs/a --json | jq '.findings[] | select(.severity == "error")'
+      pipetrace analyze runs/node0 runs/node1     # one run, a directory per node
+      pipetrace analyze 'runs/node*'              # the same, as a glob
       pipetrace analyze runs/big --ranks 0-3,8    # only these ranks
       pipetrace analyze runs/big --replica 1      # only replica 1's pipeline
     """
@@ -85,7 +92,7 @@ def analyze(
 
     progress = _LazyProgress()
     try:
-        run = load_run(run_dir, progress=progress, workers=workers, **loading.kwargs())
+        run = load_run(run_dirs, progress=progress, workers=workers, **loading.kwargs())
     finally:
         progress.close()
     result = run_analysis(run)

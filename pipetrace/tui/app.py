@@ -25,6 +25,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import ContentSwitcher, Footer, Static
 
+from pipetrace.analyze.source import RunSource
 from pipetrace.errors import PipetraceError
 from pipetrace.tui import units
 from pipetrace.tui.commands import PipetraceCommands
@@ -109,7 +110,7 @@ class PipetraceApp(App[int]):
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | RunSource,
         *,
         session: Session | None = None,
         workers: int | None = None,
@@ -117,7 +118,8 @@ class PipetraceApp(App[int]):
     ) -> None:
         """``load``: more of `load_run`'s options (``cache``, ``select``)."""
         super().__init__()
-        self.path = Path(path)
+        self.source = path  # what is loaded: a directory, or a run gathered from several
+        self.path = path.path if isinstance(path, RunSource) else Path(path)
         self.nav: Navigator | None = None  # exists once the run is loaded
         self.panel = "details"
         self.load_error: str | None = None  # why the run could not be loaded (exit code 2)
@@ -177,7 +179,7 @@ class PipetraceApp(App[int]):
         try:
             with _stderr_with_fileno():
                 session = open_session(
-                    self.path,
+                    self.source,
                     progress=self._progress_from_thread,
                     workers=self._parse_workers,
                     **self._load_options,
