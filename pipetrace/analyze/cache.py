@@ -94,11 +94,10 @@ def cache_path(log: Path) -> Path:
 def load(log: Path) -> RawRank | None:
     """The cached columns of a log, or None when there is no fresh, whole entry."""
     try:
-        key = asdict(LogKey.of(log))
         with open_regular(cache_path(log)) as handle:
             size = os.fstat(handle.fileno()).st_size
             index, start = _read_index(handle)
-            if index["key"] != key:
+            if index["key"] != asdict(LogKey.of(log)):
                 return None
             buffer = bytearray(size)
             handle.seek(0)
@@ -135,7 +134,11 @@ def store(log: Path, key: LogKey, raw: RawRank) -> None:
     for name, array in arrays.items():
         specs.append([name, array.dtype.str, len(array), offset])
         offset += -(-array.nbytes // _ALIGN) * _ALIGN
-    index = orjson.dumps({"key": asdict(key), "fields": _fields(raw), "arrays": specs})
+    try:
+        index = orjson.dumps({"key": asdict(key), "fields": _fields(raw), "arrays": specs})
+    except orjson.JSONEncodeError as exc:  # cannot happen for decoded JSON; never fail a load
+        _LOG.debug("%s: not cached (%s)", log, exc)
+        return
     start = _data_start(len(index))
     target = cache_path(log)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
