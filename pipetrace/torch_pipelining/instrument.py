@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.recorder.hooks import Place, RecorderHooks
 from pipetrace.schedule.ir import Plan, Step, StepKind
 from pipetrace.torch_pipelining.messages import OP_SOURCES, MessageLog
 from pipetrace.torch_pipelining.steps import Entry, Key, StepIndex
@@ -41,10 +41,33 @@ def stages_of(schedule: Any) -> list[Any]:
     return list(schedule._stages)
 
 
+def device_of(schedule: Any) -> Any:
+    """The torch device this rank's stages run on (for device timing on CUDA)."""
+    return stages_of(schedule)[0].device
+
+
+def _stream_getter(device: Any) -> Callable[[], Any] | None:
+    """On CUDA, the current-stream function for ``device``; None elsewhere (host times are
+    then device times)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    return lambda: torch.cuda.current_stream(device)
+
+
 def rank_and_size(schedule: Any) -> tuple[int, int]:
     """This process's rank in the pipeline group and the group's size (the plan's ranks)."""
     stage = stages_of(schedule)[0]
     return stage.group_rank, stage.group_size
+
+
+def place_of(schedule: Any) -> Place | None:
+    """Where the pipeline group sits in a job of several (data-parallel replicas), as the
+    runtime's torch backend finds it; None when the group is the world."""
+    from pipetrace.runtime.torch_backend import TorchBackend
+
+    return TorchBackend(group=stages_of(schedule)[0].group).pipeline_place()
 
 
 class Instrumentation:
@@ -56,9 +79,9 @@ class Instrumentation:
         self.schedule = schedule
         self.recorder = recorder
         self.index = StepIndex(plan, rank)
-        self.messages = MessageLog(recorder)
         self.single = isinstance(schedule, schedules.PipelineScheduleSingle)
         self.stages = stages_of(schedule)
+        self.messages = MessageLog(recorder, _stream_getter(self.stages[0].device))
         self.holds_last = any(stage.is_last for stage in self.stages)
         self.iteration = -1
         self.messages_failed = False
