@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from pipetrace.cli.run_options import run_options
-from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
+from pipetrace.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS
 from pipetrace.recorder import run_dir
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.fault_spec import FAULT_HELP
@@ -62,6 +62,14 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     result = launch(
         [config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}")
     )
+    if result.interrupted is not None:
+        kept = (
+            f"; recording kept in {config.out}"
+            if recorded and _holds_a_recording(Path(config.out))
+            else ""
+        )
+        click.echo(f"interrupted: {result.interrupted} ranks stopped{kept}", err=True)
+        return EXIT_INTERRUPTED
     if result.failures:
         first, *others = result.failures
         click.echo(f"pipetrace: error: rank {first.rank} failed: {first.error}", err=True)
