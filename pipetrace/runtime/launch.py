@@ -19,6 +19,7 @@ terminates and kills them. Ranks also ask Linux to kill them if the launcher die
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import signal
@@ -41,6 +42,7 @@ from pipetrace.runtime.config import (
     WorkerSpec,
 )
 from pipetrace.runtime.results import LaunchResult, RankFailure, describe_error
+from pipetrace.runtime.watchdog_ends import WAITING, last_stall
 from pipetrace.schedule.ir import StepKind
 
 _POLL_SECONDS = 0.1
@@ -115,7 +117,23 @@ def launch(
         run_workers(cases, payload, result, on_loss, kill_grace)
     else:
         _run_ranks(payload, result, on_loss, kill_grace)
+    _name_the_hang(result, {case.out for case in cases if case.out and case.record != "off"})
     return result
+
+
+def _name_the_hang(result: LaunchResult, run_dirs: set[str]) -> None:
+    """Describe each rank its watchdog ended by where its last stall found it (from the
+    recording in ``run_dirs``), so that the rank stuck in a step comes first and those that
+    waited for a peer follow it."""
+    watchdog_end = describe_exit(WATCHDOG_EXIT_CODE)
+    for i, failure in enumerate(result.failures):
+        if failure.error != watchdog_end:
+            continue
+        stalls = (last_stall(d, failure.rank) for d in sorted(run_dirs))
+        stuck = next(filter(None, stalls), None)
+        if stuck is not None:
+            result.failures[i] = dataclasses.replace(failure, error=stuck.describe())
+    _order(result.failures)
 
 
 def _run_ranks(
@@ -153,13 +171,18 @@ def _torch_rank_env(rank: int, world_size: int) -> dict[str, str]:
     }
 
 
-# Errors a rank gets because a peer died: they say little about the cause, so a rank
+# Errors a rank gets because a peer died or hung: they say little about the cause, so a rank
 # that failed any other way is named first even if its failure was noticed a moment later.
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "killed: still running")
+_FOLLOWS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "killed: still running",
+    WAITING,
+)
 
 
 def _is_consequence(failure: RankFailure) -> bool:
-    return any(marker in failure.error for marker in _PEER_LOST)
+    return any(marker in failure.error for marker in _FOLLOWS)
 
 
 class RankProcess:
@@ -306,7 +329,12 @@ def supervise(
         result.interrupted = supervisor.wind_down(INTERRUPT_GRACE)
     result.results.update(supervisor.results)
     result.failures.extend(supervisor.failed.values())
-    result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
+    _order(result.failures)
+
+
+def _order(failures: list[RankFailure]) -> None:
+    """Earliest first, those that follow from another rank's failure or hang last."""
+    failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
 
 
 def describe_exit(code: int) -> str:
