@@ -122,17 +122,21 @@ def launch(
 
 
 def _name_the_hang(result: LaunchResult, run_dirs: set[str]) -> None:
-    """Describe each rank its watchdog ended by where its last stall found it (from the
-    recording in ``run_dirs``), so that the rank stuck in a step comes first and those that
-    waited for a peer follow it."""
+    """Describe each rank that its watchdog ended, or that was killed still running, by where
+    its last stall found it (in the recording in ``run_dirs``), so that the rank stuck in a
+    step comes first and those that waited for a peer follow it."""
     watchdog_end = describe_exit(WATCHDOG_EXIT_CODE)
     for i, failure in enumerate(result.failures):
-        if failure.error != watchdog_end:
+        if failure.error == watchdog_end:
+            ended = "its watchdog ended it"
+        elif failure.error.startswith(_KILLED):
+            ended = f"then {failure.error}"
+        else:
             continue
         stalls = (last_stall(d, failure.rank) for d in sorted(run_dirs))
         stuck = next(filter(None, stalls), None)
         if stuck is not None:
-            result.failures[i] = dataclasses.replace(failure, error=stuck.describe())
+            result.failures[i] = dataclasses.replace(failure, error=stuck.describe(ended))
     _order(result.failures)
 
 
@@ -171,18 +175,17 @@ def _torch_rank_env(rank: int, world_size: int) -> dict[str, str]:
     }
 
 
-# Errors a rank gets because a peer died or hung: they say little about the cause, so a rank
-# that failed any other way is named first even if its failure was noticed a moment later.
-_FOLLOWS = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "killed: still running",
-    WAITING,
-)
+# Errors a rank gets because a peer died: they say little about the cause, so a rank that
+# failed any other way is named first even if its failure was noticed a moment later. So are
+# ranks killed while still running, or stalled waiting for a peer (how their error begins).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+_KILLED = "killed: still running"
 
 
 def _is_consequence(failure: RankFailure) -> bool:
-    return any(marker in failure.error for marker in _FOLLOWS)
+    return failure.error.startswith((_KILLED, WAITING)) or any(
+        marker in failure.error for marker in _PEER_LOST
+    )
 
 
 class RankProcess:
@@ -284,7 +287,7 @@ class _Supervisor:
             if rank.rank not in self.failed:
                 self.failed[rank.rank] = RankFailure(
                     rank.rank,
-                    f"killed: still running {kill_grace:g} s after rank {first.rank} failed",
+                    f"{_KILLED} {kill_grace:g} s after rank {first.rank} failed",
                     at=now,
                 )
         self.close()

@@ -4,7 +4,8 @@ A rank ended by its watchdog (`WATCHDOG_EXIT_CODE`) reports nothing over its pip
 stuck, and the watchdog ends the process from its own thread. Its `stall` event in the run
 directory says where it was. Every rank of a hung pipeline stalls, most of them waiting in a
 send or recv for a peer; the one stuck elsewhere (inside a compute step, between steps) is
-the hang, and the launcher names it first, with its step.
+the hang, and the launcher names it first, with its step, whether its watchdog ended it or
+the launcher killed it after a peer's end.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ TAIL_BYTES = 4 << 20
 """How much of the end of a rank log is searched for its last stall (a stall with every
 thread's stack is a few KiB)."""
 
-WAITING = "ended by its watchdog: waiting"
-"""How the error of a rank that stalled waiting on a peer begins: it follows the hang."""
+WAITING = "waiting for "
+"""How the description of a rank that stalled waiting on peers begins: it follows the hang."""
 
 
 @dataclass(frozen=True)
@@ -38,20 +39,17 @@ class Stuck:
     waiting_in: str | None
     """A collective outside iterations (the end-of-run clock exchange), if it waits in one."""
 
-    def describe(self) -> str:
-        """The launcher's description of the rank's end."""
+    def describe(self, ended: str) -> str:
+        """The launcher's description of the rank's end; ``ended`` says what ended it."""
         where = f" in step {self.step}" if self.step else ""
         if self.step and self.iteration is not None:
             where += f" (iteration {self.iteration})"
+        idle = f"no progress for {self.idle_s:.0f} s"
         if self.peer is not None:
-            return f"{WAITING} for rank {self.peer}{where}, no progress for {self.idle_s:.0f} s"
+            return f"{WAITING}rank {self.peer}{where}, {idle} ({ended})"
         if self.waiting_in:
-            return f"{WAITING} for its peers in {self.waiting_in}"
-        where = where or " between steps"
-        return (
-            f"hung{where}: its watchdog found no progress for {self.idle_s:.0f} s and ended it "
-            "(stall and stacks in the trace)"
-        )
+            return f"{WAITING}its peers in {self.waiting_in}, {idle} ({ended})"
+        return f"hung{where or ' between steps'}: {idle} ({ended}; stall and stacks in the trace)"
 
 
 def last_stall(run_dir: str | Path, rank: int) -> Stuck | None:
