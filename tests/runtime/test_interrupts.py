@@ -81,9 +81,7 @@ def test_ctrl_c_stops_the_ranks_keeps_the_recording_and_analyze_says_interrupted
 def test_the_hang_headline_names_the_rank_stuck_in_a_step(tmp_path):
     out = tmp_path / "run"
     launcher = _start_run(
-        ["-s", "1f1b", "-p", "3", "-m", "4", "-n", "2", "--inject", "hang:rank=1"]
-        + ["--stall-timeout", "1", "--abort-timeout", "1"],
-        out,
+        ["-s", "1f1b", "-p", "3", "-m", "4", "-n", "2", "--inject", "hang:rank=1"], out
     )
     try:
         _, err = launcher.communicate(timeout=120)
