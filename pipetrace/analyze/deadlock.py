@@ -274,11 +274,8 @@ def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str,
             "very slow step)",
         )
     if ending.state == en.INTERRUPTED:
-        return (
-            en.INTERRUPTED,
-            f"rank {rank_id} was interrupted by the user {at.phrase}; {never}",
-            "the user interrupted the run (Ctrl-C) before the message came",
-        )
+        what = f"rank {rank_id} was interrupted by the user {at.phrase}; {never}"
+        return en.INTERRUPTED, what, "the user interrupted the run (Ctrl-C) before the message came"
     if ending.state == en.HUNG:
         return (
             en.HUNG,
