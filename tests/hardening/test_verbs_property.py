@@ -3,8 +3,9 @@
 
 `tests/analyze/test_damage_property.py` holds the rule for what damage must be reported and
 runs the verbs' library paths on many mutations; this test runs the commands themselves
-(`analyze`, `analyze --json`, `export`, `diff`, and the TUI app headless, as `pipetrace tui`
-runs it, which needs a terminal) on a few, derandomized so the suite stays fast and stable.
+(`analyze`, `analyze --json`, `export`, `diff`, `merge`, and the TUI app headless, as
+`pipetrace tui` runs it, which needs a terminal) on a few, derandomized so the suite stays
+fast and stable.
 """
 
 from __future__ import annotations
@@ -85,4 +86,5 @@ def test_every_verb_survives_a_damaged_run(tmp_path_factory, capsys, sample, ran
     assert run_verb(capsys, "analyze", str(run), "--json") == analyzed
     run_verb(capsys, "export", str(run), "-o", str(run.parent / "run.pftrace"))
     run_verb(capsys, "diff", str(SAMPLES / sample), str(run))
+    run_verb(capsys, "merge", str(run), "-o", str(run.parent / "merged"))
     assert asyncio.run(asyncio.wait_for(tui_exit_code(run), SECONDS_PER_VERB)) in (0, 2)
