@@ -13,7 +13,13 @@ Failure handling: when a rank fails, its peers usually fail within a second (glo
 "connection closed" to anyone waiting on it); a peer blocked elsewhere fails at the
 process-group timeout at the latest. The launcher gives survivors ``kill_grace`` seconds
 after the first failure to exit on their own (so their recorders can log the error), then
-terminates and kills them. Ranks also ask Linux to kill them if the launcher dies.
+terminates and kills them. Ranks also ask Linux to kill them if the launcher dies. A rank
+its watchdog ended is described by its last stall in the run directory (`watchdog_ends`), so
+the rank stuck in a step heads the failures, not the first that waited for it.
+
+Ctrl-C: the ranks get the interrupt (from the terminal, and passed on from here), record
+where they were and end within `INTERRUPT_GRACE` seconds, or are terminated; the result then
+says how many were still running (`LaunchResult.interrupted`).
 """
 
 from __future__ import annotations
