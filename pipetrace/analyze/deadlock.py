@@ -342,11 +342,11 @@ def find_hangs(run: Run) -> list[Finding]:
     waiting = en.waiting_outside_iterations(run)
     endings = en.rank_endings(run)
     for rank in run.present_ranks:
+        state = endings[rank.rank].state
+        watched = rank.status.state in (RankState.STALLED, RankState.ABORTED)
         if (
-            rank.status.state in (RankState.STALLED, RankState.ABORTED)
-            and rank.rank not in in_findings
-            and endings[rank.rank].state != en.INTERRUPTED
-        ):
+            (watched and state != en.INTERRUPTED) or state in (en.COMPUTING, en.HUNG)
+        ) and rank.rank not in in_findings:
             if rank.rank in waiting:
                 findings.append(_stalled_at_end(run, rank, waiting))
                 continue

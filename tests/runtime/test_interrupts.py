@@ -45,6 +45,18 @@ def _wait_for_line(stream, marker: str, timeout: float = 120) -> None:
     raise AssertionError(f"no {marker!r} before the run ended or {timeout} s passed")
 
 
+def _interrupt(launcher: subprocess.Popen, stream, marker: str) -> str:
+    """Ctrl-C once ``marker`` shows in ``stream``; the rest of stderr."""
+    try:
+        _wait_for_line(stream, marker)
+        os.killpg(launcher.pid, signal.SIGINT)
+        return launcher.communicate(timeout=60)[1]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
 def _analysis(run_dir: Path, capsys) -> tuple[int, dict]:
     capsys.readouterr()
     code = main(["analyze", str(run_dir), "--json"])
@@ -55,14 +67,7 @@ def _analysis(run_dir: Path, capsys) -> tuple[int, dict]:
 def test_ctrl_c_stops_the_ranks_keeps_the_recording_and_analyze_says_interrupted(tmp_path, capsys):
     out = tmp_path / "run"
     launcher = _start_run(["-s", "1f1b", "-p", "3", "-m", "4", "-n", "100000"], out)
-    try:
-        _wait_for_line(launcher.stdout, "step 3 ")
-        os.killpg(launcher.pid, signal.SIGINT)
-        _, err = launcher.communicate(timeout=60)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+    err = _interrupt(launcher, launcher.stdout, "step 3 ")
     assert launcher.returncode == 130
     assert err == f"interrupted: 3 ranks stopped; recording kept in {out}\n"
 
@@ -75,6 +80,24 @@ def test_ctrl_c_stops_the_ranks_keeps_the_recording_and_analyze_says_interrupted
     kinds = {f["kind"] for f in analysis["findings"]}
     assert not kinds & {"rank_failed", "rank_stalled", "deadlock"}, analysis["findings"]
     assert code == 0
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_after_a_hang_keeps_the_hang_as_its_cause(tmp_path, capsys):
+    out = tmp_path / "run"
+    hang = ["-s", "1f1b", "-p", "3", "-m", "4", "-n", "2", "--inject", "hang:rank=1"]
+    launcher = _start_run([*hang, "--abort-timeout", "0"], out)
+    err = _interrupt(launcher, launcher.stderr, "rank 1: no progress")
+    assert launcher.returncode == 130 and "Traceback" not in err
+
+    code, analysis = _analysis(out, capsys)
+    errors = [f for f in analysis["findings"] if f["severity"] == "error"]
+    assert [f["kind"] for f in errors] == ["rank_stalled"], errors
+    assert errors[0]["details"]["terminal_rank"] == 1
+    assert errors[0]["details"]["terminal_state"] == "computing"
+    (interrupted,) = [f for f in analysis["findings"] if f["kind"] == "interrupted"]
+    assert "had stalled before it" in interrupted["message"]
+    assert code == 1
 
 
 @pytest.mark.multiproc
