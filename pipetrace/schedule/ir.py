@@ -12,7 +12,9 @@ Vocabulary (used everywhere in pipetrace):
 
 A step's canonical text is torch.distributed.pipelining's action string: ``{stage}{KIND}{mb}``
 (``2F0``, ``1I3``, ``3SEND_F1``), ``{stage}{KIND}`` for the FSDP steps (``0UNSHARD``), and
-``({sub};{sub})OVERLAP_F_B`` for a composite. This module imports nothing heavy.
+``({sub};{sub})OVERLAP_F_B`` for a composite. Activation swap steps use the same form:
+``0SWAP_GROUP3``, ``0OFFLOAD3``, ``0OFFLOAD_WAIT3``, ``0LOAD3``, ``0LOAD_WAIT3`` (see
+``SWAP_KINDS``). This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ class StepKind(str, Enum):
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
     REDUCE_GRAD = "REDUCE_GRAD"
+    # Activation swap of one (stage, micro-batch), in this order on its rank:
+    SWAP_GROUP = "SWAP_GROUP"  # its next forward saves its activations into a swap group
+    OFFLOAD = "OFFLOAD"  # launch the copy of the group's saved activations to host memory
+    OFFLOAD_WAIT = "OFFLOAD_WAIT"  # wait for that copy; the device memory is free after it
+    LOAD = "LOAD"  # launch the copy back from host memory, ahead of the backward
+    LOAD_WAIT = "LOAD_WAIT"  # wait for it; the backward may run after it
 
     def __str__(self) -> str:
         return self.value
@@ -47,6 +55,18 @@ SEND_KINDS = frozenset({StepKind.SEND_F, StepKind.SEND_B})
 RECV_KINDS = frozenset({StepKind.RECV_F, StepKind.RECV_B})
 COMM_KINDS = SEND_KINDS | RECV_KINDS
 FSDP_KINDS = frozenset({StepKind.UNSHARD, StepKind.RESHARD, StepKind.REDUCE_GRAD})
+SWAP_ORDER = (
+    StepKind.SWAP_GROUP,
+    StepKind.OFFLOAD,
+    StepKind.OFFLOAD_WAIT,
+    StepKind.LOAD,
+    StepKind.LOAD_WAIT,
+)
+"""The swap steps of one (stage, micro-batch), in the order they run on its rank: the group
+before its forward, the load and its wait before its first backward step (B or I)."""
+SWAP_KINDS = frozenset(SWAP_ORDER)
+SWAP_MOVES = frozenset({StepKind.OFFLOAD, StepKind.LOAD})
+"""The swap steps that start a copy, and whose recorded ``step_end`` carries its bytes."""
 
 
 class ScheduleError(ValueError):
@@ -90,6 +110,10 @@ class Step:
     @property
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
+
+    @property
+    def is_swap(self) -> bool:
+        return self.kind in SWAP_KINDS
 
     def leaves(self) -> Iterator[Step]:
         """The step itself, or a composite's sub-steps (flattened)."""
