@@ -33,11 +33,22 @@ from .execution import (
     with_messages,
 )
 from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
+from .swap_timing import has_swap_waits, settle_swap_waits
 
 __all__ = ["Costs", "RankStats", "SimResult", "SimStep", "simulate"]
 
 _COMPUTE_NAMES = ("F", "B", "I", "W")
-_SCALARS = ("F", "B", "I", "W", "comm", "bandwidth", "message_bytes")
+_SCALARS = (
+    "F",
+    "B",
+    "I",
+    "W",
+    "comm",
+    "bandwidth",
+    "message_bytes",
+    "swap_bandwidth",
+    "swap_bytes",
+)
 
 
 @dataclass
@@ -54,6 +65,8 @@ class Costs:
     comm: float = 0.0
     bandwidth: float = math.inf
     message_bytes: float = 0.0
+    swap_bandwidth: float = math.inf
+    swap_bytes: float = 0.0  # the activations of one swap group
     per_stage: dict[tuple[int, str], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -93,6 +106,11 @@ class Costs:
         """A message's time on the wire."""
         return self.comm + self.message_bytes / self.bandwidth
 
+    @property
+    def swap_transfer(self) -> float:
+        """One activation swap copy's time on the rank's side resource (`swap_timing`)."""
+        return self.swap_bytes / self.swap_bandwidth
+
     def cost_of(self, step: Step) -> float:
         """CPU time of one step: a composite takes its longest part, FSDP and comm steps 0."""
         if step.sub_steps:
@@ -112,9 +130,9 @@ class Costs:
 
 
 def _checked(item: str, key: str, value: float) -> float:
-    if key == "bandwidth" and not value > 0:
+    if key in ("bandwidth", "swap_bandwidth") and not value > 0:
         raise ScheduleError(f"bad cost {item!r}: bandwidth must be positive")
-    if math.isnan(value) or value < 0 or (key != "bandwidth" and math.isinf(value)):
+    if math.isnan(value) or value < 0 or ("bandwidth" not in key and math.isinf(value)):
         raise ScheduleError(f"bad cost {item!r}: expected a finite non-negative number")
     return value
 
@@ -213,7 +231,15 @@ def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager"
         executed = plan if plan.has_comms() else with_messages(plan)
         program = compile_plan(executed)
         durations = _durations(program, costs)
-        outcome = execute(program, semantics, durations, costs.transfer)
+        if costs.swap_transfer > 0 and has_swap_waits(program):
+            outcome = settle_swap_waits(
+                program,
+                durations,
+                costs.swap_transfer,
+                lambda timed: execute(program, semantics, timed, costs.transfer),
+            )
+        else:
+            outcome = execute(program, semantics, durations, costs.transfer)
         if outcome.blocked():
             blocked = sorted(outcome.blocked())
             raise ScheduleError(
