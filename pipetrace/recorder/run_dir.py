@@ -69,12 +69,15 @@ def claim(run_dir: Path, run_id: str) -> None:
     marker = run_dir / RUN_ID_FILE
     if not os.path.lexists(marker):
         previous = previous_run_files(run_dir)
-        if previous:
+        # A peer rank may claim the directory (marker, then its log) between the two looks:
+        # its files are not a previous run's once its marker is there.
+        if previous and not os.path.lexists(marker):
             raise RunDirError(
                 f"{run_dir} already holds a run ({previous[0].name}): record into a new "
                 "directory, or remove that run first (pipetrace run --overwrite does)"
             )
-        _link_new(marker, run_id)
+        if not previous:
+            _link_new(marker, run_id)
     claimed = _read_marker(marker)
     if claimed != run_id:
         raise RunDirError(
