@@ -38,17 +38,8 @@ from .swap_timing import has_swap_waits, settle_swap_waits
 __all__ = ["Costs", "RankStats", "SimResult", "SimStep", "simulate"]
 
 _COMPUTE_NAMES = ("F", "B", "I", "W")
-_SCALARS = (
-    "F",
-    "B",
-    "I",
-    "W",
-    "comm",
-    "bandwidth",
-    "message_bytes",
-    "swap_bandwidth",
-    "swap_bytes",
-)
+_SCALARS = ("F", "B", "I", "W", "comm", "bandwidth", "message_bytes")
+_SWAP_SCALARS = ("swap_bandwidth", "swap_bytes")  # in the JSON only when a copy takes time
 
 
 @dataclass
@@ -92,12 +83,12 @@ class Costs:
             stage_text, colon, kind = key.rpartition(":")
             if colon and stage_text.isdigit() and kind in _COMPUTE_NAMES:
                 costs.per_stage[(int(stage_text), kind)] = _checked(item, kind, value)
-            elif not colon and key in _SCALARS:
+            elif not colon and key in _SCALARS + _SWAP_SCALARS:
                 setattr(costs, key, _checked(item, key, value))
             else:
                 raise ScheduleError(
                     f"bad cost {item!r}: unknown key {key!r}; expected one of "
-                    f"{', '.join(_SCALARS)} or STAGE:KIND such as '3:F'"
+                    f"{', '.join(_SCALARS + _SWAP_SCALARS)} or STAGE:KIND such as '3:F'"
                 )
         return costs
 
@@ -123,6 +114,7 @@ class Costs:
     def to_json(self) -> dict[str, object]:
         return {
             **{key: _finite(getattr(self, key)) for key in _SCALARS},
+            **{key: _finite(getattr(self, key)) for key in _SWAP_SCALARS if self.swap_transfer > 0},
             "per_stage": [
                 {"stage": s, "kind": k, "cost": c} for (s, k), c in sorted(self.per_stage.items())
             ],

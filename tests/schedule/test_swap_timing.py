@@ -90,8 +90,10 @@ def test_the_schedule_commands_take_a_swap_policy(capsys) -> None:
     args = ["schedule", "simulate", "1f1b", "-p", "4", "-m", "8", "--swap", "stage=0"]
     code, out, _ = run(capsys, *args, "--costs", "swap_bytes=2,swap_bandwidth=1")
     assert code == 0 and "swap copies not hidden by compute" in out and "rank 0 " in out
-    code, out, _ = run(capsys, *args, "--json", "--costs", "swap_bytes=1")
+    code, out, _ = run(capsys, *args, "--json", "--costs", "swap_bytes=1,swap_bandwidth=4")
     assert code == 0 and json.loads(out)["costs"]["swap_bytes"] == 1.0
+    code, out, _ = run(capsys, *args, "--json")  # free copies: the JSON of a plain run
+    assert code == 0 and "swap_bytes" not in json.loads(out)["costs"]
 
 
 @pytest.mark.parametrize(
