@@ -129,6 +129,11 @@ FLAGS = (
     Flag("data_parallel", "Data-parallel replicas D (P * D processes).", short="-d"),
     Flag("fsdp", "Shard each stage with FSDP2 across the D replicas."),
     Flag(
+        "overlap_bf",
+        "Run each steady-state backward together with the next forward (OVERLAP_B_F steps; "
+        "1f1b and interleaved-1f1b).",
+    ),
+    Flag(
         "swap",
         "Offload these activations to host memory between forward and backward, with "
         f"overlapped swap steps: {SWAP_EXAMPLES}.",

@@ -46,13 +46,19 @@ def plan_source(func: Callable) -> Callable:
         help="A schedule file in torch.distributed.pipelining's CSV format instead of NAME.",
     )
     @click.option(
+        "--overlap-bf",
+        is_flag=True,
+        help="Pair each steady-state backward with the next forward (OVERLAP_B_F; 1f1b and "
+        "interleaved-1f1b).",
+    )
+    @click.option(
         "--swap",
         metavar="POLICY",
         help=f"Insert activation swap steps for these activations: {SWAP_EXAMPLES}.",
     )
     @functools.wraps(func)
-    def wrapper(name, ranks, microbatches, stages_per_rank, csv_path, swap, **kwargs):
-        plan = load_plan(name, ranks, microbatches, stages_per_rank, csv_path)
+    def wrapper(name, ranks, microbatches, stages_per_rank, csv_path, overlap_bf, swap, **kwargs):
+        plan = load_plan(name, ranks, microbatches, stages_per_rank, csv_path, overlap_bf)
         if swap is not None:
             plan = add_swap_steps(plan, SwapPolicy.parse(swap))
         return func(plan=plan, **kwargs)
@@ -66,10 +72,13 @@ def load_plan(
     microbatches: int | None,
     stages_per_rank: int | None,
     csv_path: str | None,
+    overlap_bf: bool = False,
 ) -> Plan:
     if csv_path is not None:
         if name is not None:
             raise click.UsageError("give either a schedule NAME or --csv FILE, not both")
+        if overlap_bf:
+            raise click.UsageError("--overlap-bf builds a schedule: give a NAME, not --csv")
         from pipetrace.schedule.csvio import load_csv
 
         return load_csv(csv_path, num_microbatches=microbatches)
@@ -86,6 +95,7 @@ def load_plan(
         num_ranks=ranks,
         num_microbatches=microbatches,
         stages_per_rank=stages_per_rank,
+        overlap_bf=overlap_bf,
     )
 
 

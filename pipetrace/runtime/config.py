@@ -107,6 +107,9 @@ class RunConfig:
     """Data-parallel replicas D; the job uses P * D processes."""
     fsdp: bool = setting(False, flag="--fsdp")
     """Shard every stage with FSDP2 across the D replicas (adds UNSHARD/RESHARD/REDUCE_GRAD)."""
+    overlap_bf: bool = setting(False, flag="--overlap-bf")
+    """Pair each steady-state backward with the next forward in one OVERLAP_B_F step, run on
+    two threads (1f1b and interleaved-1f1b)."""
     swap: str | None = setting(None, _swap_policy, flag="--swap")
     """Offload these activations to host memory between forward and backward: a swap policy
     (`pipetrace.schedule.swap.SwapPolicy`), e.g. "all", "stage=0", "microbatches=0-3";
@@ -183,6 +186,7 @@ class RunConfig:
                 stages_per_rank=self.stages_per_rank,
                 comms=True,
                 fsdp=self.fsdp,
+                overlap_bf=self.overlap_bf,
             )
             if self.swap is not None:
                 plan = add_swap_steps(plan, SwapPolicy.parse(self.swap))

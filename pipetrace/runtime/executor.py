@@ -134,6 +134,7 @@ class Executor:
             StepKind.RESHARD: self._fsdp.reshard,
             StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
             StepKind.OVERLAP_F_B: self._overlap,
+            StepKind.OVERLAP_B_F: self._overlap,
         }
         self._steps = plan.steps(rank)
         self._swap: SwapSteps | None = None
@@ -164,7 +165,7 @@ class Executor:
 
     def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
         """Run ``fn(step, context)`` instead of the built-in handler for every step of
-        ``kind`` (sub-steps of OVERLAP_F_B composites included)."""
+        ``kind`` (sub-steps of OVERLAP_F_B and OVERLAP_B_F composites included)."""
         context = self.context
 
         def handler(position: int, step: Step) -> None:
@@ -346,7 +347,8 @@ class Executor:
         self.stages[step.stage].backward_weight(step.microbatch)
 
     def _overlap(self, position: int, step: Step) -> None:
-        """OVERLAP_F_B: the forward on this thread, the backward on a worker thread, joined."""
+        """OVERLAP_F_B and OVERLAP_B_F: the forward on this thread, the backward on a worker
+        thread, joined."""
         forward = next(sub for sub in step.sub_steps if sub.kind is StepKind.F)
         backward = next(sub for sub in step.sub_steps if sub is not forward)
         if self._pool is None:
