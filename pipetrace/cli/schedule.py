@@ -88,10 +88,10 @@ def load_plan(
         )
     if ranks is None or microbatches is None:
         raise click.UsageError(f"schedule {name!r} needs --ranks and --microbatches")
-    from pipetrace.schedule.builders import build_compute_plan, resolve_schedule_name
+    from pipetrace.schedule.builders import build_plan
 
-    return build_compute_plan(
-        resolve_schedule_name(name),
+    return build_plan(
+        name,  # a torch class name or alias too
         num_ranks=ranks,
         num_microbatches=microbatches,
         stages_per_rank=stages_per_rank,

@@ -426,19 +426,11 @@ def _build_order(
 
 
 def build_compute_plan(
-    name: str,
-    *,
-    num_ranks: int,
-    num_microbatches: int,
-    stages_per_rank: int | None = None,
-    overlap_bf: bool = False,
+    name: str, *, num_ranks: int, num_microbatches: int, stages_per_rank: int | None = None
 ) -> Plan:
-    """A built-in schedule's compute steps, with explicit bubbles on a unit-time grid;
-    ``overlap_bf`` pairs each steady-state backward with the next forward (OVERLAP_B_F)."""
+    """A built-in schedule's compute steps, with explicit bubbles on a unit-time grid."""
     with gc_paused():
-        return layout_bubbles(
-            _build_order(name, num_ranks, num_microbatches, stages_per_rank, overlap_bf)
-        )
+        return layout_bubbles(_build_order(name, num_ranks, num_microbatches, stages_per_rank))
 
 
 def build_plan(
@@ -451,17 +443,12 @@ def build_plan(
     fsdp: bool = False,
     overlap_bf: bool = False,
 ) -> Plan:
-    """A built-in schedule: compute-only with bubbles, or lowered with its messages (and FSDP
-    steps when ``fsdp``), ready for a runtime; ``overlap_bf`` as in `build_compute_plan`."""
-    if not comms:
-        plan = build_compute_plan(
-            name,
-            num_ranks=num_ranks,
-            num_microbatches=num_microbatches,
-            stages_per_rank=stages_per_rank,
-            overlap_bf=overlap_bf,
-        )
-        return add_fsdp_steps(plan) if fsdp else plan
+    """A built-in schedule: compute-only with bubbles (as `build_compute_plan`), or lowered
+    with its messages (and FSDP steps when ``fsdp``), ready for a runtime. ``overlap_bf``
+    pairs each steady-state backward with the next forward in one OVERLAP_B_F step."""
     with gc_paused():
         order = _build_order(name, num_ranks, num_microbatches, stages_per_rank, overlap_bf)
-        return lower(order, fsdp=fsdp)
+        if comms:
+            return lower(order, fsdp=fsdp)
+        plan = layout_bubbles(order)
+    return add_fsdp_steps(plan) if fsdp else plan
