@@ -160,8 +160,7 @@ class SwapSteps:
                     torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
                     for t in tensors
                 ]
-                device = tensors[0].device if tensors else compute.device
-                group.cuda = (self._stream.record_event(), device)
+                group.cuda = (self._stream.record_event(), tensors[0].device)
             else:
                 copies = [t.to(group.cuda[1], non_blocking=True) for t in tensors]
                 group.cuda = (self._stream.record_event(), group.cuda[1])

@@ -96,7 +96,7 @@ class Backend:
     def swap_steps(self) -> SwapSteps:
         """The handlers of the activation swap steps (`RunConfig` refuses ``--swap`` on a
         backend without them)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"the {self.name} backend cannot run activation swap steps")
 
     # -- the process group -----------------------------------------------------------------
 
