@@ -16,15 +16,13 @@ from collections.abc import Callable
 
 from .execution import Outcome, Program
 from .ir import StepKind
+from .swap import has_swap_steps
 
 _LAUNCH_OF = {StepKind.OFFLOAD_WAIT: StepKind.OFFLOAD, StepKind.LOAD_WAIT: StepKind.LOAD}
 
 
 def has_swap_waits(program: Program) -> bool:
-    """Whether the plan has swap waits (only plans with id-less steps can)."""
-    if not (program.arrays.ids == -1).any():
-        return False
-    return any(step.kind in _LAUNCH_OF for steps in program.steps for step in steps)
+    return has_swap_steps(program, _LAUNCH_OF)
 
 
 def settle_swap_waits(
