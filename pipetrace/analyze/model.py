@@ -84,6 +84,7 @@ class RankState:
         "ended"  # the log just stops: no run_end and no failure event (killed, or still running)
     )
     MISSING = "missing"  # no usable log
+    NOT_LOADED = "not_loaded"  # left out by --ranks / --replica (analyze/selection.py)
 
 
 @dataclass
