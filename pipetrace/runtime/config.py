@@ -179,14 +179,13 @@ class RunConfig:
         from pipetrace.schedule.builders import build_plan, resolve_schedule_name
 
         try:
+            steps = {"comms": True, "fsdp": self.fsdp, "overlap_bf": self.overlap_bf}
             plan = build_plan(
                 resolve_schedule_name(self.schedule),
                 num_ranks=self.ranks,
                 num_microbatches=self.microbatches,
                 stages_per_rank=self.stages_per_rank,
-                comms=True,
-                fsdp=self.fsdp,
-                overlap_bf=self.overlap_bf,
+                **steps,  # what the runtime executes besides compute
             )
             if self.swap is not None:
                 plan = add_swap_steps(plan, SwapPolicy.parse(self.swap))
