@@ -267,7 +267,7 @@ class Recorder:
         timing = None if timer is None else timer.begin(sid, text, self._device.current_stream())
         return (sid, handle, timing)
 
-    def end_step(self, token: Any) -> None:
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
         t = self._monotonic_ns()
         self.last_progress = t
         if type(token) is tuple:
@@ -277,7 +277,10 @@ class Recorder:
             if handle is not None:
                 self._profiler.end(handle)
         self.open_steps.pop(token, None)
-        self._writer.append((_STEP_END, t, token))
+        if nbytes is None:
+            self._writer.append((_STEP_END, t, token))
+        else:
+            self._writer.append((_STEP_END, t, token, nbytes))
 
     def p2p_posted(
         self,
@@ -453,7 +456,10 @@ class Recorder:
             _, _, sid, it, pos, step, thread = record
             return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literals[thread])
         if tag == _STEP_END:
-            return _STEP_END_LINE % (t, record[2])
+            line = _STEP_END_LINE % (t, record[2])
+            if len(record) == 3:
+                return line
+            return line[:-2] + b',"bytes":%d}\n' % record[3]  # a swap launch's bytes
         if tag == _P2P_DONE:
             return _P2P_DONE_LINE % (t, record[2])
         if tag == _P2P_POST:
