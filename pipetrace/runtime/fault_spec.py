@@ -117,6 +117,13 @@ def resolve_faults(faults: tuple[Fault | str, ...], config: RunConfig) -> tuple[
         raise PipetraceError("--inject works on one pipeline: use --data-parallel 1")
     if config.backend != "torch":
         raise PipetraceError(f"--inject works with --backend torch only, not {config.backend}")
+    for fault in parsed:
+        if config.runtime not in fault.RUNTIMES:
+            takes = [kind for kind, cls in FAULT_KINDS.items() if config.runtime in cls.RUNTIMES]
+            raise PipetraceError(
+                f"--inject {fault.KIND}: not on --runtime {config.runtime}, which takes "
+                f"{', '.join(takes)}"
+            )
     where = FaultTarget(
         config.plan(),
         config.steps,
