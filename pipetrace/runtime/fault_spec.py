@@ -32,8 +32,9 @@ Defaults: rank = P/2 (deadlock: (P-1)/2 with peer = rank+1); step = 1, the itera
 counted from 0 (straggler and slow-link: 0, and every step after); microbatch = 1
 (deadlock, swap-order: the first that can); channel = F where the rank has one. With a
 fault that hangs (hang, deadlock, drop-recv, drop-send), --stall-timeout, --abort-timeout and
---timeout default to 3, 2 and 20 s. Details: docs/runtime.md, "Fault injection".
-"""
+--timeout default to 3, 2 and 20 s. --runtime torch takes {torch}.
+Details: docs/runtime.md, "Fault injection".
+""".format(torch=", ".join(kind for kind, cls in FAULT_KINDS.items() if "torch" in cls.RUNTIMES))
 
 
 # -- parsing -----------------------------------------------------------------------------
