@@ -1,7 +1,8 @@
 """``pipetrace run --runtime torch``: the demo on torch.distributed.pipelining's own classes
 computes what pipetrace's runtime computes (same losses, gradients equal to one process's),
-``pipetrace diff`` compares the two, and stages sharded with FSDP2 over two data-parallel
-replicas record their UNSHARD / RESHARD / REDUCE_GRAD actions in a run that analyzes clean."""
+a profiler still sees torch's ``PP:<action>`` ranges, ``pipetrace diff`` compares the two,
+and stages sharded with FSDP2 over two data-parallel replicas record their UNSHARD / RESHARD
+/ REDUCE_GRAD actions in a run that analyzes clean."""
 
 from __future__ import annotations
 
@@ -22,10 +23,15 @@ def losses(stdout: str) -> list[str]:
 def test_torch_runtime_trains_like_pipetraces_and_diff_compares_them(tmp_path):
     args = ("run", "-s", "interleaved-1f1b", "-p", "2", "-m", "4", "-n", "2", "--check-parity")
     ours = pipetrace(*args, "--out", str(tmp_path / "ours"))
-    torchs = pipetrace(*args, "--runtime", "torch", "--out", str(tmp_path / "torch"))
+    torchs = pipetrace(
+        *args, "--runtime", "torch", "--torch-profiler", "--out", str(tmp_path / "torch")
+    )
     assert ours.returncode == 0 and torchs.returncode == 0, torchs.stderr
     assert "ScheduleInterleaved1F1B" in torchs.stdout and "parity ok" in torchs.stdout
     assert len(losses(torchs.stdout)) == 2 and losses(torchs.stdout) == losses(ours.stdout)
+    # torch's per-action ranges survive recording, next to pipetrace's own
+    profile = (tmp_path / "torch" / "profiler" / "rank-00000.json").read_text()
+    assert '"PP:0F0"' in profile and '"pipetrace/0F0"' in profile
     diff = pipetrace("diff", str(tmp_path / "ours"), str(tmp_path / "torch"))
     assert diff.returncode == 0, diff.stderr
     assert "interleaved-1f1b" in diff.stdout and "ScheduleInterleaved1F1B" in diff.stdout
