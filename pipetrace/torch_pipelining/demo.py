@@ -79,6 +79,20 @@ class TorchCase:
         )
 
 
+_FROM_RUN_CONFIG = (
+    "microbatches",
+    "steps",
+    "faults",
+    "stall_timeout",
+    "abort_timeout",
+    "demo",
+    "seed",
+    "learning_rate",
+    "check_parity",
+)
+"""The `TorchCase` fields a `RunConfig` field of the same name sets."""
+
+
 def torch_class(schedule: str) -> str:
     """The torch.distributed.pipelining class of a built-in schedule (name or alias)."""
     from pipetrace.schedule.builders import describe_schedules, resolve_schedule_name
@@ -95,17 +109,9 @@ def case_of(config: RunConfig) -> TorchCase:
     return TorchCase(
         schedule=torch_class(config.schedule),
         run_dir=config.out,
-        microbatches=config.microbatches,
         stages_per_rank=plan.num_stages // plan.num_ranks,
-        steps=config.steps,
-        faults=config.faults,
-        stall_timeout=config.stall_timeout,
-        abort_timeout=config.abort_timeout,
-        demo=config.demo,
-        seed=config.seed,
-        learning_rate=config.learning_rate,
-        check_parity=config.check_parity,
         config=config.to_dict(),
+        **{name: getattr(config, name) for name in _FROM_RUN_CONFIG},
     )
 
 
