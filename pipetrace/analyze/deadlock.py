@@ -233,6 +233,12 @@ def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str,
         if not _executed(run, rank, wanted, iteration)
         else f"it ran {wanted} but the message never arrived"
     )
+    if ending.state == en.NOT_LOADED:
+        return (
+            en.NOT_LOADED,
+            f"rank {rank_id} was not loaded ({rank.status.detail})",
+            f"unknown: load rank {rank_id} too to see why it never ran {wanted or 'on'}",
+        )
     if ending.state == en.MISSING:
         return (
             en.MISSING,
@@ -361,7 +367,10 @@ def find_hangs(run: Run) -> list[Finding]:
 
 def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Finding:
     absent = [
-        r.rank for r in run.ranks if r.rank not in waiting and r.status.state != RankState.FINISHED
+        r.rank
+        for r in run.ranks
+        if r.rank not in waiting
+        and r.status.state not in (RankState.FINISHED, RankState.NOT_LOADED)
     ]
     who = f"rank(s) {', '.join(map(str, absent))}" if absent else "a peer"
     terminal = absent[0] if absent else rank.rank  # no absent rank known: its own end

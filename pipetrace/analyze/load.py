@@ -1,7 +1,9 @@
-"""Run directory -> `Run`: parallel per-rank parsing, validation, clock alignment, matching.
+"""Run directory (or several) -> `Run`: parallel per-rank parsing, validation, clock
+alignment, matching.
 
     from pipetrace.analyze.load import load_run
     run = load_run("runs/demo")                # raises TraceFormatError when unusable
+    run = load_run(["runs/node0", "runs/node1"])   # one run, a directory per node (source.py)
     run.ranks[1].steps.begin                    # ns since run.t0_ns, on rank 0's clock
 
 Each rank's log is parsed in a worker process (`parse.parse_rank_file`, streaming) once the
@@ -26,7 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.analyze import cache as column_cache
 from pipetrace.analyze import clocks
+from pipetrace.analyze.host_clocks import align_hosts, host_groups, one_host
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
     OPEN,
@@ -44,11 +48,12 @@ from pipetrace.analyze.model import (
     steps_of,
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
-from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.selection import RankSelection, format_rank_list
+from pipetrace.analyze.source import RunPaths, RunSource, open_source
 from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.gc_pause import gc_paused
-from pipetrace.limits import check_world_size
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
 
@@ -62,39 +67,55 @@ _PARALLEL_MIN_BYTES = 16 << 20
 
 
 def load_run(
-    path: str | Path, *, progress: Progress | None = None, workers: int | None = None
+    path: RunPaths | RunSource,
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    cache: bool = True,
+    select: RankSelection | None = None,
 ) -> Run:
-    """Load a run directory into one `Run`.
+    """Load a run: one directory, several (one per node) or a glob (`source.open_source`).
 
     ``workers``: processes for parsing (None: automatic, 0: parse in this process).
+    ``cache``: read and write the columnar cache beside the logs (`analyze.cache`).
+    ``select``: load only these ranks; the others stand as `RankState.NOT_LOADED`.
     """
-    run_dir = Path(path)
-    meta = read_meta(run_dir)
-    world_size = meta.get("world_size")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise TraceFormatError(f"{run_dir / fmt.META_FILE}: invalid world_size {world_size!r}")
-    logs = sorted(run_dir.glob("rank-*.ndjson"))
-    check_world_size(world_size, len(logs), str(run_dir / fmt.META_FILE))
-    problems: list[InputProblem] = []
-    paths = [fmt.rank_log_path(run_dir, r) for r in range(world_size)]
-    expected = {p.name for p in paths}
-    for extra in logs:
-        if extra.name not in expected:
-            problems.append(
-                InputProblem(
-                    "warning",
-                    f"{extra.name} is not a rank of this run (world size {world_size}): "
-                    "left over from another run; ignored",
-                )
-            )
-    assembly = _Assembly(meta, world_size, problems)
+    source = path if isinstance(path, RunSource) else open_source(path)
+    problems = list(source.problems)
+    wanted = _selected(select, source.meta, source.world_size, problems)
+    assembly = _Assembly(source.meta, source.world_size, problems)
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        with _Parsing(paths, progress, workers) as parsing:
-            for rank, raw in enumerate(parsing.in_rank_order()):
-                assembly.add(rank, raw)
-        return assembly.finish(run_dir)
+        with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
+            parsed = parsing.in_rank_order()
+            for rank, log in enumerate(source.logs):
+                if rank in wanted:
+                    assembly.add(rank, next(parsed))
+                else:
+                    assembly.ranks.append(_not_loaded(rank, log, select))
+        return assembly.finish(source)
+
+
+def _selected(
+    select: RankSelection | None,
+    meta: dict[str, Any],
+    world_size: int,
+    problems: list[InputProblem],
+) -> frozenset[int] | range:
+    """The ranks to load (all without ``select``); notes the restriction when there is one."""
+    if select is None:
+        return range(world_size)
+    wanted = select.resolve(meta, world_size)
+    if len(wanted) < world_size:
+        problems.append(
+            InputProblem(
+                "info",
+                f"only rank(s) {format_rank_list(wanted)} of {world_size} loaded "
+                f"({select.describe()}): what the others did is unknown",
+            )
+        )
+    return wanted
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -103,16 +124,23 @@ def load_run(
 class _Parsing:
     """The rank logs parsed in worker processes (or in this one for a small run), handed
     over in rank order so that the caller assembles rank r while the workers parse the next
-    ones."""
+    ones. With ``cache``, the logs whose cache entries are fresh are read from them here,
+    first, and only the others go to the workers (which cache what they parse)."""
 
-    def __init__(self, paths: list[Path], progress: Progress | None, workers: int | None) -> None:
+    def __init__(
+        self, paths: list[Path], progress: Progress | None, workers: int | None, cache: bool
+    ) -> None:
         self.paths, self.progress = paths, progress
+        self.read = column_cache.parse_and_store if cache else parse_rank_file
+        loaded = (column_cache.load(p) for p in paths) if cache else ()
+        self.cached = {p: raw for p, raw in zip(paths, loaded) if raw is not None}
+        self.stale = [p for p in paths if p not in self.cached]
         if workers is None:
-            size = sum(p.stat().st_size for p in paths if p.exists())
-            workers = len(paths) if size >= _PARALLEL_MIN_BYTES else 0
-        self.workers = worker_count(workers, len(paths))
+            size = sum(p.stat().st_size for p in self.stale if p.exists())
+            workers = len(self.stale) if size >= _PARALLEL_MIN_BYTES else 0
+        self.workers = worker_count(workers, len(self.stale))
         self._pool: ProcessPoolExecutor | None = None
-        self._futures: list[Future[RawRank]] = []
+        self._futures: dict[Path, Future[RawRank]] = {}
 
     def __enter__(self) -> _Parsing:
         if self.workers > 1:
@@ -127,7 +155,7 @@ class _Parsing:
                 initializer=exit_with_parent,
                 initargs=(os.getpid(),),
             )
-            self._futures = [self._pool.submit(parse_rank_file, p) for p in self.paths]
+            self._futures = {p: self._pool.submit(self.read, p) for p in self.stale}
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -140,16 +168,19 @@ class _Parsing:
 
     def in_rank_order(self) -> Iterator[RawRank]:
         for done, path in enumerate(self.paths, 1):
-            yield self._result(done - 1) if self._pool is not None else parse_rank_file(path)
+            if path in self.cached:
+                yield self.cached.pop(path)
+            else:
+                yield self._result(path) if path in self._futures else self.read(path)
             if self.progress:
                 self.progress(done, len(self.paths))
 
-    def _result(self, index: int) -> RawRank:
+    def _result(self, path: Path) -> RawRank:
         try:
-            return self._futures[index].result()
+            return self._futures[path].result()
         except BrokenProcessPool:  # every pending log fails with it: which one killed it is unknown
             raise PipetraceError(
-                f"a process parsing the logs died (out of memory?) before {self.paths[index].name} "
+                f"a process parsing the logs died (out of memory?) before {path.name} "
                 "was read; try again with --workers 0 to parse in one process"
             ) from None
 
@@ -338,10 +369,10 @@ class _Assembly:
         )
         self.ranks.append(timeline)
 
-    def finish(self, run_dir: Path) -> Run:
+    def finish(self, source: RunSource) -> Run:
         if not any(r.present for r in self.ranks):
             raise TraceFormatError(
-                f"{run_dir}: no usable event log ("
+                f"{source.path}: no usable event log ("
                 + "; ".join(p.message for p in self.problems if p.rank is not None)[:400]
                 + ")"
             )
@@ -354,9 +385,12 @@ class _Assembly:
                     row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
                 )
         match_messages(self.ranks)
-        offsets, quality = clocks.align(
-            [r for r in self.ranks if r.present], self.world_size, self.models
-        )
+        present = [r for r in self.ranks if r.present]
+        if len(host_groups(present)) > 1:  # one clock per host: align hosts
+            offsets, quality = align_hosts(present, self.models)
+        else:
+            offsets, quality = clocks.align(present, self.world_size, self.models)
+            quality["hosts"] = one_host(present)
         t0 = _shift_times(self.ranks, offsets)
         for rank in self.ranks:
             if rank.present:
@@ -364,7 +398,8 @@ class _Assembly:
         _note_clock_problems(self.ranks, quality, self.problems)
         _note_cut_logs(self.ranks, self.problems)
         return Run(
-            path=run_dir,
+            path=source.path,
+            directories=source.directories,
             meta=self.meta,
             plan=plan,
             world_size=self.world_size,
@@ -487,6 +522,18 @@ def _timeline(
 
 
 def _missing(rank: int, raw: RawRank) -> RankTimeline:
+    return _absent(
+        rank, Path(raw.path), RankStatus(RankState.MISSING, raw.error or "no usable log")
+    )
+
+
+def _not_loaded(rank: int, path: Path, select: RankSelection | None) -> RankTimeline:
+    why = f"left out by {select.describe()}" if select else "not loaded"
+    return _absent(rank, path, RankStatus(RankState.NOT_LOADED, why))
+
+
+def _absent(rank: int, path: Path, status: RankStatus) -> RankTimeline:
+    """A rank without a timeline: no usable log, or not loaded."""
     empty = np.empty(0, np.int64)
     return RankTimeline(
         rank=rank,
@@ -494,9 +541,9 @@ def _missing(rank: int, raw: RawRank) -> RankTimeline:
         steps=StepTable.empty(),
         p2p=P2PTable.empty(),
         iterations=IterationTable(np.empty(0, np.int32), empty, empty, np.empty(0)),
-        status=RankStatus(RankState.MISSING, raw.error or "no usable log"),
+        status=status,
         clock=ClockInfo(None, None, None, 0),
-        path=Path(raw.path),
+        path=path,
     )
 
 
@@ -593,7 +640,9 @@ def _note_clock_problems(
                 f"messages; aligned with {quality['model']} instead",
             )
         )
-    if quality.get("refined"):
+    if quality.get("refined") and len(quality["hosts"]) > 1:
+        _note_moved_hosts(ranks, quality["hosts"], problems)
+    elif quality.get("refined"):
         for rank in ranks:
             u = rank.clock.uncertainty_ns
             if u is not None and abs(rank.clock.correction_ns) > 2 * u + 100_000:
@@ -605,6 +654,28 @@ def _note_clock_problems(
                         rank.rank,
                     )
                 )
+
+
+def _note_moved_hosts(
+    ranks: list[RankTimeline], hosts: list[dict[str, Any]], problems: list[InputProblem]
+) -> None:
+    """A host whose correction goes beyond its recorded uncertainty: its exchange was off."""
+    by_rank = {r.rank: r for r in ranks}
+    for host in hosts:
+        u = by_rank[host["ranks"][0]].clock.uncertainty_ns
+        moved = host["correction_ns"]
+        if u is not None and abs(moved) > 2 * u + 100_000:
+            left = host["uncertainty_ns"]
+            problems.append(
+                InputProblem(
+                    "info",
+                    f"clocks: host {host['host']} ({len(host['ranks'])} ranks) moved "
+                    f"{moved / 1e3:+.0f} us, beyond its recorded uncertainty (+-{u / 1e3:.0f} "
+                    "us); "
+                    + ("now +-?" if left is None else f"now +-{left / 1e3:.0f} us")
+                    + " from the messages' order",
+                )
+            )
 
 
 def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> None:
