@@ -14,7 +14,6 @@ Two ways in, one training loop (`train`):
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import subprocess
@@ -120,10 +119,10 @@ def run_config(
 ) -> CaseResult:
     """One rank of ``pipetrace run --runtime torch`` (the demo worker calls it)."""
     replicas = kit.replicas(config, rank)
-    settings = config.record_settings()
-    profiled = kit.profiled(config, rank) if replicas.replica == 0 else contextlib.nullcontext()
-    with profiled:
-        return train(case_of(config), replicas, config.ranks, settings, index, on_loss)
+    with kit.profiled(config, rank):
+        return train(
+            case_of(config), replicas, config.ranks, config.record_settings(), index, on_loss
+        )
 
 
 def run_torch_demo(cases: list[TorchCase], world_size: int, *, timeout: float = 120.0) -> list[int]:
@@ -203,8 +202,9 @@ def build_schedule(case: TorchCase, replicas: Replicas, num_ranks: int) -> Any:
         schedule = cls(stages, n_microbatches=case.microbatches, loss_fn=demo_loss)
     if case.schedule == CSV_RUNTIME:
         schedule = _through_csv(case, schedule, stages, replicas.pp_rank)
-    if case.faults and replicas.replica == 0:  # faults strike the recorded pipeline
-        arm_faults(case.faults, schedule, plan_of(schedule), replicas.pp_rank)
+    faults = tuple(f for f in case.faults if (f.replica or 0) == replicas.replica)
+    if faults:  # a fault strikes one pipeline rank of one replica
+        arm_faults(faults, schedule, plan_of(schedule), replicas.pp_rank)
     return schedule
 
 
@@ -238,8 +238,8 @@ def train(
     index: int = 0,
     on_loss: LossCallback | None = None,
 ) -> CaseResult:
-    """Train the demo for ``case.steps`` iterations (SGD after each), recorded with
-    ``settings`` on the first replica; ``on_loss(index, step, loss)`` where the loss is."""
+    """Train the demo for ``case.steps`` iterations (SGD after each), every replica recorded
+    with ``settings``; ``on_loss(index, step, loss)`` where the loss is (first replica)."""
     import torch
 
     from pipetrace.runtime.demo import build_demo_model
@@ -254,8 +254,6 @@ def train(
     if case.check_parity:  # the same weights, built again from the seed
         num_stages = stages[0].num_stages
         reference = build_demo_model(num_stages, case.demo, seed=case.seed)
-    if replicas.replica > 0:  # a trace holds one pipeline: the first replica's
-        settings = RecordSettings(run_dir=None)
     losses: list[float] = []
     report = None
     with record(schedule, settings=settings, config=case.config):

@@ -1,8 +1,8 @@
 """``pipetrace run --runtime torch``: the demo on torch.distributed.pipelining's own classes
 computes what pipetrace's runtime computes (same losses, gradients equal to one process's),
 a profiler still sees torch's ``PP:<action>`` ranges, ``pipetrace diff`` compares the two,
-and stages sharded with FSDP2 over two data-parallel replicas record their UNSHARD / RESHARD
-/ REDUCE_GRAD actions in a run that analyzes clean."""
+and stages sharded with FSDP2 over two data-parallel replicas (every replica recorded) record
+their UNSHARD / RESHARD / REDUCE_GRAD actions in a run that analyzes clean."""
 
 from __future__ import annotations
 
@@ -47,10 +47,10 @@ def test_fsdp2_stages_on_torchs_runtime_record_their_actions(tmp_path):
     assert "parity ok" in done.stdout
     code, report = analyze_json(run_dir)
     assert code == 0 and not errors(report), errors(report)
-    assert report["run"]["world_size"] == 2  # one pipeline: the first replica's
-    for rank in range(2):
+    assert report["run"]["world_size"] == 4  # every replica's pipeline, by global rank
+    for rank in range(4):
         log = events(run_dir, rank)
         recorded = {e["step"] for e in log if e["e"] == "step_begin"}
-        for kind in FSDP_KINDS:  # each of the rank's two stages, every iteration
+        for kind in FSDP_KINDS:  # each of the rank's two stages
             assert sum(kind in step for step in recorded) == 2, (rank, kind, recorded)
         assert log[-1]["e"] == "run_end"

@@ -104,7 +104,8 @@ def test_single_stage_orders_send_and_receive_in_the_same_order(order):
     ("args", "message"),
     [
         (["--backend", "mindspore"], "--runtime torch runs on torch only, not --backend mindspore"),
-        (["--overlap-p2p"], "--overlap-p2p is a mode of pipetrace's runtime"),
+        (["--overlap-p2p"], "--overlap-p2p is a feature of pipetrace's runtime"),
+        (["--swap", "all"], "--swap is a feature of pipetrace's runtime"),
         (
             ["--inject", "deadlock"],
             "--inject deadlock: not on --runtime torch, which takes crash, hang, drop-send, "
