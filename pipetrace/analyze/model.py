@@ -37,7 +37,9 @@ KINDS: tuple[StepKind, ...] = tuple(StepKind)
 """``catalog.kind`` values index this tuple; -1 is a text that does not parse."""
 KIND_CODE: dict[StepKind, int] = {k: i for i, k in enumerate(KINDS)}
 COMPUTE_CODES = np.array(sorted(KIND_CODE[k] for k in COMPUTE_KINDS), dtype=np.int8)
-COMPOSITE_CODE = KIND_CODE[StepKind.OVERLAP_F_B]
+COMPOSITE_CODES = np.array(
+    sorted(KIND_CODE[k] for k in (StepKind.OVERLAP_F_B, StepKind.OVERLAP_B_F)), dtype=np.int8
+)
 
 
 def kind_table(kinds) -> np.ndarray:

@@ -301,7 +301,14 @@ EVENTS: dict[str, Record] = {
             th   | string | required | thread: `"main"` or `"overlap"`
             """,
         ),
-        record(STEP_END, "id | int | required | the `step_begin` it ends"),
+        record(
+            STEP_END,
+            """
+            id    | int | required  | the `step_begin` it ends
+            bytes | int | sometimes | only on an activation swap launch (`OFFLOAD`, `LOAD`):
+                                      the bytes of saved activations it copies
+            """,
+        ),
         record(
             P2P_POST,
             """

@@ -67,7 +67,9 @@ class RecorderHooks(Protocol):
         (bubbles excluded). Returns a token for `end_step`. Composite steps get one call for
         the composite and one per sub-step (sub-steps on the thread that runs them)."""
 
-    def end_step(self, token: Any) -> None: ...
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
+        """The step begun with ``token`` ended; ``nbytes``: the bytes an activation swap
+        launch (`OFFLOAD`, `LOAD`) copies, None for every other step."""
 
     def p2p_posted(
         self,
@@ -114,7 +116,7 @@ class NullRecorder:
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
         return None
 
-    def end_step(self, token: Any) -> None:
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
         pass
 
     def p2p_posted(self, **kwargs: Any) -> Any:

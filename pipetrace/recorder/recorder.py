@@ -272,7 +272,7 @@ class Recorder:
         timing = None if timer is None else timer.begin(sid, text, self._device.current_stream())
         return (sid, handle, timing)
 
-    def end_step(self, token: Any) -> None:
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
         t = self._monotonic_ns()
         self.last_progress = t
         if type(token) is tuple:
@@ -282,7 +282,10 @@ class Recorder:
             if handle is not None:
                 self._profiler.end(handle)
         self.open_steps.pop(token, None)
-        self._append((_STEP_END, t, token))
+        if nbytes is None:
+            self._append((_STEP_END, t, token))
+        else:
+            self._append((_STEP_END, t, token, nbytes))
 
     def p2p_posted(
         self,
@@ -466,7 +469,11 @@ class Recorder:
         for record in records:
             tag = record[0]
             if tag == end_tag:
-                out += step_end % (record[1] + offset, record[2])
+                if len(record) == 3:
+                    out += step_end % (record[1] + offset, record[2])
+                else:  # a swap launch's bytes
+                    out += (step_end % (record[1] + offset, record[2]))[:-2]
+                    out += b',"bytes":%d}\n' % record[3]
             elif tag == begin_tag:
                 _, t, sid, it, pos, step, thread = record
                 step_text = texts.get(id(step)) or text(step)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pipetrace.recorder.hooks import Place, RecorderHooks
     from pipetrace.recorder.setup import RecordSettings
     from pipetrace.runtime import fsdp
+    from pipetrace.runtime.activation_swap import SwapSteps
     from pipetrace.runtime.config import DemoConfig, RunConfig, WorkerSpec
     from pipetrace.runtime.p2p_common import P2PBookkeeping, StreamMeta
 
@@ -91,6 +92,11 @@ class Backend:
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         """The handlers of the FSDP steps over ``stages``."""
         raise NotImplementedError
+
+    def swap_steps(self) -> SwapSteps:
+        """The handlers of the activation swap steps (`RunConfig` refuses ``--swap`` on a
+        backend without them)."""
+        raise NotImplementedError(f"the {self.name} backend cannot run activation swap steps")
 
     # -- the process group -----------------------------------------------------------------
 
