@@ -170,7 +170,9 @@ class Executor:
 
     def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
         """Run ``fn(step, context)`` instead of the built-in handler for every step of
-        ``kind`` (sub-steps of OVERLAP_F_B and OVERLAP_B_F composites included)."""
+        ``kind`` (sub-steps of OVERLAP_F_B and OVERLAP_B_F composites included). A function
+        for RECV_F or RECV_B turns off posting recvs ahead (`recv_ahead`): it may receive by
+        itself, so every recv is posted at its step."""
         context = self.context
 
         def handler(position: int, step: Step) -> None:
@@ -178,6 +180,8 @@ class Executor:
             fn(step, context)
 
         self._handlers[StepKind(kind)] = handler
+        if StepKind(kind) in (StepKind.RECV_F, StepKind.RECV_B):
+            self._ahead = None
         self._compile()
 
     def set_step_order(self, order: Callable[[int], Sequence[int] | None] | None) -> None:
