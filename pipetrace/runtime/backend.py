@@ -92,6 +92,12 @@ class Backend:
         """The handlers of the FSDP steps over ``stages``."""
         raise NotImplementedError
 
+    def sum_with_peer(self, param: Any, peer: int) -> None:
+        """TIED_REDUCE: exchange ``param``'s accumulated gradient with rank ``peer``, which
+        holds the same tied parameter, and keep the sum (added in rank order, so both ranks
+        hold the same bits)."""
+        raise NotImplementedError
+
     # -- the process group -----------------------------------------------------------------
 
     def join(self, timeout: float) -> tuple[int, int]:
@@ -215,7 +221,9 @@ class DemoKit(Protocol):
     def stop(self) -> None: ...
 
     def replicas(self, case: RunConfig, rank: int) -> Replicas: ...
-    def build_model(self, num_stages: int, config: DemoConfig, seed: int) -> Any: ...
+    def build_model(
+        self, num_stages: int, config: DemoConfig, seed: int, *, tie_weights: bool = False
+    ) -> Any: ...
     def batch(self, step: int, size: int, config: DemoConfig, seed: int) -> tuple[Any, Any]: ...
     def optimizer(self, runner: Any, learning_rate: float) -> Optimizer: ...
 

@@ -63,6 +63,12 @@ class DemoConfig:
     """Samples per micro-batch; a global batch is ``microbatches * microbatch_size`` samples
     per data-parallel replica."""
 
+    def tied_names(self, num_stages: int) -> tuple[str, str]:
+        """The weight that ``--tie-weights`` shares: the first block's Linear weight (the
+        "input embedding") and the last block's (the "output projection"), by their names
+        in the full model and in the stages."""
+        return ("0.0.weight", f"{num_stages * self.blocks_per_stage - 1}.0.weight")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -109,6 +115,9 @@ class RunConfig:
     """Seconds without progress before a rank's watchdog records a stall (0: no watchdog)."""
     abort_timeout: float = ABORT_TIMEOUT.field()
     """Further seconds after a stall before the watchdog ends the rank (0: never)."""
+    tie_weights: bool = setting(False, flag="--tie-weights")
+    """Tie the demo's first and last Linear weights (`DemoConfig.tied_names`); the plan gets
+    a TIED_REDUCE step on both stages' ranks, which sums the two gradients."""
     torch_profiler: bool = setting(False, flag="--torch-profiler")
     """Also capture a torch.profiler trace per rank into ``out/profiler/``."""
     demo: DemoConfig = DemoConfig()
@@ -169,6 +178,7 @@ class RunConfig:
                 stages_per_rank=self.stages_per_rank,
                 comms=True,
                 fsdp=self.fsdp,
+                tie_weights=self.tie_weights,
             )
         except ScheduleError as exc:
             raise PipetraceError(str(exc)) from None

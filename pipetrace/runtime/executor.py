@@ -50,6 +50,9 @@ class FrameworkOps(Protocol):
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         """The handlers of UNSHARD / RESHARD / REDUCE_GRAD (no-ops without sharded stages)."""
 
+    def sum_with_peer(self, param: Any, peer: int) -> None:
+        """TIED_REDUCE: sum ``param``'s gradient with rank ``peer``'s copy of it."""
+
 
 @dataclass
 class StepContext:
@@ -83,7 +86,8 @@ class Executor:
 
     ``p2p`` may be None when the plan holds no messages for this rank (e.g. one rank).
     ``ops`` are the framework's few operations the executor needs (default: the torch
-    backend's).
+    backend's). ``tied`` maps the first and the last stage, those of them this rank holds, to
+    the parameter they share (needed when the plan has TIED_REDUCE steps).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Executor:
         p2p: P2P | None,
         recorder: RecorderHooks | None = None,
         ops: FrameworkOps | None = None,
+        tied: dict[int, Any] | None = None,
     ) -> None:
         expected = set(plan.stages_of(rank))
         if set(stages) != expected:
@@ -127,6 +132,7 @@ class Executor:
             StepKind.RESHARD: self._fsdp.reshard,
             StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
             StepKind.OVERLAP_F_B: self._overlap,
+            StepKind.TIED_REDUCE: self._tied_reduce,
         }
         self._handlers = dict(self._builtin)
         self.context = StepContext(plan, rank, stages, self._run_default)
@@ -135,6 +141,10 @@ class Executor:
         self._steps = plan.steps(rank)
         if p2p is None and any(step.is_comm for step in self._steps):
             raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
+        self._tied = tied or {}
+        untied = {s.stage for s in self._steps if s.kind is StepKind.TIED_REDUCE} - set(self._tied)
+        if untied:
+            raise ValueError(f"rank {rank}'s plan has TIED_REDUCE for stages {sorted(untied)}")
         self._program: list[tuple[int, Step, Handler]] = []
         self._compile()
         self._step_order: Callable[[int], Sequence[int] | None] | None = None
@@ -335,6 +345,17 @@ class Executor:
         token = self.recorder.begin_step(position, step, thread)
         self._handlers[step.kind](position, step)
         self.recorder.end_step(token)
+
+    def _tied_reduce(self, position: int, step: Step) -> None:
+        """Sum the tied parameter's gradient with the other tied stage's rank. Sends still in
+        flight are waited first: the peer may need them to reach its own TIED_REDUCE."""
+        partner = self._last_stage if step.stage == 0 else 0
+        peer = self._placement[partner]
+        if peer == self.rank:
+            return  # both stages here: they share one parameter, autograd summed it
+        if self.p2p is not None:
+            self.p2p.drain()
+        self._ops.sum_with_peer(self._tied[step.stage], peer)  # type: ignore[index]
 
     # -- messages --------------------------------------------------------------------------
 

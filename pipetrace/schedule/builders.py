@@ -30,7 +30,7 @@ from .ir import (
     overlap,
     stage_to_rank,
 )
-from .lowering import add_fsdp_steps, layout_bubbles, lower
+from .lowering import add_fsdp_steps, add_tied_reduce, layout_bubbles, lower
 
 SCHEDULE_NAMES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv", "dualpipev")
 
@@ -408,9 +408,11 @@ def build_plan(
     stages_per_rank: int | None = None,
     comms: bool = False,
     fsdp: bool = False,
+    tie_weights: bool = False,
 ) -> Plan:
     """A built-in schedule: compute-only with bubbles, or lowered with its messages (and FSDP
-    steps when ``fsdp``), ready for a runtime."""
+    steps when ``fsdp``), ready for a runtime. ``tie_weights`` adds the first and the last
+    stage's ``TIED_REDUCE`` (`lowering.add_tied_reduce`)."""
     if not comms:
         plan = build_compute_plan(
             name,
@@ -418,6 +420,9 @@ def build_plan(
             num_microbatches=num_microbatches,
             stages_per_rank=stages_per_rank,
         )
-        return add_fsdp_steps(plan) if fsdp else plan
-    with gc_paused():
-        return lower(_build_order(name, num_ranks, num_microbatches, stages_per_rank), fsdp=fsdp)
+        plan = add_fsdp_steps(plan) if fsdp else plan
+    else:
+        with gc_paused():
+            order = _build_order(name, num_ranks, num_microbatches, stages_per_rank)
+            plan = lower(order, fsdp=fsdp)
+    return add_tied_reduce(plan) if tie_weights else plan

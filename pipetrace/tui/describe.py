@@ -24,6 +24,7 @@ _KIND_WORDS = {
     "UNSHARD": "FSDP unshard",
     "RESHARD": "FSDP reshard",
     "REDUCE_GRAD": "FSDP gradient reduce",
+    "TIED_REDUCE": "tied-weight gradient reduce",
 }
 
 

@@ -44,6 +44,7 @@ _CAT_OF_KIND = {
     StepKind.UNSHARD: CAT_FSDP,
     StepKind.RESHARD: CAT_FSDP,
     StepKind.REDUCE_GRAD: CAT_FSDP,
+    StepKind.TIED_REDUCE: CAT_FSDP,  # a gradient collective, drawn like FSDP's
 }
 # catalog kind code (index into KINDS, -1 unparsable) + 1 -> category
 CATEGORY_OF_KIND_CODE = np.array(
