@@ -54,6 +54,20 @@ class RecorderHooks(Protocol):
     def p2p_completed(self, token: Any) -> None:
         """The op completed (its wait returned)."""
 
+    records_memory: bool
+    """Whether the runtime should call `memory_sample` (and count what its stages keep)."""
+
+    def memory_sample(
+        self,
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: tuple[int, int] | None,
+    ) -> None:
+        """After the step of ``token`` (from `begin_step`) ended: per stage of the rank, in
+        plan order, the bytes of activations kept for backward and of received tensors not
+        yet consumed; ``allocator`` is the device's (allocated, reserved), None on CPU."""
+
     def exception(self, exc: BaseException) -> None:
         """The rank is about to fail with ``exc``."""
 
@@ -63,6 +77,8 @@ class RecorderHooks(Protocol):
 
 class NullRecorder:
     """Records nothing. Every hook is a no-op."""
+
+    records_memory = False
 
     def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
         pass
@@ -86,6 +102,9 @@ class NullRecorder:
         pass
 
     def p2p_completed(self, token: Any) -> None:
+        pass
+
+    def memory_sample(self, token: Any, saved: list[int], inflight: list[int], allocator: Any) -> None:
         pass
 
     def exception(self, exc: BaseException) -> None:

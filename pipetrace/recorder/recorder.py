@@ -57,6 +57,8 @@ class ProfilerRanges(Protocol):
 class Recorder:
     """Implements `pipetrace.recorder.hooks.RecorderHooks` for one rank."""
 
+    records_memory = True
+
     def __init__(
         self,
         config: RecordSettings,
@@ -113,6 +115,7 @@ class Recorder:
             )
         )
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
+        self._last_memory: tuple = ()  # the last memory sample written (only changes are)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -319,6 +322,24 @@ class Recorder:
         self.last_progress = t
         self.inflight.pop(token, None)
         self._writer.append((_P2P_DONE, t, token))
+
+    def memory_sample(
+        self,
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: tuple[int, int] | None,
+    ) -> None:
+        """A ``memory`` event, when a value differs from the previous sample's."""
+        sample = (saved, inflight, allocator)
+        if sample == self._last_memory:
+            return
+        self._last_memory = sample
+        sid = token[0] if type(token) is tuple else token
+        fields: dict[str, Any] = {"id": sid, "saved": saved, "inflight": inflight}
+        if allocator is not None:
+            fields["allocated"], fields["reserved"] = allocator
+        self._other(fmt.MEMORY, progress=False, **fields)
 
     # -- device timing ---------------------------------------------------------------------
 

@@ -44,12 +44,14 @@ class Stage(Protocol):
     module: Any
     stage_index: int
     losses: dict[int, Any]
+    count_saved: bool
 
     def forward(self, mb: int, x: Any, target: Any = None, loss_scale: float = 1.0) -> Any: ...
     def backward(self, mb: int, output_grad: Any) -> Any: ...
     def backward_input(self, mb: int, output_grad: Any) -> Any: ...
     def backward_weight(self, mb: int) -> None: ...
     def pending(self) -> int: ...
+    def saved_bytes(self) -> int: ...
     def reset(self) -> None: ...
     def parameters(self) -> Iterable[Any]: ...
 
@@ -91,6 +93,11 @@ class Backend:
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         """The handlers of the FSDP steps over ``stages``."""
         raise NotImplementedError
+
+    def allocator_bytes(self) -> tuple[int, int] | None:
+        """(allocated, reserved) bytes of the device's caching allocator, for the memory
+        samples; None where there is none to read (CPU)."""
+        return None
 
     def sum_with_peer(self, param: Any, peer: int) -> None:
         """TIED_REDUCE: exchange ``param``'s accumulated gradient with rank ``peer``, which

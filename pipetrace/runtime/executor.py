@@ -53,6 +53,9 @@ class FrameworkOps(Protocol):
     def sum_with_peer(self, param: Any, peer: int) -> None:
         """TIED_REDUCE: sum ``param``'s gradient with rank ``peer``'s copy of it."""
 
+    def allocator_bytes(self) -> tuple[int, int] | None:
+        """(allocated, reserved) bytes of the device allocator; None without one (CPU)."""
+
 
 @dataclass
 class StepContext:
@@ -156,6 +159,12 @@ class Executor:
         self._act_out: dict[tuple[int, int], torch.Tensor] = {}
         self._grad_in: dict[tuple[int, int], Any] = {}
         self._grad_out: dict[tuple[int, int], torch.Tensor] = {}
+        # stage index -> its slot in a memory sample (plan order); empty: no sampling
+        self._memory_slots: dict[int, int] = {}
+        if getattr(self.recorder, "records_memory", False):
+            self._memory_slots = {s: i for i, s in enumerate(plan.stages_of(rank))}
+            for stage in stages.values():
+                stage.count_saved = True
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -217,6 +226,7 @@ class Executor:
         if self.p2p is not None:
             self.p2p.begin_iteration()
         begin, end = recorder.begin_step, recorder.end_step
+        sample = self._sample_memory if self._memory_slots else None
         program = self._program
         if (
             self._step_order is not None
@@ -228,6 +238,8 @@ class Executor:
                 token = begin(position, step)
                 handler(position, step)
                 end(token)
+                if sample is not None:
+                    sample(token)
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -262,6 +274,17 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+
+    def _sample_memory(self, token: Any) -> None:
+        """The recorder's ``memory`` sample after the step of ``token``: per stage, the
+        activations kept for backward and the received tensors not yet consumed."""
+        slots = self._memory_slots
+        inflight = [0] * len(slots)
+        for box in (self._act_in, self._grad_in):
+            for (stage, _), value in list(box.items()):
+                inflight[slots[stage]] += 0 if value is None else value.nbytes
+        saved = [self.stages[stage].saved_bytes() for stage in slots]
+        self.recorder.memory_sample(token, saved, inflight, self._ops.allocator_bytes())
 
     # -- compute ---------------------------------------------------------------------------
 
@@ -380,3 +403,4 @@ class Executor:
         self._grad_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
             step, peer=self._placement[s + 1], channel="B", src_stage=s + 1
         )
+

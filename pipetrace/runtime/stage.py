@@ -69,7 +69,10 @@ class PipelineStage(StageBase):
         else:
             stage_input = x.detach().requires_grad_(True)
             x = stage_input
-        output = self.module(x)
+        if self.count_saved:
+            output, self._saved_bytes[mb] = self._counted_forward(x)
+        else:
+            output = self.module(x)
         if self.is_last:
             loss = self.loss_fn(output, target)  # type: ignore[misc]
             self.losses[mb] = loss.detach()
@@ -78,9 +81,26 @@ class PipelineStage(StageBase):
         self._saved[mb] = _Saved(stage_input, output)
         return output.detach()
 
+    def _counted_forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The module's output, and the bytes of the tensors autograd saved for its backward:
+        each tensor once (by its data pointer; a view counts its own elements, not its whole
+        storage: a micro-batch is a view of the batch), parameters and their views left out
+        (they are not activations)."""
+        params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+        counted: dict[int, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.untyped_storage().data_ptr() not in params:
+                counted[tensor.data_ptr()] = tensor.nbytes
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+            output = self.module(x)
+        return output, sum(counted.values())
+
     def backward(self, mb: int, output_grad: torch.Tensor | None) -> torch.Tensor | None:
         """Full backward (dx and dw) of micro-batch ``mb``; returns dx (None on stage 0)."""
-        saved = self._saved.pop(mb)
+        saved = self._release(mb)
         torch.autograd.backward(saved.output, None if self.is_last else output_grad)
         if saved.input is None:
             return None
@@ -124,12 +144,16 @@ class PipelineStage(StageBase):
 
     def backward_weight(self, mb: int) -> None:
         """dw of micro-batch ``mb`` (after `backward_input`), accumulated into ``param.grad``."""
-        saved = self._saved.pop(mb)
+        saved = self._release(mb)
         if saved.groups is None:  # stage 0: the whole backward happens here
             torch.autograd.backward(saved.output, None if self.is_last else saved.output_grad)
             return
         for group in saved.groups:
             _run_weight_group(group)
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _run_weight_group(group: _Group) -> None:

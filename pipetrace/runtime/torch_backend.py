@@ -104,6 +104,11 @@ class TorchBackend(Backend):
 
     # -- the process group and the model ---------------------------------------------------
 
+    def allocator_bytes(self) -> tuple[int, int] | None:
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
+
     def sum_with_peer(self, param: torch.nn.Parameter, peer: int) -> None:
         grad = param.grad
         if grad is None:
