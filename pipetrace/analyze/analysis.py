@@ -26,6 +26,7 @@ from pipetrace.analyze.divergence import find_divergence
 from pipetrace.analyze.failures import find_failures
 from pipetrace.analyze.findings import DEADLOCK, ERROR, RANK_STALLED, Finding, counts, sort_findings
 from pipetrace.analyze.ideal import ideal_timeline
+from pipetrace.analyze.memory import memory_report
 from pipetrace.analyze.messages import find_message_problems
 from pipetrace.analyze.metrics import Metrics, compute_metrics
 from pipetrace.analyze.model import RankTimeline, Run
@@ -78,7 +79,7 @@ def analyze(run: Run) -> Analysis:
     findings += find_exposed_comm(timed, metrics)
     which = _path_iteration(metrics)
     critical = critical_path(timed, which) if which is not None else None
-    summary = summarize(run, metrics, ideal, critical, device_timing(run))
+    summary = summarize(run, metrics, ideal, critical, device_timing(run), memory_report(run))
     return Analysis(run, sort_findings(findings), metrics, summary)
 
 

@@ -64,6 +64,8 @@ class RawRank:
     lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     run_start: dict[str, Any] | None = None
     device: list[tuple[int, int, int]] = field(default_factory=list)  # (id, db, de) per event
+    memory_events: list[tuple] = field(default_factory=list)  # (t, id, saved, inflight, a, r)
+    memory: dict[str, np.ndarray] = field(default_factory=dict)  # t step saved inflight a r
 
 
 class _Columns:
@@ -347,6 +349,9 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
         )
     elif e == fmt.DEVICE:
         raw.device.append((d["id"], d["db"], d["de"]))
+    elif e == fmt.MEMORY:
+        sample = (t, d["id"], d["saved"], d["inflight"], d.get("allocated"), d.get("reserved"))
+        raw.memory_events.append(sample)
     elif e in _LIFECYCLE:
         fields = {k: v for k, v in d.items() if k not in ("e", "t")}
         if e == fmt.RUN_START and raw.run_start is None:
@@ -397,21 +402,51 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         "code": pp["code"],
         **_device_columns(raw.device, pp["id"]),
     }
+    raw.memory = _memory_columns(raw, sb["id"])
+
+
+def _rows_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The row of each id in ``wanted`` among the rows ``ids``, -1 where none has it."""
+    if not len(ids) or not len(wanted):
+        return np.full(len(wanted), -1, _I64)
+    order = np.argsort(ids, kind="stable")
+    found = np.minimum(np.searchsorted(ids[order], wanted), len(ids) - 1)
+    return np.where(ids[order][found] == wanted, order[found], -1)
 
 
 def _device_columns(device: list[tuple[int, int, int]], ids: np.ndarray) -> dict[str, np.ndarray]:
     """``dbegin``/``dend`` of the rows ``ids``: their `device` event's times, joined by id
     (the event comes later in the log than the row's end), OPEN for a row without one."""
     dbegin, dend = np.full(len(ids), OPEN, _I64), np.full(len(ids), OPEN, _I64)
-    if device and len(ids):
+    if device:
         events = np.array(device, _I64)
-        order = np.argsort(ids, kind="stable")
-        found = np.searchsorted(ids[order], events[:, 0])
-        found_c = np.minimum(found, len(ids) - 1)
-        hit = ids[order][found_c] == events[:, 0]
-        rows = order[found_c[hit]]
-        dbegin[rows], dend[rows] = events[hit, 1], events[hit, 2]
+        rows = _rows_of(ids, events[:, 0])
+        hit = rows >= 0
+        dbegin[rows[hit]], dend[rows[hit]] = events[hit, 1], events[hit, 2]
     return {"dbegin": dbegin, "dend": dend}
+
+
+def _memory_columns(raw: RawRank, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The `memory` samples as columns (see `pipetrace.analyze.model.MemoryTable`), their
+    steps joined by id. A sample whose lists do not have one entry per stage of the rank
+    counts as a bad value and is dropped."""
+    stages = len((raw.run_start or {}).get("stages") or ())
+    events = raw.memory_events
+    kept = [e for e in events if len(e[2]) == stages and len(e[3]) == stages]
+    raw.problems.bad_values += len(events) - len(kept)
+    raw.memory_events = []
+
+    def ints(column: int) -> np.ndarray:
+        return np.array([-1 if e[column] is None else e[column] for e in kept], _I64)
+
+    return {
+        "t": ints(0),
+        "step": _rows_of(ids, ints(1)),
+        "saved": np.array([e[2] for e in kept], _I64).reshape(len(kept), stages),
+        "inflight": np.array([e[3] for e in kept], _I64).reshape(len(kept), stages),
+        "allocated": ints(4),
+        "reserved": ints(5),
+    }
 
 
 def _check_ids(problems: LogProblems, begun: np.ndarray, ended: np.ndarray) -> None:
