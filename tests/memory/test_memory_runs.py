@@ -1,0 +1,71 @@
+"""Real ranks: the recorded memory timeline of GPipe and 1F1B on 4 ranks shows the textbook
+difference (stage 0 holds M against P micro-batches of activations), and tied weights keep
+parity with a single-process run of the tied model on 2 and 4 ranks. One launch per rank
+count: starting ranks costs seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipetrace.analyze.analysis import analyze
+from pipetrace.analyze.load import load_run
+from pipetrace.runtime.config import RunConfig
+from pipetrace.runtime.launch import launch
+
+pytestmark = pytest.mark.multiproc
+
+TIED = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("zbv", 2)]
+
+
+def tied_cases(ranks: int) -> list[RunConfig]:
+    return [
+        RunConfig(
+            schedule=name,
+            ranks=ranks,
+            microbatches=2 * ranks,
+            stages_per_rank=v,
+            steps=2,
+            tie_weights=True,
+            check_parity=True,
+            timeout=60,
+        )
+        for name, v in TIED
+    ]
+
+
+def assert_parity(result, cases, ranks, first=0):
+    """Cases ``first``... of the launch passed their parity check on every rank."""
+    assert result.ok, [(f.rank, f.error, f.traceback) for f in result.failures]
+    for index, case in enumerate(cases, first):
+        reports = [result.results[rank][index].parity for rank in range(ranks)]
+        assert all(r is not None and r.ok for r in reports), (case.schedule, reports)
+
+
+def test_recorded_peaks_of_gpipe_and_1f1b_and_tied_parity_on_4_ranks(tmp_path):
+    ranks, microbatches = 4, 8
+    recorded = [
+        RunConfig(
+            schedule=name,
+            ranks=ranks,
+            microbatches=microbatches,
+            steps=2,
+            out=str(tmp_path / name),
+            timeout=60,
+        )
+        for name in ("gpipe", "1f1b")
+    ]
+    tied = tied_cases(ranks)
+    result = launch(recorded + tied)
+    assert_parity(result, tied, ranks, first=len(recorded))
+    for name, expected in (("gpipe", microbatches), ("1f1b", ranks)):
+        memory = analyze(load_run(tmp_path / name, workers=0)).summary.memory
+        assert memory is not None, name
+        stage0 = next(s for s in memory.stages if s.stage == 0)
+        assert stage0.expected_microbatches == expected, name
+        assert stage0.peak_microbatches == pytest.approx(expected, abs=0.01), name
+        assert stage0.saved_bytes == expected * stage0.microbatch_bytes, name
+
+
+def test_tied_weights_match_single_process_on_2_ranks():
+    cases = tied_cases(2)
+    assert_parity(launch(cases), cases, 2)
