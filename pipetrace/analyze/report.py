@@ -200,7 +200,9 @@ def _memory_lines(memory: MemoryReport) -> list[Line]:
     stages = memory.stages
     title = "  peak activation memory per stage (saved for backward + in flight):"
     if len(stages) > 48:
-        title = f"  peak activation memory, the 10 largest of {len(stages)} stages (--json has all):"
+        title = (
+            f"  peak activation memory, the 10 largest of {len(stages)} stages (--json has all):"
+        )
         stages = sorted(stages, key=lambda s: -s.peak_bytes)[:10]
     lines: list[Line] = [(title, None), (header, None)]
     lines += [(_memory_row(s), None) for s in stages]

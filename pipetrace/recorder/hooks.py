@@ -104,7 +104,9 @@ class NullRecorder:
     def p2p_completed(self, token: Any) -> None:
         pass
 
-    def memory_sample(self, token: Any, saved: list[int], inflight: list[int], allocator: Any) -> None:
+    def memory_sample(
+        self, token: Any, saved: list[int], inflight: list[int], allocator: Any
+    ) -> None:
         pass
 
     def exception(self, exc: BaseException) -> None:

@@ -403,4 +403,3 @@ class Executor:
         self._grad_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
             step, peer=self._placement[s + 1], channel="B", src_stage=s + 1
         )
-

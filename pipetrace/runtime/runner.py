@@ -37,11 +37,11 @@ class PipelineRunner:
     ``schedule`` is a built-in name (with ``num_microbatches``) or a `Plan`; a plan without
     messages is lowered here. Ranks in the plan are ranks in the backend's group.
     ``tensor_meta`` gives message shapes up front (see `pipetrace.runtime.p2p_common`); it
-    must be the same on every rank. ``tied`` names one parameter shared by the first and the
-    last stage (its name there, e.g. ``("0.0.weight", "7.0.weight")``): a built-in schedule
-    then gets TIED_REDUCE steps, which sum its two gradients. ``recorder`` defaults to the one PIPETRACE_DIR and the
+    must be the same on every rank. ``recorder`` defaults to the one PIPETRACE_DIR and the
     other PIPETRACE_* variables ask for (none without them). ``timeout`` bounds a wait on a
-    peer when the runner joins the group itself.
+    peer when the runner joins the group itself. ``tied`` names one parameter shared by the
+    first and the last stage (its name there, e.g. ``("0.0.weight", "7.0.weight")``): a
+    built-in schedule then gets TIED_REDUCE steps, which sum its two gradients.
 
     The last stage backpropagates ``loss_fn(output, target) / M`` for each micro-batch, so
     after `step` the gradients are those of the mean loss over the whole batch.
