@@ -12,11 +12,11 @@ from pipetrace.analyze.device_times import device_rows
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, Run
 from pipetrace.tui.lanes import (
     CAT_DIM,
+    CAT_OTHER,
     CAT_RECV,
     CAT_SEND,
     CATEGORY_OF_KIND_CODE,
     COMM,
-    CAT_OTHER,
     DEVICE,
     MAIN,
     MEMORY,
