@@ -122,10 +122,8 @@ class MetricsSummary:
     memory: MemoryReport | None = None  # peaks from the memory samples; None without any
 
     def to_json(self, *, segments: bool = True) -> dict[str, Any]:
-        """``segments=False`` leaves the critical path's segments out (they can be many).
-        ``memory`` is present only for a run with memory samples."""
+        """``segments=False`` leaves the critical path's segments out (they can be many)."""
         cp = self.critical_path
-        memory = {} if self.memory is None else {"memory": self.memory.to_json()}
         return {
             "iterations": [i.to_json() for i in self.iterations],
             "iteration_time": self.iteration_time.to_json(),
@@ -136,7 +134,7 @@ class MetricsSummary:
             "critical_path": cp.to_json(segments=segments) if cp is not None else None,
             "clocks": self.clocks,
             "timing": self.timing.to_json(),
-            **memory,
+            "memory": self.memory.to_json() if self.memory is not None else None,
         }
 
 

@@ -97,7 +97,7 @@ def test_report_and_json_show_memory_only_when_sampled(tmp_path):
     plain = runner.invoke(cli, ["analyze", str(tmp_path / "without")]).output
     assert "peak activation memory" not in plain
     without = runner.invoke(cli, ["analyze", "--json", str(tmp_path / "without")]).output
-    assert '"memory"' not in without
+    assert '"memory": null' in without
 
 
 def test_a_sample_with_the_wrong_number_of_stages_is_dropped_and_counted(tmp_path):
@@ -122,3 +122,11 @@ def test_each_stage_of_a_multi_stage_rank_has_its_own_peak(tmp_path, schedule):
     rows = analysis.summary.memory.stages
     assert len(rows) == 2 * RANKS
     assert all(r.peak_microbatches == r.expected_microbatches for r in rows)
+
+
+def test_the_memory_json_is_the_documented_one(tmp_path):
+    from tests.analyze.test_json_doc import mismatches, skeleton
+
+    document = recorded(tmp_path / "run", "1f1b").to_json()
+    assert document["metrics"]["memory"]["stages"]
+    assert mismatches(skeleton(), document) == []
