@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
 
 # Tuple tags on the hot path; `_encode` turns each into its documented JSON event.
-_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER = range(5)
+_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER, _MEMORY = range(6)
 
 
 class ProfilerRanges(Protocol):
@@ -336,10 +336,7 @@ class Recorder:
             return
         self._last_memory = sample
         sid = token[0] if type(token) is tuple else token
-        fields: dict[str, Any] = {"id": sid, "saved": saved, "inflight": inflight}
-        if allocator is not None:
-            fields["allocated"], fields["reserved"] = allocator
-        self._other(fmt.MEMORY, progress=False, **fields)
+        self._writer.append((_MEMORY, self._monotonic_ns(), sid, saved, inflight, allocator))
 
     # -- device timing ---------------------------------------------------------------------
 
@@ -483,6 +480,12 @@ class Recorder:
             if stack is None:
                 return line
             return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
+        if tag == _MEMORY:
+            _, _, sid, saved, inflight, allocator = record
+            line = _MEMORY_LINE % (t, sid, orjson.dumps(saved), orjson.dumps(inflight))
+            if allocator is None:
+                return line
+            return line[:-2] + b',"allocated":%d,"reserved":%d}\n' % allocator
         _, _, event_name, fields = record
         return orjson.dumps({"e": event_name, "t": t, **fields}, option=_DUMP_OPTIONS)
 
@@ -491,6 +494,7 @@ _STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
 _STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
 _P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
 _P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
+_MEMORY_LINE = fmt.line_template(fmt.EVENTS[fmt.MEMORY])  # without the CUDA allocator's
 _DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 

@@ -42,6 +42,7 @@ class StageBase:
         self._saved: dict[int, Any] = {}  # micro-batch -> what its backward steps need
         self.count_saved = False
         self._saved_bytes: dict[int, int] = {}  # micro-batch -> bytes its backward holds
+        self._saved_per_input: dict[Any, int] = {}  # (shape, dtype) -> bytes, once measured
 
     def pending(self) -> int:
         """Micro-batches whose backward has not finished (0 after a clean iteration)."""

@@ -130,3 +130,28 @@ def test_the_memory_json_is_the_documented_one(tmp_path):
     document = recorded(tmp_path / "run", "1f1b").to_json()
     assert document["metrics"]["memory"]["stages"]
     assert mismatches(skeleton(), document) == []
+
+
+def test_cuda_allocator_bytes_are_recorded_and_reported(tmp_path):
+    from pipetrace.recorder.recorder import Recorder
+    from pipetrace.recorder.setup import RecordSettings
+
+    plan = build_plan("gpipe", num_ranks=1, num_microbatches=2, comms=True)
+    recorder = Recorder(RecordSettings(tmp_path, stall_timeout=0))
+    recorder.begin_run(rank=0, world_size=1, plan=plan, config={})
+    recorder.begin_iteration(0)
+    for position, step in enumerate(plan.steps(0)):
+        token = recorder.begin_step(position, step)
+        recorder.end_step(token)
+        held = 4096 * (position + 1)
+        recorder.memory_sample(token, [held], [0], (held + 100, 1 << 20))
+        recorder.memory_sample(token, [held], [0], (held + 100, 1 << 20))  # unchanged: dropped
+    recorder.end_iteration(0, 0.5)
+    recorder.end_run()
+    run = load_run(tmp_path, workers=0)
+    memory = run.ranks[0].memory
+    assert len(memory) == len(plan.steps(0))
+    assert memory.reserved.tolist() == [1 << 20] * len(memory)
+    report = analyze(run).summary.memory
+    assert report.ranks[0].peak_allocated_bytes == 4096 * len(memory) + 100
+    assert report.ranks[0].peak_reserved_bytes == 1 << 20
