@@ -84,35 +84,39 @@ class PipelineStage(StageBase):
     def _counted_forward(self, mb: int, x: torch.Tensor) -> torch.Tensor:
         """The module's output, noting the bytes autograd saved for micro-batch ``mb``'s
         backward. They are measured on the first forward of each input shape and dtype and
-        reused after (a saved-tensor hook per tensor cost ~18 % of a demo stage's F + B;
-        a module whose saved tensors depend on the data, not only on the shape, would need a
-        measurement per forward)."""
+        reused after (measuring walks the new autograd graph; a module whose saved tensors
+        depend on the data, not only on the shape, would need a measurement per forward)."""
+        output = self.module(x)
         key = (x.shape, x.dtype)
         size = self._saved_per_input.get(key)
         if size is None:
-            output, size = self._measured_forward(x)
-            self._saved_per_input[key] = size
-        else:
-            output = self.module(x)
+            size = self._saved_per_input[key] = self._saved_in_graph(output)
         self._saved_bytes[mb] = size
         return output
 
-    def _measured_forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The module's output, and the bytes of the tensors autograd saved for its backward:
-        each tensor once (by its data pointer; a view counts its own elements, not its whole
-        storage: a micro-batch is a view of the batch), parameters and their views left out
-        (they are not activations)."""
+    def _saved_in_graph(self, output: torch.Tensor) -> int:
+        """The bytes of the tensors the autograd graph under ``output`` saved for its
+        backward (its nodes' ``_saved_*`` attributes): each tensor once (by its data pointer;
+        a view counts its own elements, not its whole storage: a micro-batch is a view of the
+        batch), parameters and their views left out (they are not activations). Read from the
+        graph rather than through saved-tensor hooks, so that an activation swap group's hooks
+        around the forward keep working."""
+        if output.grad_fn is None:
+            return 0
         params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
         counted: dict[int, int] = {}
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            if tensor.untyped_storage().data_ptr() not in params:
-                counted[tensor.data_ptr()] = tensor.nbytes
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
-            output = self.module(x)
-        return output, sum(counted.values())
+        for node in _post_order(output.grad_fn):
+            for name in dir(node):
+                if not name.startswith("_saved_"):
+                    continue
+                value = getattr(node, name)
+                for tensor in value if isinstance(value, tuple | list) else (value,):
+                    if (
+                        isinstance(tensor, torch.Tensor)
+                        and tensor.untyped_storage().data_ptr() not in params
+                    ):
+                        counted[tensor.data_ptr()] = tensor.nbytes
+        return sum(counted.values())
 
     def backward(self, mb: int, output_grad: torch.Tensor | None) -> torch.Tensor | None:
         """Full backward (dx and dw) of micro-batch ``mb``; returns dx (None on stage 0)."""
@@ -166,10 +170,6 @@ class PipelineStage(StageBase):
             return
         for group in saved.groups:
             _run_weight_group(group)
-
-
-def _unpack(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
 
 
 def _run_weight_group(group: _Group) -> None:
