@@ -106,6 +106,7 @@ def run_summary(run: Run) -> dict[str, Any]:
         "iterations": len(run.iterations()),
         "events": run.num_events,
         "t0_ns": run.t0_ns,
+        "directories": [str(d) for d in run.directories],
     }
 
 

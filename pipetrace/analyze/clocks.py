@@ -80,7 +80,7 @@ def offset_models(clock_events: list[LifecycleEvent]) -> tuple[ClockInfo, dict[s
 # Alignment models tried in turn: the first that lets every matched message arrive after it
 # was sent (after refinement) wins. A badly measured offset makes an interpolation wrong in
 # between; a constant then often still works.
-def _preference(models: dict[str, OffsetFn], attempt: int) -> str:
+def preference(models: dict[str, OffsetFn], attempt: int) -> str:
     """Attempt 0: the recorded model (drift when significant, else the more certain
     measurement); 1: a constant; 2: none."""
     names = [n for n in models if n != "interpolated" or attempt == 0]  # dict order: best first
@@ -90,7 +90,7 @@ def _preference(models: dict[str, OffsetFn], attempt: int) -> str:
 _ATTEMPTS = 3
 
 
-def _pairs(ranks: list[RankTimeline]) -> tuple[np.ndarray, ...]:
+def message_pairs(ranks: list[RankTimeline]) -> tuple[np.ndarray, ...]:
     """Every matched, completed message: (sender, receiver, post on the sender's clock,
     done on the receiver's clock)."""
     dones = counterpart_values(ranks, "done")  # unmatched ops read OPEN
@@ -106,7 +106,7 @@ def _pairs(ranks: list[RankTimeline]) -> tuple[np.ndarray, ...]:
     return tuple(np.concatenate(x) if x else np.empty(0, np.int64) for x in out)
 
 
-def _apply(fns: dict[int, OffsetFn], owner: np.ndarray, times: np.ndarray) -> np.ndarray:
+def apply_offsets(fns: dict[int, OffsetFn], owner: np.ndarray, times: np.ndarray) -> np.ndarray:
     """times - offset_of_owner(times), grouping by owner (one sort, no per-rank scan)."""
     out = times.copy()
     if not len(times):
@@ -122,7 +122,7 @@ def _apply(fns: dict[int, OffsetFn], owner: np.ndarray, times: np.ndarray) -> np
     return out
 
 
-def _bounds(src: np.ndarray, dst: np.ndarray, slack: np.ndarray) -> tuple[np.ndarray, ...]:
+def tightest_bounds(src: np.ndarray, dst: np.ndarray, slack: np.ndarray) -> tuple[np.ndarray, ...]:
     """Per directed rank pair, the smallest slack."""
     if not len(slack):
         return src, dst, slack
@@ -153,7 +153,7 @@ def align(
 ) -> tuple[dict[int, OffsetFn], dict[str, Any]]:
     """Choose each rank's offset function and correction (`ClockInfo.applied`,
     ``correction_ns``); returns the functions and the alignment quality for the report."""
-    src, dst, post, done = _pairs(ranks)
+    src, dst, post, done = message_pairs(ranks)
     quality: dict[str, Any] = {
         "message_pairs_checked": 0,
         "early_receives_before": 0,
@@ -164,12 +164,12 @@ def align(
     }
     attempts = []
     for attempt in range(_ATTEMPTS):
-        names = {r.rank: _preference(models[r.rank], attempt) for r in ranks}
+        names = {r.rank: preference(models[r.rank], attempt) for r in ranks}
         fns = {r: models[r][n] for r, n in names.items()}
-        sent = _apply(fns, src, post)
-        arrived = _apply(fns, dst, done)
+        sent = apply_offsets(fns, src, post)
+        arrived = apply_offsets(fns, dst, done)
         slack = arrived - sent
-        b_src, b_dst, w = _bounds(src, dst, slack)
+        b_src, b_dst, w = tightest_bounds(src, dst, slack)
         attempts.append((names, fns, slack, b_src, b_dst, w, _refine(world_size, b_src, b_dst, w)))
         if attempts[-1][-1] is not None:
             break

@@ -1,7 +1,9 @@
-"""Run directory -> `Run`: parallel per-rank parsing, validation, clock alignment, matching.
+"""Run directory (or several) -> `Run`: parallel per-rank parsing, validation, clock
+alignment, matching.
 
     from pipetrace.analyze.load import load_run
     run = load_run("runs/demo")                # raises TraceFormatError when unusable
+    run = load_run(["runs/node0", "runs/node1"])   # one run, a directory per node (source.py)
     run.ranks[1].steps.begin                    # ns since run.t0_ns, on rank 0's clock
 
 Each rank's log is parsed in a worker process (`parse.parse_rank_file`, streaming) once the
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze import clocks
+from pipetrace.analyze.host_clocks import align_hosts, host_groups, one_host
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
     OPEN,
@@ -45,11 +48,11 @@ from pipetrace.analyze.model import (
     steps_of,
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
-from pipetrace.analyze.reader import TraceFormatError, read_meta
+from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.source import RunPaths, RunSource, open_source
 from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.gc_pause import gc_paused
-from pipetrace.limits import check_world_size
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Plan, Step
 
@@ -63,39 +66,25 @@ _PARALLEL_MIN_BYTES = 16 << 20
 
 
 def load_run(
-    path: str | Path, *, progress: Progress | None = None, workers: int | None = None
+    path: RunPaths | RunSource,
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
 ) -> Run:
-    """Load a run directory into one `Run`.
+    """Load a run: one directory, several (one per node) or a glob (`source.open_source`).
 
     ``workers``: processes for parsing (None: automatic, 0: parse in this process).
     """
-    run_dir = Path(path)
-    meta = read_meta(run_dir)
-    world_size = meta.get("world_size")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise TraceFormatError(f"{run_dir / fmt.META_FILE}: invalid world_size {world_size!r}")
-    logs = sorted(run_dir.glob("rank-*.ndjson"))
-    check_world_size(world_size, len(logs), str(run_dir / fmt.META_FILE))
-    problems: list[InputProblem] = []
-    paths = [fmt.rank_log_path(run_dir, r) for r in range(world_size)]
-    expected = {p.name for p in paths}
-    for extra in logs:
-        if extra.name not in expected:
-            problems.append(
-                InputProblem(
-                    "warning",
-                    f"{extra.name} is not a rank of this run (world size {world_size}): "
-                    "left over from another run; ignored",
-                )
-            )
-    assembly = _Assembly(meta, world_size, problems)
+    source = path if isinstance(path, RunSource) else open_source(path)
+    problems = list(source.problems)
+    assembly = _Assembly(source.meta, source.world_size, problems)
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        with _Parsing(paths, progress, workers) as parsing:
+        with _Parsing(source.logs, progress, workers) as parsing:
             for rank, raw in enumerate(parsing.in_rank_order()):
                 assembly.add(rank, raw)
-        return assembly.finish(run_dir)
+        return assembly.finish(source)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -339,10 +328,10 @@ class _Assembly:
         )
         self.ranks.append(timeline)
 
-    def finish(self, run_dir: Path) -> Run:
+    def finish(self, source: RunSource) -> Run:
         if not any(r.present for r in self.ranks):
             raise TraceFormatError(
-                f"{run_dir}: no usable event log ("
+                f"{source.path}: no usable event log ("
                 + "; ".join(p.message for p in self.problems if p.rank is not None)[:400]
                 + ")"
             )
@@ -355,9 +344,12 @@ class _Assembly:
                     row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
                 )
         match_messages(self.ranks)
-        offsets, quality = clocks.align(
-            [r for r in self.ranks if r.present], self.world_size, self.models
-        )
+        present = [r for r in self.ranks if r.present]
+        if len(host_groups(present)) > 1:  # one clock per host: align hosts
+            offsets, quality = align_hosts(present, self.models)
+        else:
+            offsets, quality = clocks.align(present, self.world_size, self.models)
+            quality["hosts"] = one_host(present)
         t0 = _shift_times(self.ranks, offsets)
         for rank in self.ranks:
             if rank.present:
@@ -365,7 +357,8 @@ class _Assembly:
         _note_clock_problems(self.ranks, quality, self.problems)
         _note_cut_logs(self.ranks, self.problems)
         return Run(
-            path=run_dir,
+            path=source.path,
+            directories=source.directories,
             meta=self.meta,
             plan=plan,
             world_size=self.world_size,
@@ -595,7 +588,9 @@ def _note_clock_problems(
                 f"messages; aligned with {quality['model']} instead",
             )
         )
-    if quality.get("refined"):
+    if quality.get("refined") and len(quality["hosts"]) > 1:
+        _note_moved_hosts(ranks, quality["hosts"], problems)
+    elif quality.get("refined"):
         for rank in ranks:
             u = rank.clock.uncertainty_ns
             if u is not None and abs(rank.clock.correction_ns) > 2 * u + 100_000:
@@ -607,6 +602,28 @@ def _note_clock_problems(
                         rank.rank,
                     )
                 )
+
+
+def _note_moved_hosts(
+    ranks: list[RankTimeline], hosts: list[dict[str, Any]], problems: list[InputProblem]
+) -> None:
+    """A host whose correction goes beyond its recorded uncertainty: its exchange was off."""
+    by_rank = {r.rank: r for r in ranks}
+    for host in hosts:
+        u = by_rank[host["ranks"][0]].clock.uncertainty_ns
+        moved = host["correction_ns"]
+        if u is not None and abs(moved) > 2 * u + 100_000:
+            left = host["uncertainty_ns"]
+            problems.append(
+                InputProblem(
+                    "info",
+                    f"clocks: host {host['host']} ({len(host['ranks'])} ranks) moved "
+                    f"{moved / 1e3:+.0f} us, beyond its recorded uncertainty (+-{u / 1e3:.0f} "
+                    "us); "
+                    + ("now +-?" if left is None else f"now +-{left / 1e3:.0f} us")
+                    + " from the messages' order",
+                )
+            )
 
 
 def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> None:

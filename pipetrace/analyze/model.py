@@ -420,7 +420,7 @@ class InputProblem:
 
 @dataclass
 class Run:
-    """A loaded run directory."""
+    """A loaded run (one directory, or several gathered by `pipetrace.analyze.source`)."""
 
     path: Path
     meta: dict[str, Any]
@@ -434,6 +434,8 @@ class Run:
     t0_ns: int  # epoch ns (rank 0's clock) of time 0
     problems: list[InputProblem] = field(default_factory=list)
     clock_quality: dict[str, Any] = field(default_factory=dict)  # see clocks.align
+    directories: tuple[Path, ...] = ()
+    """Every directory the run was gathered from (`path` is the one holding meta.json)."""
 
     @property
     def present_ranks(self) -> list[RankTimeline]:

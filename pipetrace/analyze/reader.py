@@ -113,12 +113,17 @@ def open_regular(path: Path) -> BinaryIO:
         raise
 
 
-def read_meta(run_dir: str | Path) -> dict[str, Any]:
-    run_dir = Path(run_dir)
+def check_run_dir(run_dir: Path) -> None:
+    """Raise TraceFormatError unless ``run_dir`` is an existing directory."""
     if not run_dir.exists():
         raise TraceFormatError(f"{run_dir}: no such run directory")
     if not run_dir.is_dir():
         raise TraceFormatError(f"{run_dir}: not a directory (expected a pipetrace run directory)")
+
+
+def read_meta(run_dir: str | Path) -> dict[str, Any]:
+    run_dir = Path(run_dir)
+    check_run_dir(run_dir)
     path = run_dir / fmt.META_FILE
     try:
         with open_regular(path) as handle:
@@ -135,6 +140,17 @@ def read_meta(run_dir: str | Path) -> dict[str, Any]:
         raise TraceFormatError(f"{path}: corrupt (not a JSON object)")
     check_version(data, fmt.META_FORMAT, str(path))
     return data
+
+
+def read_run_id(run_dir: Path) -> str | None:
+    """The run id a directory was claimed with (its ``run-id`` file), None without one or
+    when it is not a small regular file (older runs have none)."""
+    try:
+        with open_regular(run_dir / fmt.RUN_ID_FILE) as handle:
+            data = handle.read(4097)
+    except (OSError, TraceFormatError):
+        return None
+    return data.decode(errors="replace").strip() if len(data) <= 4096 else None
 
 
 def read_log(path: str | Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]], LogProblems]:

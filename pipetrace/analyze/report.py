@@ -261,12 +261,25 @@ def _clock_line(cl: dict[str, Any]) -> Line:
         f"; min slack {ms(cl.get('min_slack_ns'))}" if cl.get("min_slack_ns") is not None else ""
     )
     return (
-        f"  clocks: {cl.get('message_pairs_checked', 0)} rank pairs checked, "
-        f"{cl.get('early_receives_before', 0)} received before sent with recorded offsets"
-        + refined
-        + slack,
+        f"  clocks: {cl.get('message_pairs_checked', 0)} "
+        + ("host" if len(cl.get("hosts", ())) > 1 else "rank")
+        + f" pairs checked, {cl.get('early_receives_before', 0)} received before sent with "
+        "recorded offsets" + refined + slack + _hosts_text(cl.get("hosts")),
         None,
     )
+
+
+def _hosts_text(hosts: list[dict[str, Any]] | None) -> str:
+    """Each host's correction and remaining uncertainty (runs over several hosts)."""
+    if not hosts or len(hosts) < 2:
+        return ""
+    parts = [
+        f"{h['host']} ({len(h['ranks'])} ranks) "
+        + f"{'+' if h['correction_ns'] >= 0 else '-'}{ms(abs(h['correction_ns']))} "
+        + ("±?" if h["uncertainty_ns"] is None else f"±{ms(h['uncertainty_ns'])}")
+        for h in hosts
+    ]
+    return "; hosts: " + ", ".join(parts)
 
 
 def render(analysis: Analysis, out: IO[str], *, color: bool = False) -> None:

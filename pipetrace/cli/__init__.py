@@ -32,6 +32,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "Compare two recorded runs: stage times, bubbles, iteration time.",
     ),
     "export": ("pipetrace.cli.export", "export", "Export a recorded run for ui.perfetto.dev."),
+    "merge": (
+        "pipetrace.cli.merge",
+        "merge",
+        "Write a run recorded into several directories (one per node) as one.",
+    ),
 }
 
 

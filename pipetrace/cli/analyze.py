@@ -7,6 +7,7 @@ import time
 
 import click
 
+from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
 
 
@@ -47,8 +48,8 @@ class _LazyProgress:
             self.bar.stop()
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(file_okay=False, path_type=str))
+@click.command(epilog=RUN_DIRS_HELP)
+@run_dirs
 @click.option(
     "--json", "as_json", is_flag=True, help="Findings and metrics as JSON (docs/analyze.md)."
 )
@@ -61,7 +62,9 @@ class _LazyProgress:
 @click.option(
     "--no-segments", is_flag=True, help="Leave the critical path's segments out of --json."
 )
-def analyze(run_dir: str, as_json: bool, workers: int | None, no_segments: bool) -> int:
+def analyze(
+    run_dirs: tuple[str, ...], as_json: bool, workers: int | None, no_segments: bool
+) -> int:
     """Diagnose a recorded run: hangs, failures, message problems, plan divergence,
     stragglers, exposed communication; then iteration time, bubbles, per-stage step
     times, the critical path and clock alignment.
@@ -72,6 +75,8 @@ def analyze(run_dir: str, as_json: bool, workers: int | None, no_segments: bool)
     Examples:
       pipetrace run -s 1f1b -p 4 -m 8 --out runs/a && pipetrace analyze runs/a
       pipetrace analyze runs/a --json | jq '.findings[] | select(.severity == "error")'
+      pipetrace analyze runs/node0 runs/node1     # one run, a directory per node
+      pipetrace analyze 'runs/node*'              # the same, as a glob
     """
     from pipetrace.analyze.analysis import analyze as run_analysis
     from pipetrace.analyze.load import load_run
@@ -79,7 +84,7 @@ def analyze(run_dir: str, as_json: bool, workers: int | None, no_segments: bool)
 
     progress = _LazyProgress()
     try:
-        run = load_run(run_dir, progress=progress, workers=workers)
+        run = load_run(run_dirs, progress=progress, workers=workers)
     finally:
         progress.close()
     result = run_analysis(run)

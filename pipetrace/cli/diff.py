@@ -6,28 +6,69 @@ import sys
 
 import click
 
+from pipetrace.errors import PipetraceError
+
 
 @click.command()
-@click.argument("run_a", type=click.Path(file_okay=False, path_type=str))
-@click.argument("run_b", type=click.Path(file_okay=False, path_type=str))
+@click.argument("runs", metavar="[RUN_A RUN_B]", nargs=-1, type=click.Path(path_type=str))
+@click.option(
+    "-a",
+    "run_a_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="A directory (or glob) of run A; repeat it for a run spread over several.",
+)
+@click.option(
+    "-b",
+    "run_b_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="A directory (or glob) of run B; repeat it for a run spread over several.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON (docs/analyze.md).")
-def diff(run_a: str, run_b: str, as_json: bool) -> int:
+def diff(
+    runs: tuple[str, ...], run_a_dirs: tuple[str, ...], run_b_dirs: tuple[str, ...], as_json: bool
+) -> int:
     """Compare two recorded runs: per-stage step times, bubbles and iteration time, with
     the change from A to B. Exit code 0, or 2 when a run cannot be read.
+
+    Give the two runs either as RUN_A RUN_B (one directory or quoted glob each), or, for
+    runs spread over several directories (one per node), as -a DIR... -b DIR...
 
     \b
     Examples:
       pipetrace diff runs/plain runs/overlap
       pipetrace diff runs/a runs/b --json
+      pipetrace diff 'runs/a/node*' 'runs/b/node*'
+      pipetrace diff -a runs/a/node0 -a runs/a/node1 -b runs/b/node0 -b runs/b/node1
     """
     from pipetrace.analyze.analysis import analyze
     from pipetrace.analyze.diff import diff_runs, render
     from pipetrace.analyze.load import load_run
     from pipetrace.cli.schedule import echo_json
 
+    run_a, run_b = _two_runs(runs, run_a_dirs, run_b_dirs)
     result = diff_runs(analyze(load_run(run_a)), analyze(load_run(run_b)))
     if as_json:
         echo_json(result)
     else:
         render(result, sys.stdout)
     return 0
+
+
+def _two_runs(
+    runs: tuple[str, ...], a: tuple[str, ...], b: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Each run's directories, from RUN_A RUN_B or from -a/-b (never both)."""
+    if a or b:
+        if runs or not (a and b):
+            raise PipetraceError(
+                "give the runs as RUN_A RUN_B, or as -a DIR... -b DIR... (both -a and -b, "
+                "and no RUN_A RUN_B with them)"
+            )
+        return a, b
+    if len(runs) != 2:
+        raise PipetraceError(
+            f"give two runs (RUN_A RUN_B, or -a DIR... -b DIR...), not {len(runs)} path(s)"
+        )
+    return (runs[0],), (runs[1],)

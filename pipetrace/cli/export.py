@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK
 
 
@@ -44,13 +45,14 @@ class _Progress:
             sys.stderr.flush()
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=str))
+@click.command(epilog=RUN_DIRS_HELP)
+@run_dirs
 @click.option(
     "-o",
     "--output",
     type=click.Path(dir_okay=False, path_type=str),
-    help="Trace file to write [default: DIR.pftrace, or DIR.json, next to the run directory].",
+    help="Trace file to write [default: DIR.pftrace, or DIR.json, next to the run directory "
+    "(the one holding meta.json)].",
 )
 @click.option(
     "--format",
@@ -88,7 +90,7 @@ class _Progress:
     help="Processes that parse rank logs (default: automatic; 0: none).",
 )
 def export(
-    run_dir: str,
+    run_dirs: tuple[str, ...],
     output: str | None,
     fmt: str,
     open_ui: bool,
@@ -108,18 +110,23 @@ def export(
       pipetrace export runs/a                 # writes runs/a.pftrace
       pipetrace export runs/a --open          # then prints the link that opens it
       pipetrace export runs/a --format chrome-json -o a.json
+      pipetrace export 'runs/node*' -o job.pftrace   # one run, a directory per node
     """
     from pipetrace.analyze.load import load_run
+    from pipetrace.analyze.source import open_source
     from pipetrace.export import default_output, export_run
     from pipetrace.export.output import check_output
 
-    out = Path(output) if output else default_output(run_dir, fmt)
-    check_output(out)  # before the run is loaded: a bad target fails at once
+    if output:
+        check_output(Path(output))  # before the run is read: a bad target fails at once
+    source = open_source(run_dirs)
+    out = Path(output) if output else default_output(source.path, fmt)
+    check_output(out)
     progress = _Progress()
     try:
         progress("loading rank logs")
         run = load_run(
-            run_dir,
+            source,
             progress=lambda done, total: progress("loading rank logs", done / total),
             workers=workers,
         )

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
+from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_USAGE, PipetraceError
 
 
-@click.command()
-@click.argument("run_dir", type=click.Path(path_type=Path))
-def tui(run_dir: Path) -> int:
+@click.command(epilog=RUN_DIRS_HELP)
+@run_dirs
+def tui(run_dirs: tuple[str, ...]) -> int:
     """Inspect a recorded run interactively.
 
     A timeline of every rank (steps coloured by kind, P2P ops in flight, the plan beside what
@@ -20,12 +20,13 @@ def tui(run_dir: Path) -> int:
     press ? for the keys.
 
     \b
-    Example:
+    Examples:
       pipetrace tui runs/demo
+      pipetrace tui runs/node0 runs/node1     # one run, a directory per node
     """
-    from pipetrace.analyze.reader import read_meta
+    from pipetrace.analyze.source import open_source
 
-    read_meta(run_dir)  # a missing or foreign directory fails here, before the screen changes
+    source = open_source(run_dirs)  # a missing or foreign directory fails here, at once
     try:
         from pipetrace.tui.app import PipetraceApp
     except ImportError as exc:
@@ -36,7 +37,7 @@ def tui(run_dir: Path) -> int:
         raise PipetraceError(
             "pipetrace tui needs a terminal (stdin and stdout); run it in a terminal"
         )
-    app = PipetraceApp(run_dir)
+    app = PipetraceApp(source)
     app.run()
     if app.load_error:
         click.echo(f"pipetrace: error: {app.load_error}", err=True)

@@ -12,6 +12,7 @@ The algorithm is backend-neutral: a backend supplies `send_ints` / `recv_ints`.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,11 +27,14 @@ class Clock:
     wall clock once, to anchor those readings to the Unix epoch.
 
     Injectable so that a fake cluster (`pipetrace.testing.cluster`) can run real recorders on
-    virtual time, with any per-rank clock offset, without sleeping.
+    virtual time, with any per-rank clock offset and skew, on any fake host, without sleeping.
     """
 
     monotonic_ns: Callable[[], int] = time.perf_counter_ns
     wall_ns: Callable[[], int] = time.time_ns
+    host: Callable[[], str] = socket.gethostname
+    """The host these clocks belong to (the header's ``host``): the ranks of one host share
+    its clocks, which is what the analyzer aligns hosts by."""
 
 
 SYSTEM_CLOCK = Clock()

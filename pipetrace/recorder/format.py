@@ -30,6 +30,9 @@ SCHEMA_VERSION = 1
 META_FORMAT = "pipetrace-run"
 LOG_FORMAT = "pipetrace-events"
 META_FILE = "meta.json"
+RUN_ID_FILE = "run-id"
+"""The run's id, written by the first process that claims the directory
+(`pipetrace.recorder.run_dir`); every directory a run records into holds a copy."""
 PROFILER_DIR = "profiler"
 
 # Event types (the "e" field). Begin/end pairs carry the same "id".
@@ -431,6 +434,19 @@ def line_template(event: Record) -> bytes:
             raise ValueError(f"{event.name}.{f.name}: a field readers do without comes first")
         parts.append(b'"%s":%s' % (f.name.encode(), b"%d" if f.type is INT else b"%s"))
     return b",".join(parts) + b"}\n"
+
+
+def node_run_id(host: str, pid: int, start: str) -> str:
+    """The id a run gets when nobody named it: the host, pid and start time of the process
+    (launcher or torchrun agent) that started the node's ranks. Each node of a multi-node
+    run derives its own, so two such ids may differ within one run."""
+    return f"{host}:{pid}:{start}"
+
+
+def is_node_run_id(run_id: str) -> bool:
+    """Is ``run_id`` of the `node_run_id` form (one node's own, not a name all nodes share)?"""
+    parts = run_id.rsplit(":", 2)
+    return len(parts) == 3 and parts[1].isdigit() and (parts[2].isdigit() or parts[2] == "?")
 
 
 def rank_log_name(rank: int) -> str:

@@ -130,7 +130,7 @@ class Recorder:
             rank=rank,
             world_size=world_size,
             pid=os.getpid(),
-            host=socket.gethostname(),
+            host=self.clock.host(),
             pipetrace_version=__version__,
             framework=self.framework,
             framework_version=self.framework_version,

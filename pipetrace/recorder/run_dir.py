@@ -23,7 +23,7 @@ from pathlib import Path
 from pipetrace.errors import PipetraceError
 from pipetrace.recorder import format as fmt
 
-RUN_ID_FILE = "run-id"
+RUN_ID_FILE = fmt.RUN_ID_FILE
 """The claim: the id of the run that records into this directory."""
 RUN_ID_ENV = "PIPETRACE_RUN_ID"
 """Set by a launcher for its ranks; otherwise `current_run_id` derives the id."""
@@ -51,7 +51,7 @@ def current_run_id(environ: Mapping[str, str] = os.environ) -> str:
 
 def process_run_id(pid: int) -> str:
     """The run id of the processes that ``pid`` starts (see `current_run_id`)."""
-    return f"{socket.gethostname()}:{pid}:{_start_ticks(pid)}"
+    return fmt.node_run_id(socket.gethostname(), pid, _start_ticks(pid))
 
 
 def _start_ticks(pid: int) -> str:
@@ -69,12 +69,15 @@ def claim(run_dir: Path, run_id: str) -> None:
     marker = run_dir / RUN_ID_FILE
     if not os.path.lexists(marker):
         previous = previous_run_files(run_dir)
-        if previous:
+        # A peer rank may claim the directory (marker, then its log) between the two looks:
+        # its files are not a previous run's once its marker is there.
+        if previous and not os.path.lexists(marker):
             raise RunDirError(
                 f"{run_dir} already holds a run ({previous[0].name}): record into a new "
                 "directory, or remove that run first (pipetrace run --overwrite does)"
             )
-        _link_new(marker, run_id)
+        if not previous:
+            _link_new(marker, run_id)
     claimed = _read_marker(marker)
     if claimed != run_id:
         raise RunDirError(

@@ -176,9 +176,6 @@ class P2PBookkeeping:
         key = (op, peer, channel)
         seq = self._seq.get(key, 0)
         self._seq[key] = seq + 1
-        streams = self.streams
-        if streams is not None:
-            streams.prepare()
         return self.recorder.p2p_posted(
             op=op,
             step=step,
@@ -188,8 +185,17 @@ class P2PBookkeeping:
             nbytes=meta.nbytes,
             shape=meta.shape,
             dtype=meta.dtype_name,
-            stream=None if streams is None else streams.stream,
+            stream=self._post_stream(),
         )
+
+    def _post_stream(self) -> Any:
+        """The stream an op is posted from, for the recorder's device timing (None: host
+        times only); with P2P streams, that stream once it has waited for the compute stream."""
+        streams = self.streams
+        if streams is None:
+            return None
+        streams.prepare()
+        return streams.stream
 
     def posting(self) -> AbstractContextManager[Any]:
         """Where isend/irecv are issued: on the P2P stream when there is one, once it has

@@ -100,6 +100,11 @@ class FakeCluster:
     """Each rank's true wall-clock offset to rank 0."""
     clock_errors_ns: Sequence[int] | None = None
     """The error of the offset each rank records (so raw alignment can misorder a pair)."""
+    clock_skews: Sequence[float] | None = None
+    """How fast each rank's clock runs (20e-6: 20 ppm fast); its offset drifts with it."""
+    hosts: Sequence[str] | None = None
+    """Each rank's host name (None: all on this machine). Give ranks of one host the same
+    clock offset and skew: they share its clock."""
     overlap: bool = False
     """Post every recv at the iteration's start and drain sends at its end (overlapped P2P)."""
     substeps: bool = True
@@ -169,6 +174,8 @@ class FakeCluster:
         period = max(_last_end(s) for scripts in iterations for s in scripts) + ITERATION_GAP_NS
         offsets = self.clock_offsets_ns or [0] * world
         errors = self.clock_errors_ns or [0] * world
+        skews = self.clock_skews or [0.0] * world
+        hosts = self.hosts or [None] * world
         config = self.config or {
             "schedule": self.plan.name,
             "p2p": "overlap" if self.overlap else "plain",
@@ -199,6 +206,8 @@ class FakeCluster:
                 offsets[r],
                 offsets[r] + errors[r],
                 meta_plan if r == 0 else None,
+                skews[r],
+                hosts[r],
             )
             for r in range(world)
         ]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipetrace.recorder import format as fmt
+from pipetrace.recorder.clock import SYSTEM_CLOCK
 from pipetrace.recorder.recorder import Recorder
 from pipetrace.recorder.setup import RecordSettings
 from pipetrace.recorder.watchdog import Watchdog
@@ -41,16 +42,23 @@ _DIRECTION = {StepKind.SEND_F: 1, StepKind.RECV_F: -1, StepKind.SEND_B: -1, Step
 @dataclass
 class VirtualClock:
     """A rank's `pipetrace.recorder.clock.Clock` on virtual time: it reads whatever the
-    cluster set last; its wall clock is off rank 0's by ``offset_ns``."""
+    cluster set last (``now``, the true time); its wall clock is off rank 0's by
+    ``offset_ns`` at time 0 and runs ``skew`` (e.g. 20e-6 for 20 ppm) fast, as a host's
+    oscillator does; ``host_name`` is the host it belongs to (None: this machine's)."""
 
     offset_ns: int = 0
     now: int = 0
+    skew: float = 0.0
+    host_name: str | None = None
 
     def monotonic_ns(self) -> int:
-        return self.now
+        return self.now + round(self.now * self.skew)
 
     def wall_ns(self) -> int:
-        return T0_NS + self.offset_ns + self.now
+        return T0_NS + self.offset_ns + self.monotonic_ns()
+
+    def host(self) -> str:
+        return self.host_name or SYSTEM_CLOCK.host()
 
 
 @dataclass(frozen=True)
@@ -116,8 +124,11 @@ class RankJob:
     iterations: list[IterationScript]
     offset_ns: int
     recorded_offset_ns: int
+    """What its clock exchange records at time 0: ``offset_ns`` plus the exchange's error."""
     meta_plan: Plan | None = None
     """Rank 0 only: the whole plan, for meta.json."""
+    skew: float = 0.0
+    host: str | None = None
 
     def rank_plan(self, steps: list[Step]) -> Plan:
         """The plan handed to the rank's Recorder: the whole plan on rank 0, else one
@@ -162,7 +173,7 @@ class Player:
     def __init__(self, job: RankJob) -> None:
         self.job = job
         self.run = run = job.run
-        self.clock = VirtualClock(job.offset_ns)
+        self.clock = VirtualClock(job.offset_ns, skew=job.skew, host_name=job.host)
         self.recorder = Recorder(
             RecordSettings(
                 run.run_dir, mode=run.mode, stall_timeout=0, abort_timeout=0, flush_interval=3600
@@ -209,7 +220,12 @@ class Player:
         self.recorder.record_event(
             fmt.CLOCK,
             phase=phase,
-            offset_ns=self.job.recorded_offset_ns,
+            # the true offset at this moment (it drifts with the skew) plus the error
+            offset_ns=self.clock.wall_ns()
+            - T0_NS
+            - at
+            + self.job.recorded_offset_ns
+            - self.job.offset_ns,
             uncertainty_ns=CLOCK_UNCERTAINTY_NS,
             reference_rank=0,
         )

@@ -25,7 +25,7 @@ from typing import Any
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
-from pipetrace.torch_pipelining.instrument import Instrumentation, rank_and_size
+from pipetrace.torch_pipelining.instrument import Instrumentation, device_of, rank_and_size
 from pipetrace.torch_pipelining.plan import plan_of
 from pipetrace.torch_pipelining.version import unsupported_reason
 
@@ -111,7 +111,7 @@ def record(
     try:
         plan = plan_of(schedule)
         rank, world_size = rank_and_size(schedule)
-        recorder = torch_recorder(settings)
+        recorder = torch_recorder(settings, device=device_of(schedule))
         instrumentation = Instrumentation(schedule, plan, rank, recorder)
         instrumentation.install()
         run_config = {

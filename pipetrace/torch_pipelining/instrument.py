@@ -41,6 +41,21 @@ def stages_of(schedule: Any) -> list[Any]:
     return list(schedule._stages)
 
 
+def device_of(schedule: Any) -> Any:
+    """The torch device this rank's stages run on (for device timing on CUDA)."""
+    return stages_of(schedule)[0].device
+
+
+def _stream_getter(device: Any) -> Callable[[], Any] | None:
+    """On CUDA, the current-stream function for ``device``; None elsewhere (host times are
+    then device times)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    return lambda: torch.cuda.current_stream(device)
+
+
 def rank_and_size(schedule: Any) -> tuple[int, int]:
     """This process's rank in the pipeline group and the group's size (the plan's ranks)."""
     stage = stages_of(schedule)[0]
@@ -56,9 +71,9 @@ class Instrumentation:
         self.schedule = schedule
         self.recorder = recorder
         self.index = StepIndex(plan, rank)
-        self.messages = MessageLog(recorder)
         self.single = isinstance(schedule, schedules.PipelineScheduleSingle)
         self.stages = stages_of(schedule)
+        self.messages = MessageLog(recorder, _stream_getter(self.stages[0].device))
         self.holds_last = any(stage.is_last for stage in self.stages)
         self.iteration = -1
         self.messages_failed = False

@@ -40,8 +40,10 @@ class RecordedWork:
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         result = self._work.wait(*args, **kwargs)
         tokens, self._tokens = self._tokens, []
+        recorder = self._recorder
         for token in tokens:
-            self._recorder.p2p_completed(token)
+            recorder.p2p_enqueued(token)  # CUDA: the current stream now waits for NCCL
+            recorder.p2p_completed(token)
         return result
 
     def __getattr__(self, name: str) -> Any:
@@ -53,10 +55,13 @@ class MessageLog(P2PBookkeeping):
     posted. The reports (sequence numbers per (op, peer, channel) from 0 each iteration,
     sizes, dtype names) are pipetrace's runtime's own `P2PBookkeeping`'s."""
 
-    def __init__(self, recorder: RecorderHooks) -> None:
+    def __init__(self, recorder: RecorderHooks, current_stream: Callable[[], Any] | None) -> None:
+        """``current_stream``: on CUDA, the function giving the stream an op is posted from
+        (torch posts and waits its P2P ops on the current stream), for device timing."""
         from pipetrace.runtime.p2p import TensorMeta
 
         super().__init__(num_stages=0, recorder=recorder, overlap=True, known=None)
+        self._current_stream = current_stream
         self._tensor_meta = TensorMeta
         self._metas: dict[tuple[tuple[int, ...], Any], Any] = {}  # a message kind's few shapes
         self._pending: dict[int, tuple[Any, Step, int, str]] = {}  # id(op) -> (op, step, pos, ch)
@@ -64,6 +69,10 @@ class MessageLog(P2PBookkeeping):
     def begin_iteration(self) -> None:
         super().begin_iteration()
         self._pending.clear()
+
+    def _post_stream(self) -> Any:
+        current_stream = self._current_stream
+        return None if current_stream is None else current_stream()
 
     def note(self, ops: Sequence[Any], step: Step, position: int, channel: str) -> None:
         """``ops`` were made for ``step``; the op object is kept so its id stays unique."""

@@ -24,6 +24,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import ContentSwitcher, Footer, Static
 
+from pipetrace.analyze.source import RunSource
 from pipetrace.errors import PipetraceError
 from pipetrace.tui import units
 from pipetrace.tui.commands import PipetraceCommands
@@ -107,10 +108,15 @@ class PipetraceApp(App[int]):
     ]
 
     def __init__(
-        self, path: str | Path, *, session: Session | None = None, workers: int | None = None
+        self,
+        path: str | Path | RunSource,
+        *,
+        session: Session | None = None,
+        workers: int | None = None,
     ) -> None:
         super().__init__()
-        self.path = Path(path)
+        self.source = path  # what is loaded: a directory, or a run gathered from several
+        self.path = path.path if isinstance(path, RunSource) else Path(path)
         self.nav: Navigator | None = None  # exists once the run is loaded
         self.panel = "details"
         self.load_error: str | None = None  # why the run could not be loaded (exit code 2)
@@ -169,7 +175,7 @@ class PipetraceApp(App[int]):
         try:
             with _stderr_with_fileno():
                 session = open_session(
-                    self.path, progress=self._progress_from_thread, workers=self._parse_workers
+                    self.source, progress=self._progress_from_thread, workers=self._parse_workers
                 )
         except PipetraceError as exc:
             self.post_message(LoadFailed(str(exc)))

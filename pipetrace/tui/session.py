@@ -21,6 +21,7 @@ from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import Run
 from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.source import RunPaths, RunSource
 from pipetrace.tui.lanes import STEPS
 from pipetrace.tui.plan_lane import PlannedRun, planned_run
 from pipetrace.tui.timeline_index import TimelineIndex
@@ -61,15 +62,16 @@ class Session:
 
 
 def open_session(
-    path: str | Path, *, progress: Progress | None = None, workers: int | None = None
+    path: RunPaths | RunSource, *, progress: Progress | None = None, workers: int | None = None
 ) -> Session:
-    """Load, analyze and index a run directory (raises TraceFormatError when unusable)."""
+    """Load, analyze and index a run (one directory or several, as `load_run` takes);
+    raises TraceFormatError when unusable."""
     report = progress or (lambda phase, done, total: None)
     run = load_run(
         path, progress=lambda done, total: report("reading", done, total), workers=workers
     )
     if not any(rank.events for rank in run.ranks):
-        raise TraceFormatError(f"{path}: nothing to show: no rank log holds an event")
+        raise TraceFormatError(f"{run.path}: nothing to show: no rank log holds an event")
     report("analyzing", 0, 1)
     analysis = analyze(run)
     report("indexing", 0, 1)
@@ -79,7 +81,7 @@ def open_session(
     index = TimelineIndex(run, plan_lanes=planned_ok.lanes if planned_ok else None)
     views = [resolve_finding(index, f) for f in analysis.findings]
     report("indexing", 1, 1)
-    return Session(Path(path), run, analysis, index, planned_ok, note, views)
+    return Session(run.path, run, analysis, index, planned_ok, note, views)
 
 
 def resolve_finding(index: TimelineIndex, finding: Finding) -> FindingView:
