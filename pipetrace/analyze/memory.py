@@ -32,8 +32,9 @@ class StageMemory(JsonRecord):
     rank: int
     stage: int
     peak_bytes: int
-    saved_bytes: int  # kept for backward, at the peak
+    saved_bytes: int  # kept for backward on the device, at the peak
     inflight_bytes: int  # received and not yet consumed, at the peak
+    swapped_bytes: int  # offloaded to the host by activation swap, at the peak
     peak_step: StepRef | None
     microbatch_bytes: int | None  # what one forward keeps; None if no forward was seen
     peak_microbatches: float | None  # saved_bytes / microbatch_bytes
@@ -104,6 +105,7 @@ def _stage_peak(run: Run, rank: RankTimeline, slot: int, expected: int | None) -
         int(total[at]),
         peak_saved,
         int(inflight[at]),
+        int(memory.swapped[at, slot]),
         _step_ref(run, rank, int(memory.step[at])),
         one,
         round(peak_saved / one, 2) if one else None,

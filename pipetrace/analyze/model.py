@@ -36,7 +36,9 @@ KINDS: tuple[StepKind, ...] = tuple(StepKind)
 """``catalog.kind`` values index this tuple; -1 is a text that does not parse."""
 KIND_CODE: dict[StepKind, int] = {k: i for i, k in enumerate(KINDS)}
 COMPUTE_CODES = np.array(sorted(KIND_CODE[k] for k in COMPUTE_KINDS), dtype=np.int8)
-COMPOSITE_CODE = KIND_CODE[StepKind.OVERLAP_F_B]
+COMPOSITE_CODES = np.array(
+    sorted(KIND_CODE[k] for k in (StepKind.OVERLAP_F_B, StepKind.OVERLAP_B_F)), dtype=np.int8
+)
 
 
 def kind_table(kinds) -> np.ndarray:
@@ -238,10 +240,11 @@ class MemoryTable:
 
     t: np.ndarray  # int64 ns since Run.t0_ns
     step: np.ndarray  # int64: the row in the rank's StepTable whose step had ended, -1 none
-    saved: np.ndarray  # int64 (samples, stages): activations kept for backward
+    saved: np.ndarray  # int64 (samples, stages): activations kept for backward, on the device
     inflight: np.ndarray  # int64 (samples, stages): received, not yet consumed
     allocated: np.ndarray  # int64: the CUDA allocator's allocated bytes, -1 without
     reserved: np.ndarray  # int64: its reserved bytes, -1 without
+    swapped: np.ndarray  # int64 (samples, stages): offloaded to the host (0 without swap)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -250,7 +253,7 @@ class MemoryTable:
     def empty(cls, stages: int = 0) -> MemoryTable:
         none = np.empty(0, np.int64)
         grid = np.empty((0, stages), np.int64)
-        return cls(none, none.copy(), grid, grid.copy(), none.copy(), none.copy())
+        return cls(none, none.copy(), grid, grid.copy(), none.copy(), none.copy(), grid.copy())
 
 
 @dataclass

@@ -64,8 +64,8 @@ class RawRank:
     lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     run_start: dict[str, Any] | None = None
     device: list[tuple[int, int, int]] = field(default_factory=list)  # (id, db, de) per event
-    memory_events: list[tuple] = field(default_factory=list)  # (t, id, saved, inflight, a, r)
-    memory: dict[str, np.ndarray] = field(default_factory=dict)  # t step saved inflight a r
+    memory_events: list[tuple] = field(default_factory=list)  # (t, id, saved, inflight, a, r, s)
+    memory: dict[str, np.ndarray] = field(default_factory=dict)  # see MemoryTable
 
 
 class _Columns:
@@ -350,8 +350,9 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
     elif e == fmt.DEVICE:
         raw.device.append((d["id"], d["db"], d["de"]))
     elif e == fmt.MEMORY:
+        swapped = d.get("swapped")
         sample = (t, d["id"], d["saved"], d["inflight"], d.get("allocated"), d.get("reserved"))
-        raw.memory_events.append(sample)
+        raw.memory_events.append((*sample, swapped))
     elif e in _LIFECYCLE:
         fields = {k: v for k, v in d.items() if k not in ("e", "t")}
         if e == fmt.RUN_START and raw.run_start is None:
@@ -429,10 +430,17 @@ def _device_columns(device: list[tuple[int, int, int]], ids: np.ndarray) -> dict
 def _memory_columns(raw: RawRank, ids: np.ndarray) -> dict[str, np.ndarray]:
     """The `memory` samples as columns (see `pipetrace.analyze.model.MemoryTable`), their
     steps joined by id. A sample whose lists do not have one entry per stage of the rank
-    counts as a bad value and is dropped."""
+    counts as a bad value and is dropped (so does a ``swapped`` that is not a list of ints)."""
     stages = len((raw.run_start or {}).get("stages") or ())
     events = raw.memory_events
-    kept = [e for e in events if len(e[2]) == stages and len(e[3]) == stages]
+    nothing = [0] * stages
+    kept = [
+        e[:6] + (nothing if e[6] is None else e[6],)
+        for e in events
+        if len(e[2]) == stages
+        and len(e[3]) == stages
+        and (e[6] is None or (fmt.INTS.check(e[6]) and len(e[6]) == stages))
+    ]
     raw.problems.bad_values += len(events) - len(kept)
     raw.memory_events = []
 
@@ -446,6 +454,7 @@ def _memory_columns(raw: RawRank, ids: np.ndarray) -> dict[str, np.ndarray]:
         "inflight": np.array([e[3] for e in kept], _I64).reshape(len(kept), stages),
         "allocated": ints(4),
         "reserved": ints(5),
+        "swapped": np.array([e[6] for e in kept], _I64).reshape(len(kept), stages),
     }
 
 

@@ -195,10 +195,10 @@ def _memory_lines(memory: MemoryReport) -> list[Line]:
     """Each stage's peak against the plan's in-flight count, or the 10 largest of a big run."""
     header = (
         f"    {'rank':>4} {'stage':>5} {'peak':>10} {'after':>12} {'micro-batches':>13} "
-        f"{'plan':>4} {'swap saves':>10}"
+        f"{'plan':>4} {'swap saves':>10} {'on host':>10}"
     )
     stages = memory.stages
-    title = "  peak activation memory per stage (saved for backward + in flight):"
+    title = "  peak activation memory per stage (saved for backward + in flight, on the device):"
     if len(stages) > 48:
         title = (
             f"  peak activation memory, the 10 largest of {len(stages)} stages (--json has all):"
@@ -225,7 +225,7 @@ def _memory_row(s: StageMemory) -> str:
     plan = "-" if s.expected_microbatches is None else str(s.expected_microbatches)
     return (
         f"    {s.rank:>4} {s.stage:>5} {_mib(s.peak_bytes):>10} {after:>12} {held:>13} "
-        f"{plan:>4} {_mib(s.swap_would_save_bytes):>10}"
+        f"{plan:>4} {_mib(s.swap_would_save_bytes):>10} {_mib(s.swapped_bytes):>10}"
     )
 
 

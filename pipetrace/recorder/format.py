@@ -281,7 +281,14 @@ EVENTS: dict[str, Record] = {
             th   | string | required | thread: `"main"` or `"overlap"`
             """,
         ),
-        record(STEP_END, "id | int | required | the `step_begin` it ends"),
+        record(
+            STEP_END,
+            """
+            id    | int | required  | the `step_begin` it ends
+            bytes | int | sometimes | only on an activation swap launch (`OFFLOAD`, `LOAD`):
+                                      the bytes of saved activations it copies
+            """,
+        ),
         record(
             P2P_POST,
             """
@@ -406,6 +413,11 @@ EVENTS: dict[str, Record] = {
             inflight  | list of int | required  | per stage: bytes of received activations
                                                   and gradients no compute step has
                                                   consumed yet
+            swapped   | list of int | sometimes | only when the plan has activation swap
+                                                  steps: per stage, bytes of saved
+                                                  activations offloaded to the host and not
+                                                  loaded back (waited); `saved` counts only
+                                                  what stayed on the device
             allocated | int         | sometimes | only on CUDA: the caching allocator's
                                                   allocated bytes (`memory_allocated`)
             reserved  | int         | sometimes | only on CUDA: its reserved bytes

@@ -29,7 +29,9 @@ class RecorderHooks(Protocol):
         (bubbles excluded). Returns a token for `end_step`. Composite steps get one call for
         the composite and one per sub-step (sub-steps on the thread that runs them)."""
 
-    def end_step(self, token: Any) -> None: ...
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
+        """The step begun with ``token`` ended; ``nbytes``: the bytes an activation swap
+        launch (`OFFLOAD`, `LOAD`) copies, None for every other step."""
 
     def p2p_posted(
         self,
@@ -63,10 +65,12 @@ class RecorderHooks(Protocol):
         saved: list[int],
         inflight: list[int],
         allocator: tuple[int, int] | None,
+        swapped: list[int] | None = None,
     ) -> None:
         """After the step of ``token`` (from `begin_step`) ended: per stage of the rank, in
-        plan order, the bytes of activations kept for backward and of received tensors not
-        yet consumed; ``allocator`` is the device's (allocated, reserved), None on CPU."""
+        plan order, the bytes of activations kept for backward on the device and of received
+        tensors not yet consumed; ``allocator`` is the device's (allocated, reserved), None on
+        CPU; ``swapped`` (plans with swap steps) the activations offloaded to the host."""
 
     def exception(self, exc: BaseException) -> None:
         """The rank is about to fail with ``exc``."""
@@ -92,7 +96,7 @@ class NullRecorder:
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
         return None
 
-    def end_step(self, token: Any) -> None:
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
         pass
 
     def p2p_posted(self, **kwargs: Any) -> Any:
@@ -105,7 +109,7 @@ class NullRecorder:
         pass
 
     def memory_sample(
-        self, token: Any, saved: list[int], inflight: list[int], allocator: Any
+        self, token: Any, saved: list[int], inflight: list[int], allocator: Any, swapped: Any = None
     ) -> None:
         pass
 

@@ -257,7 +257,7 @@ class Recorder:
         timing = None if timer is None else timer.begin(sid, text, self._device.current_stream())
         return (sid, handle, timing)
 
-    def end_step(self, token: Any) -> None:
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
         t = self._monotonic_ns()
         self.last_progress = t
         if type(token) is tuple:
@@ -267,7 +267,10 @@ class Recorder:
             if handle is not None:
                 self._profiler.end(handle)
         self.open_steps.pop(token, None)
-        self._writer.append((_STEP_END, t, token))
+        if nbytes is None:
+            self._writer.append((_STEP_END, t, token))
+        else:
+            self._writer.append((_STEP_END, t, token, nbytes))
 
     def p2p_posted(
         self,
@@ -329,14 +332,15 @@ class Recorder:
         saved: list[int],
         inflight: list[int],
         allocator: tuple[int, int] | None,
+        swapped: list[int] | None = None,
     ) -> None:
         """A ``memory`` event, when a value differs from the previous sample's."""
-        sample = (saved, inflight, allocator)
+        sample = (saved, inflight, allocator, swapped)
         if sample == self._last_memory:
             return
         self._last_memory = sample
         sid = token[0] if type(token) is tuple else token
-        self._writer.append((_MEMORY, self._monotonic_ns(), sid, saved, inflight, allocator))
+        self._writer.append((_MEMORY, self._monotonic_ns(), sid, saved, inflight, *sample[2:]))
 
     # -- device timing ---------------------------------------------------------------------
 
@@ -458,7 +462,10 @@ class Recorder:
             _, _, sid, it, pos, step, thread = record
             return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literals[thread])
         if tag == _STEP_END:
-            return _STEP_END_LINE % (t, record[2])
+            line = _STEP_END_LINE % (t, record[2])
+            if len(record) == 3:
+                return line
+            return line[:-2] + b',"bytes":%d}\n' % record[3]  # a swap launch's bytes
         if tag == _P2P_DONE:
             return _P2P_DONE_LINE % (t, record[2])
         if tag == _P2P_POST:
@@ -481,11 +488,14 @@ class Recorder:
                 return line
             return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
         if tag == _MEMORY:
-            _, _, sid, saved, inflight, allocator = record
+            _, _, sid, saved, inflight, allocator, swapped = record
             line = _MEMORY_LINE % (t, sid, orjson.dumps(saved), orjson.dumps(inflight))
-            if allocator is None:
+            if allocator is None and swapped is None:
                 return line
-            return line[:-2] + b',"allocated":%d,"reserved":%d}\n' % allocator
+            extra = b"" if swapped is None else b',"swapped":' + orjson.dumps(swapped)
+            if allocator is not None:
+                extra += b',"allocated":%d,"reserved":%d' % allocator
+            return line[:-2] + extra + b"}\n"
         _, _, event_name, fields = record
         return orjson.dumps({"e": event_name, "t": t, **fields}, option=_DUMP_OPTIONS)
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from pipetrace.recorder.hooks import RecorderHooks
     from pipetrace.recorder.setup import RecordSettings
     from pipetrace.runtime import fsdp
+    from pipetrace.runtime.activation_swap import SwapSteps
     from pipetrace.runtime.config import DemoConfig, RunConfig, WorkerSpec
     from pipetrace.runtime.p2p_common import P2PBookkeeping, StreamMeta
 
@@ -104,6 +105,11 @@ class Backend:
         holds the same tied parameter, and keep the sum (added in rank order, so both ranks
         hold the same bits)."""
         raise NotImplementedError
+
+    def swap_steps(self) -> SwapSteps:
+        """The handlers of the activation swap steps (`RunConfig` refuses ``--swap`` on a
+        backend without them)."""
+        raise NotImplementedError(f"the {self.name} backend cannot run activation swap steps")
 
     # -- the process group -----------------------------------------------------------------
 

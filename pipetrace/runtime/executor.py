@@ -26,10 +26,13 @@ from pipetrace.schedule.ir import Plan, Step, StepKind
 if TYPE_CHECKING:
     import torch
 
+    from pipetrace.runtime.activation_swap import SwapSteps
     from pipetrace.runtime.backend import Stage
     from pipetrace.runtime.p2p import P2P
 
-Handler = Callable[[int, Step], None]  # (position in the rank's plan, step)
+Handler = Callable[[int, Step], "int | None"]
+"""(position in the rank's plan, step) -> None, or the bytes an activation swap launch copies
+(recorded with the step)."""
 
 
 class FrameworkOps(Protocol):
@@ -55,6 +58,10 @@ class FrameworkOps(Protocol):
 
     def allocator_bytes(self) -> tuple[int, int] | None:
         """(allocated, reserved) bytes of the device allocator; None without one (CPU)."""
+
+    def swap_steps(self) -> SwapSteps:
+        """The handlers of the activation swap steps (asked for only by plans that hold
+        them; `pipetrace.runtime.activation_swap`)."""
 
 
 @dataclass
@@ -135,13 +142,20 @@ class Executor:
             StepKind.RESHARD: self._fsdp.reshard,
             StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
             StepKind.OVERLAP_F_B: self._overlap,
+            StepKind.OVERLAP_B_F: self._overlap,
             StepKind.TIED_REDUCE: self._tied_reduce,
         }
+        self._steps = plan.steps(rank)
+        self._swap: SwapSteps | None = None
+        self._capturing: dict[tuple[int, int], Any] = {}  # swap groups whose forward is next
+        if any(step.is_swap for step in self._steps):
+            self._swap = self._ops.swap_steps()
+            self._capturing = self._swap.capturing
+            self._builtin.update(self._swap.handlers())
         self._handlers = dict(self._builtin)
         self.context = StepContext(plan, rank, stages, self._run_default)
         if self._last_stage in stages:
             self.context.losses = stages[self._last_stage].losses
-        self._steps = plan.steps(rank)
         if p2p is None and any(step.is_comm for step in self._steps):
             raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
         self._tied = tied or {}
@@ -170,7 +184,7 @@ class Executor:
 
     def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
         """Run ``fn(step, context)`` instead of the built-in handler for every step of
-        ``kind`` (sub-steps of OVERLAP_F_B composites included)."""
+        ``kind`` (sub-steps of OVERLAP_F_B and OVERLAP_B_F composites included)."""
         context = self.context
 
         def handler(position: int, step: Step) -> None:
@@ -223,6 +237,8 @@ class Executor:
         for stage in self.stages.values():
             stage.reset()
         self._fsdp.begin_iteration()
+        if self._swap is not None:
+            self._swap.begin_iteration()
         if self.p2p is not None:
             self.p2p.begin_iteration()
         begin, end = recorder.begin_step, recorder.end_step
@@ -236,8 +252,11 @@ class Executor:
         try:
             for position, step, handler in program:
                 token = begin(position, step)
-                handler(position, step)
-                end(token)
+                moved = handler(position, step)
+                if moved is None:
+                    end(token)
+                else:  # an activation swap launch: the bytes it copies go with the step
+                    end(token, moved)
                 if sample is not None:
                     sample(token)
             if self.p2p is not None:
@@ -264,6 +283,8 @@ class Executor:
             for s, stage in self.stages.items()
             if stage.pending()
         ]
+        if self._swap is not None and self._swap.unfinished():
+            problems.append(f"swap groups never loaded back: {self._swap.unfinished()}")
         if problems:
             raise RuntimeError(
                 f"rank {self.rank}: the plan left work unfinished after iteration "
@@ -274,17 +295,26 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._swap is not None:
+            self._swap.close()
 
     def _sample_memory(self, token: Any) -> None:
         """The recorder's ``memory`` sample after the step of ``token``: per stage, the
-        activations kept for backward and the received tensors not yet consumed."""
+        activations kept for backward on the device, the received tensors not yet consumed,
+        and with swap steps the activations offloaded to the host (taken out of the first)."""
         slots = self._memory_slots
         inflight = [0] * len(slots)
         for box in (self._act_in, self._grad_in):
             for (stage, _), value in list(box.items()):
                 inflight[slots[stage]] += 0 if value is None else value.nbytes
         saved = [self.stages[stage].saved_bytes() for stage in slots]
-        self.recorder.memory_sample(token, saved, inflight, self._ops.allocator_bytes())
+        swapped = None
+        if self._swap is not None:
+            on_host = self._swap.swapped_bytes()
+            swapped = [on_host.get(stage, 0) for stage in slots]
+            saved = [kept - away for kept, away in zip(saved, swapped)]
+        allocator = self._ops.allocator_bytes()
+        self.recorder.memory_sample(token, saved, inflight, allocator, swapped)
 
     # -- compute ---------------------------------------------------------------------------
 
@@ -293,22 +323,32 @@ class Executor:
         stage = self.stages[s]
         if self._fsdp.pending:
             self._fsdp.wait_unshard(s)
-        context = self.context
         if s == 0:
-            x = context.inputs[mb]
+            x = self.context.inputs[mb]
         else:
             x = self._act_in.pop((s, mb))
             if type(x) is self._pending:
                 x = x.wait()
-        if s == self._last_stage:
-            targets = context.targets
-            stage.forward(mb, x, None if targets is None else targets[mb], self._loss_scale)
+        hooks = self._capturing.pop((s, mb), None) if self._capturing else None
+        if hooks is None:
+            out = self._stage_forward(stage, s, mb, x)
+        else:  # a swapped micro-batch: autograd saves into its swap group
+            with hooks:
+                out = self._stage_forward(stage, s, mb, x)
+        if out is None:
             return
-        out = stage.forward(mb, x)
         if self._placement[s + 1] == self.rank:
             self._act_in[(s + 1, mb)] = out
         else:
             self._act_out[(s, mb)] = out
+
+    def _stage_forward(self, stage: Stage, s: int, mb: int, x: Any) -> Any:
+        """The stage's forward; None on the last stage (its loss stays with the stage)."""
+        if s == self._last_stage:
+            targets = self.context.targets
+            stage.forward(mb, x, None if targets is None else targets[mb], self._loss_scale)
+            return None
+        return stage.forward(mb, x)
 
     def _output_grad(self, s: int, mb: int) -> torch.Tensor | None:
         if s == self._last_stage:
@@ -347,7 +387,8 @@ class Executor:
         self.stages[step.stage].backward_weight(step.microbatch)
 
     def _overlap(self, position: int, step: Step) -> None:
-        """OVERLAP_F_B: the forward on this thread, the backward on a worker thread, joined."""
+        """OVERLAP_F_B and OVERLAP_B_F: the forward on this thread, the backward on a worker
+        thread, joined."""
         forward = next(sub for sub in step.sub_steps if sub.kind is StepKind.F)
         backward = next(sub for sub in step.sub_steps if sub is not forward)
         if self._pool is None:

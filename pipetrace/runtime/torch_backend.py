@@ -23,6 +23,7 @@ import torch.distributed as dist
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.runtime import demo, fsdp
+from pipetrace.runtime.activation_swap import SwapSteps
 from pipetrace.runtime.backend import Backend, Gradients, LossFn, Replicas, Stage
 from pipetrace.runtime.config import P2P_TIMEOUT, DemoConfig, RunConfig, WorkerSpec
 from pipetrace.runtime.launch import STORE_FD_ENV
@@ -101,6 +102,9 @@ class TorchBackend(Backend):
 
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         return fsdp.FsdpSteps(stages)
+
+    def swap_steps(self) -> SwapSteps:
+        return SwapSteps(self.thread_initializer())
 
     # -- the process group and the model ---------------------------------------------------
 

@@ -77,6 +77,12 @@ FINDING_KINDS = (  # every Finding.kind, documented in docs/schedules.md
     "stuck",
     "deadlock_unchecked",
     "tied_reduce",
+    # activation swap groups (`verify_swap.check_swaps`)
+    "swap_without_activations",
+    "swap_incomplete",
+    "swap_order",
+    "offload_not_waited",
+    "load_late",
 )
 
 _KIND_NAMES = ("F", "B", "I", "W", "RECV_F", "RECV_B", "SEND_F", "SEND_B")  # by code
@@ -208,6 +214,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
             *_check_dependencies(program, checked, comms),
             *_check_coverage(program, checked),
             *_check_tied(program),
+            *_check_swaps(program),
         ]
         report = VerifyReport(plan, semantics, findings, None, None)
         if comms:
@@ -475,6 +482,16 @@ def _dependency(program: Program, rank: int, index: int, step_id: int, need: str
         (rank,),
         (_ref(program, rank, index),),
     )
+
+
+def _check_swaps(program: Program) -> list[Finding]:
+    """The activation swap groups (`verify_swap`); only plans with steps that have no id
+    (swap, FSDP and composite steps) can hold any."""
+    if not (program.arrays.ids == -1).any():
+        return []
+    from .verify_swap import check_swaps  # it imports this module's Finding
+
+    return check_swaps(program.plan)
 
 
 def _check_coverage(program: Program, checked: Checked) -> list[Finding]:

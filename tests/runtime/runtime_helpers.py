@@ -51,8 +51,11 @@ class ListRecorder:
             event="begin_step", position=position, step=format_step(step), thread=thread
         )
 
-    def end_step(self, token: Any) -> None:
-        self._add(event="end_step", begin=token)
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
+        if nbytes is None:
+            self._add(event="end_step", begin=token)
+        else:
+            self._add(event="end_step", begin=token, nbytes=nbytes)
 
     def p2p_posted(self, **fields: Any) -> Any:
         fields["step"] = format_step(fields["step"])
