@@ -61,16 +61,14 @@ class RecorderHooks(Protocol):
 
     def memory_sample(
         self,
-        token: Any,
-        saved: list[int],
-        inflight: list[int],
-        allocator: tuple[int, int] | None,
-        swapped: list[int] | None = None,
+        token: Any,  # from `begin_step`: the step that just ended
+        saved: list[int],  # per stage, in plan order: activations kept for backward
+        inflight: list[int],  # per stage: received tensors not yet consumed
+        allocator: tuple[int, int] | None,  # CUDA: (allocated, reserved); None on CPU
+        swapped: list[int] | None = None,  # per stage, with swap steps: offloaded to the host
     ) -> None:
-        """After the step of ``token`` (from `begin_step`) ended: per stage of the rank, in
-        plan order, the bytes of activations kept for backward on the device and of received
-        tensors not yet consumed; ``allocator`` is the device's (allocated, reserved), None on
-        CPU; ``swapped`` (plans with swap steps) the activations offloaded to the host."""
+        """The bytes a rank's stages hold after a step; ``saved`` counts what is on the
+        device (what activation swap offloaded is in ``swapped``)."""
 
     def exception(self, exc: BaseException) -> None:
         """The rank is about to fail with ``exc``."""
