@@ -29,16 +29,18 @@ from pipetrace.analyze.findings import StepRef
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
 
-EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING = (
+EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING, NOT_LOADED = (
     "exited",
     "crashed",
     "computing",
     "hung",
     "unknown",
     "missing",
+    "not_loaded",
 )
 """Terminal states of a rank (docs/diagnosis.md); `rank_stalled` adds "transfer" for a chain
-that ends at a message both sides posted."""
+that ends at a message both sides posted. NOT_LOADED: left out of the analysis (``--ranks``,
+``--replica``): nothing is known of it."""
 
 CLOSED_WORDS = ("connection closed", "connection reset", "broken pipe")
 """An error with these words is a lost connection: the peer at the other end went away."""
@@ -203,6 +205,8 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
 
     if st.state == RankState.MISSING:
         return verdict(MISSING, f"it has no usable log ({st.detail})")
+    if st.state == RankState.NOT_LOADED:
+        return verdict(NOT_LOADED, st.detail)
     if st.state == RankState.FINISHED:
         return verdict(EXITED, st.detail)
     if st.state in (RankState.FAILED, RankState.SIGNALED):

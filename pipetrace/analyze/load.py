@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.analyze import cache as column_cache
 from pipetrace.analyze import clocks
 from pipetrace.analyze.host_clocks import align_hosts, host_groups, one_host
 from pipetrace.analyze.matching import match_messages
@@ -48,7 +49,9 @@ from pipetrace.analyze.model import (
     steps_of,
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
+from pipetrace.analyze.pipelines import pipelines_of
 from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.selection import RankSelection, format_rank_list
 from pipetrace.analyze.source import RunPaths, RunSource, open_source
 from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
@@ -70,21 +73,51 @@ def load_run(
     *,
     progress: Progress | None = None,
     workers: int | None = None,
+    cache: bool = True,
+    select: RankSelection | None = None,
 ) -> Run:
     """Load a run: one directory, several (one per node) or a glob (`source.open_source`).
 
     ``workers``: processes for parsing (None: automatic, 0: parse in this process).
+    ``cache``: read and write the columnar cache beside the logs (`analyze.cache`).
+    ``select``: load only these ranks; the others stand as `RankState.NOT_LOADED`.
     """
     source = path if isinstance(path, RunSource) else open_source(path)
     problems = list(source.problems)
+    wanted = _selected(select, source.meta, source.world_size, problems)
     assembly = _Assembly(source.meta, source.world_size, problems)
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        with _Parsing(source.logs, progress, workers) as parsing:
-            for rank, raw in enumerate(parsing.in_rank_order()):
-                assembly.add(rank, raw)
+        with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
+            parsed = parsing.in_rank_order()
+            for rank, log in enumerate(source.logs):
+                if rank in wanted:
+                    assembly.add(rank, next(parsed))
+                else:
+                    assembly.ranks.append(_not_loaded(rank, log, select))
         return assembly.finish(source)
+
+
+def _selected(
+    select: RankSelection | None,
+    meta: dict[str, Any],
+    world_size: int,
+    problems: list[InputProblem],
+) -> frozenset[int] | range:
+    """The ranks to load (all without ``select``); notes the restriction when there is one."""
+    if select is None:
+        return range(world_size)
+    wanted = select.resolve(meta, world_size)
+    if len(wanted) < world_size:
+        problems.append(
+            InputProblem(
+                "info",
+                f"only rank(s) {format_rank_list(wanted)} of {world_size} loaded "
+                f"({select.describe()}): what the others did is unknown",
+            )
+        )
+    return wanted
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -93,16 +126,23 @@ def load_run(
 class _Parsing:
     """The rank logs parsed in worker processes (or in this one for a small run), handed
     over in rank order so that the caller assembles rank r while the workers parse the next
-    ones."""
+    ones. With ``cache``, the logs whose cache entries are fresh are read from them here,
+    first, and only the others go to the workers (which cache what they parse)."""
 
-    def __init__(self, paths: list[Path], progress: Progress | None, workers: int | None) -> None:
+    def __init__(
+        self, paths: list[Path], progress: Progress | None, workers: int | None, cache: bool
+    ) -> None:
         self.paths, self.progress = paths, progress
+        self.read = column_cache.parse_and_store if cache else parse_rank_file
+        loaded = (column_cache.load(p) for p in paths) if cache else ()
+        self.cached = {p: raw for p, raw in zip(paths, loaded) if raw is not None}
+        self.stale = [p for p in paths if p not in self.cached]
         if workers is None:
-            size = sum(p.stat().st_size for p in paths if p.exists())
-            workers = len(paths) if size >= _PARALLEL_MIN_BYTES else 0
-        self.workers = worker_count(workers, len(paths))
+            size = sum(p.stat().st_size for p in self.stale if p.exists())
+            workers = len(self.stale) if size >= _PARALLEL_MIN_BYTES else 0
+        self.workers = worker_count(workers, len(self.stale))
         self._pool: ProcessPoolExecutor | None = None
-        self._futures: list[Future[RawRank]] = []
+        self._futures: dict[Path, Future[RawRank]] = {}
 
     def __enter__(self) -> _Parsing:
         if self.workers > 1:
@@ -117,7 +157,7 @@ class _Parsing:
                 initializer=exit_with_parent,
                 initargs=(os.getpid(),),
             )
-            self._futures = [self._pool.submit(parse_rank_file, p) for p in self.paths]
+            self._futures = {p: self._pool.submit(self.read, p) for p in self.stale}
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -130,16 +170,19 @@ class _Parsing:
 
     def in_rank_order(self) -> Iterator[RawRank]:
         for done, path in enumerate(self.paths, 1):
-            yield self._result(done - 1) if self._pool is not None else parse_rank_file(path)
+            if path in self.cached:
+                yield self.cached.pop(path)
+            else:
+                yield self._result(path) if path in self._futures else self.read(path)
             if self.progress:
                 self.progress(done, len(self.paths))
 
-    def _result(self, index: int) -> RawRank:
+    def _result(self, path: Path) -> RawRank:
         try:
-            return self._futures[index].result()
+            return self._futures[path].result()
         except BrokenProcessPool:  # every pending log fails with it: which one killed it is unknown
             raise PipetraceError(
-                f"a process parsing the logs died (out of memory?) before {self.paths[index].name} "
+                f"a process parsing the logs died (out of memory?) before {path.name} "
                 "was read; try again with --workers 0 to parse in one process"
             ) from None
 
@@ -335,11 +378,18 @@ class _Assembly:
                 + "; ".join(p.message for p in self.problems if p.rank is not None)[:400]
                 + ")"
             )
-        catalog = self._catalog()
+        pipelines, problem = pipelines_of(
+            self.meta, (r.header for r in self.ranks if r.present), self.world_size
+        )
+        if problem is not None:
+            self.problems.append(InputProblem("warning", problem))
+        row_of = pipelines.pipeline_rank  # every replica runs the plan's rows
+        catalog = self._catalog(row_of)
         plan, planned = _meta_plan(self.meta, catalog, self.problems)
         for rank in self.ranks:
             if rank.present:
-                row = planned[rank.rank] if rank.rank < len(planned) else None
+                index = row_of(rank.rank)
+                row = planned[index] if index < len(planned) else None
                 rank.plan_codes = (
                     row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
                 )
@@ -370,9 +420,10 @@ class _Assembly:
             t0_ns=t0,
             problems=self.problems,
             clock_quality=quality,
+            pipelines=pipelines,
         )
 
-    def _catalog(self) -> StepCatalog:
+    def _catalog(self, row_of: Callable[[int], int]) -> StepCatalog:
         """Every step text of the run: the ranks' texts, then the plans' (a planned step that
         no rank ran still gets a code)."""
         rows = self.meta.get("plan")
@@ -380,10 +431,9 @@ class _Assembly:
         extra = []
         for rank in self.ranks:
             if rank.present:
+                index = row_of(rank.rank)
                 planned = (
-                    rows[rank.rank]
-                    if rank.rank < len(rows) and isinstance(rows[rank.rank], list)
-                    else None
+                    rows[index] if index < len(rows) and isinstance(rows[index], list) else None
                 )
                 if planned is None or rank.plan != [
                     t for t in planned if t
@@ -482,6 +532,18 @@ def _timeline(
 
 
 def _missing(rank: int, raw: RawRank) -> RankTimeline:
+    return _absent(
+        rank, Path(raw.path), RankStatus(RankState.MISSING, raw.error or "no usable log")
+    )
+
+
+def _not_loaded(rank: int, path: Path, select: RankSelection | None) -> RankTimeline:
+    why = f"left out by {select.describe()}" if select else "not loaded"
+    return _absent(rank, path, RankStatus(RankState.NOT_LOADED, why))
+
+
+def _absent(rank: int, path: Path, status: RankStatus) -> RankTimeline:
+    """A rank without a timeline: no usable log, or not loaded."""
     empty = np.empty(0, np.int64)
     return RankTimeline(
         rank=rank,
@@ -489,9 +551,9 @@ def _missing(rank: int, raw: RawRank) -> RankTimeline:
         steps=StepTable.empty(),
         p2p=P2PTable.empty(),
         iterations=IterationTable(np.empty(0, np.int32), empty, empty, np.empty(0)),
-        status=RankStatus(RankState.MISSING, raw.error or "no usable log"),
+        status=status,
         clock=ClockInfo(None, None, None, 0),
-        path=Path(raw.path),
+        path=path,
     )
 
 

@@ -39,6 +39,29 @@ CLOCK_PHASES = ("start", "end")
 """The values of a clock event's ``phase`` (docs/trace-format.md)."""
 _OPS = {name: code for code, name in enumerate(OPS)}
 _CHANNELS = {name: code for code, name in enumerate(CHANNELS)}
+_I64 = np.int64
+STEP_COLUMNS: dict[str, type[np.integer]] = {
+    **dict.fromkeys(("begin", "end"), _I64),
+    **dict.fromkeys(("it", "pos", "code"), np.int32),
+    "thread": np.int8,
+    **dict.fromkeys(("dbegin", "dend"), _I64),
+}
+"""`RawRank.steps`: each column and its dtype (codes index the rank's own lists)."""
+P2P_COLUMNS: dict[str, type[np.integer]] = {
+    **dict.fromkeys(("post", "done"), _I64),
+    "it": np.int32,
+    "op": np.int8,
+    "peer": np.int32,
+    "ch": np.int8,
+    **dict.fromkeys(("seq", "nbytes"), _I64),
+    **dict.fromkeys(("shape", "dtype", "code"), np.int32),
+    **dict.fromkeys(("dbegin", "dend"), _I64),
+}
+"""`RawRank.p2p`: each column and its dtype."""
+MEMORY_COLUMNS = ("t", "step", "allocated", "reserved")
+MEMORY_GRIDS = ("saved", "inflight", "swapped")
+"""`RawRank.memory` (`pipetrace.analyze.model.MemoryTable`), all int64: one value per
+sample, and one row per sample with one column per stage of the rank."""
 
 
 @dataclass
@@ -56,16 +79,14 @@ class RawRank:
     shapes: list[tuple[int, ...]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     text_parts: tuple[np.ndarray, ...] = ()  # (kind, stage, microbatch) of each text
-    steps: dict[str, np.ndarray] = field(default_factory=dict)  # begin end it pos code thread
-    p2p: dict[str, np.ndarray] = field(
-        default_factory=dict
-    )  # post done it op peer ch seq nbytes shape dtype code
+    steps: dict[str, np.ndarray] = field(default_factory=dict)  # STEP_COLUMNS
+    p2p: dict[str, np.ndarray] = field(default_factory=dict)  # P2P_COLUMNS
     iterations: dict[int, list] = field(default_factory=dict)  # it -> [begin, end, loss]
     lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     run_start: dict[str, Any] | None = None
     device: list[tuple[int, int, int]] = field(default_factory=list)  # (id, db, de) per event
     memory_events: list[tuple] = field(default_factory=list)  # (t, id, saved, inflight, a, r, s)
-    memory: dict[str, np.ndarray] = field(default_factory=dict)  # see MemoryTable
+    memory: dict[str, np.ndarray] = field(default_factory=dict)  # MEMORY_COLUMNS + _GRIDS
 
 
 class _Columns:
@@ -89,7 +110,6 @@ class _Columns:
 _STEP_COLS = ("t", "id", "it", "pos", "code", "thread")
 _P2P_COLS = ("t", "id", "it", "op", "peer", "ch", "seq", "nbytes", "shape", "dtype", "code")
 _END_COLS = ("id", "t")
-_I64 = np.int64
 _NARROW = {
     **dict.fromkeys(("code", "thread", "shape", "dtype"), np.int32),
     **dict.fromkeys(("op", "ch"), np.int8),
@@ -380,29 +400,14 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         idx_c = np.minimum(idx, len(end_ids) - 1)
         return np.where(end_ids[idx_c] == ids, end_t[idx_c], OPEN)
 
+    steps = {**sb, "begin": sb["t"], "end": end_of(sb["id"])}
+    p2p = {**pp, "post": pp["t"], "done": end_of(pp["id"])}
+    steps.update(_device_columns(raw.device, sb["id"]))
+    p2p.update(_device_columns(raw.device, pp["id"]))
     raw.steps = {
-        "begin": sb["t"],
-        "end": end_of(sb["id"]),
-        "it": sb["it"].astype(np.int32),
-        "pos": sb["pos"].astype(np.int32),
-        "code": sb["code"],
-        "thread": sb["thread"].astype(np.int8),
-        **_device_columns(raw.device, sb["id"]),
+        name: steps[name].astype(dtype, copy=False) for name, dtype in STEP_COLUMNS.items()
     }
-    raw.p2p = {
-        "post": pp["t"],
-        "done": end_of(pp["id"]),
-        "it": pp["it"].astype(np.int32),
-        "op": pp["op"],
-        "peer": pp["peer"].astype(np.int32),
-        "ch": pp["ch"],
-        "seq": pp["seq"],
-        "nbytes": pp["nbytes"],
-        "shape": pp["shape"],
-        "dtype": pp["dtype"],
-        "code": pp["code"],
-        **_device_columns(raw.device, pp["id"]),
-    }
+    raw.p2p = {name: p2p[name].astype(dtype, copy=False) for name, dtype in P2P_COLUMNS.items()}
     raw.memory = _memory_columns(raw, sb["id"])
 
 

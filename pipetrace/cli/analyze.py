@@ -7,6 +7,7 @@ import time
 
 import click
 
+from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
 
@@ -62,8 +63,13 @@ class _LazyProgress:
 @click.option(
     "--no-segments", is_flag=True, help="Leave the critical path's segments out of --json."
 )
+@load_options
 def analyze(
-    run_dirs: tuple[str, ...], as_json: bool, workers: int | None, no_segments: bool
+    run_dirs: tuple[str, ...],
+    as_json: bool,
+    workers: int | None,
+    no_segments: bool,
+    loading: Loading,
 ) -> int:
     """Diagnose a recorded run: hangs, failures, message problems, plan divergence,
     stragglers, exposed communication; then iteration time, bubbles, per-stage step
@@ -77,6 +83,8 @@ def analyze(
       pipetrace analyze runs/a --json | jq '.findings[] | select(.severity == "error")'
       pipetrace analyze runs/node0 runs/node1     # one run, a directory per node
       pipetrace analyze 'runs/node*'              # the same, as a glob
+      pipetrace analyze runs/big --ranks 0-3,8    # only these ranks
+      pipetrace analyze runs/big --replica 1      # only replica 1's pipeline
     """
     from pipetrace.analyze.analysis import analyze as run_analysis
     from pipetrace.analyze.load import load_run
@@ -84,7 +92,7 @@ def analyze(
 
     progress = _LazyProgress()
     try:
-        run = load_run(run_dirs, progress=progress, workers=workers)
+        run = load_run(run_dirs, progress=progress, workers=workers, **loading.kwargs())
     finally:
         progress.close()
     result = run_analysis(run)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK
 
@@ -89,6 +90,7 @@ class _Progress:
     default=None,
     help="Processes that parse rank logs (default: automatic; 0: none).",
 )
+@load_options
 def export(
     run_dirs: tuple[str, ...],
     output: str | None,
@@ -98,6 +100,7 @@ def export(
     timeout: float,
     no_findings: bool,
     workers: int | None,
+    loading: Loading,
 ) -> int:
     """Export a recorded run as a trace for ui.perfetto.dev (or chrome://tracing).
 
@@ -129,6 +132,7 @@ def export(
             source,
             progress=lambda done, total: progress("loading rank logs", done / total),
             workers=workers,
+            **loading.kwargs(),
         )
         findings = None
         if not no_findings:

@@ -6,13 +6,15 @@ import sys
 
 import click
 
+from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_USAGE, PipetraceError
 
 
 @click.command(epilog=RUN_DIRS_HELP)
 @run_dirs
-def tui(run_dirs: tuple[str, ...]) -> int:
+@load_options
+def tui(run_dirs: tuple[str, ...], loading: Loading) -> int:
     """Inspect a recorded run interactively.
 
     A timeline of every rank (steps coloured by kind, P2P ops in flight, the plan beside what
@@ -23,6 +25,7 @@ def tui(run_dirs: tuple[str, ...]) -> int:
     Examples:
       pipetrace tui runs/demo
       pipetrace tui runs/node0 runs/node1     # one run, a directory per node
+      pipetrace tui runs/big --replica 3      # one pipeline of a data-parallel job
     """
     from pipetrace.analyze.source import open_source
 
@@ -37,7 +40,7 @@ def tui(run_dirs: tuple[str, ...]) -> int:
         raise PipetraceError(
             "pipetrace tui needs a terminal (stdin and stdout); run it in a terminal"
         )
-    app = PipetraceApp(source)
+    app = PipetraceApp(source, load=loading.kwargs())
     app.run()
     if app.load_error:
         click.echo(f"pipetrace: error: {app.load_error}", err=True)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from pipetrace.recorder.hooks import RecorderHooks
+    from pipetrace.recorder.hooks import Place, RecorderHooks
     from pipetrace.recorder.setup import RecordSettings
     from pipetrace.runtime import fsdp
     from pipetrace.runtime.activation_swap import SwapSteps
@@ -120,6 +120,12 @@ class Backend:
     def device_name(self) -> str:
         """Where compute runs, for the run header."""
         raise NotImplementedError
+
+    def pipeline_place(self) -> Place | None:
+        """Where the pipeline's group sits in the whole job, when the job runs several
+        pipelines (data-parallel replicas); None when the group is the whole world. Called
+        after `join`, on every rank of the job at once (it may be a collective)."""
+        return None
 
     # -- the model, stages and messages ----------------------------------------------------
 

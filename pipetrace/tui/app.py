@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -113,7 +114,9 @@ class PipetraceApp(App[int]):
         *,
         session: Session | None = None,
         workers: int | None = None,
+        load: dict[str, Any] | None = None,
     ) -> None:
+        """``load``: more of `load_run`'s options (``cache``, ``select``)."""
         super().__init__()
         self.source = path  # what is loaded: a directory, or a run gathered from several
         self.path = path.path if isinstance(path, RunSource) else Path(path)
@@ -122,6 +125,7 @@ class PipetraceApp(App[int]):
         self.load_error: str | None = None  # why the run could not be loaded (exit code 2)
         self._preloaded = session
         self._parse_workers = workers
+        self._load_options = load or {}
         self._last_progress: tuple[str | None, float, float] = (None, -1.0, 0.0)
         self._shown_title: tuple[str, str] | None = None
         self._shown_tabs: tuple[str, str] | None = None
@@ -175,7 +179,10 @@ class PipetraceApp(App[int]):
         try:
             with _stderr_with_fileno():
                 session = open_session(
-                    self.source, progress=self._progress_from_thread, workers=self._parse_workers
+                    self.source,
+                    progress=self._progress_from_thread,
+                    workers=self._parse_workers,
+                    **self._load_options,
                 )
         except PipetraceError as exc:
             self.post_message(LoadFailed(str(exc)))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,13 +63,18 @@ class Session:
 
 
 def open_session(
-    path: RunPaths | RunSource, *, progress: Progress | None = None, workers: int | None = None
+    path: RunPaths | RunSource,
+    *,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    **load: Any,
 ) -> Session:
     """Load, analyze and index a run (one directory or several, as `load_run` takes);
-    raises TraceFormatError when unusable."""
+    raises TraceFormatError when unusable. ``load``: more of `load_run`'s options
+    (``cache``, ``select``)."""
     report = progress or (lambda phase, done, total: None)
     run = load_run(
-        path, progress=lambda done, total: report("reading", done, total), workers=workers
+        path, progress=lambda done, total: report("reading", done, total), workers=workers, **load
     )
     if not any(rank.events for rank in run.ranks):
         raise TraceFormatError(f"{run.path}: nothing to show: no rank log holds an event")

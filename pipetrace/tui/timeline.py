@@ -41,6 +41,7 @@ _STATE_STYLE = {
     RankState.STALLED: Style(color="#ffaf00", bold=True),
     RankState.ENDED: Style(color="#ffaf00", bold=True),
     RankState.MISSING: Style(color="#6a6a6a"),
+    RankState.NOT_LOADED: Style(color="#6a6a6a"),
 }
 _GUTTER = Style(color="#9a9a9a")
 _GUTTER_CURSOR = Style(color="#000000", bgcolor="#d0d0d0", bold=True)

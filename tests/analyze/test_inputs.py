@@ -150,7 +150,7 @@ def _die_on_rank_1(path):
 
 
 def test_a_parsing_worker_that_dies_is_one_clear_error(run, monkeypatch, capsys):
-    monkeypatch.setattr("pipetrace.analyze.load.parse_rank_file", _die_on_rank_1)
+    monkeypatch.setattr("pipetrace.analyze.cache.parse_rank_file", _die_on_rank_1)
     # forked workers inherit the patch: fork even if an earlier test left a thread running
     monkeypatch.setattr("pipetrace.analyze.load.threading.active_count", lambda: 1)
     assert main(["analyze", str(run), "--workers", "2"]) == 2

@@ -155,3 +155,17 @@ def test_cuda_allocator_bytes_are_recorded_and_reported(tmp_path):
     report = analyze(run).summary.memory
     assert report.ranks[0].peak_allocated_bytes == 4096 * len(memory) + 100
     assert report.ranks[0].peak_reserved_bytes == 1 << 20
+
+
+def test_memory_samples_read_back_the_same_from_the_cache(tmp_path, monkeypatch):
+    """The columnar cache keeps the memory columns (a cached reopen reports the same peaks)."""
+    from tests.cache.test_cache import _age, _from_cache_only
+
+    run = tmp_path / "run"
+    FakeCluster.of("zbv", ranks=2, microbatches=4, activation_bytes=ACTIVATION).record(run)
+    _age(run)
+    parsed = analyze(load_run(run, workers=0)).to_json()["metrics"]["memory"]
+    _from_cache_only(monkeypatch)
+    cached = load_run(run, workers=0)
+    assert cached.ranks[0].memory.saved.shape[1] == 2  # both stages of a V placement
+    assert analyze(cached).to_json()["metrics"]["memory"] == parsed

@@ -35,7 +35,15 @@ class ListRecorder:
         if self.path is not None:
             self.path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in self.events))
 
-    def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
+    def begin_run(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        plan: Plan,
+        config: dict[str, Any],
+        place: Any = None,
+    ) -> None:
         self._add(
             event="begin_run", rank=rank, world_size=world_size, plan=plan.to_json(), config=config
         )

@@ -1,0 +1,352 @@
+"""The columnar cache: a rank log's parsed columns kept beside the log, so that a run is
+parsed once and reopened in a fraction of the time.
+
+``<log dir>/.pipetrace-cache/<log name>.cols`` holds what `parse.parse_rank_file` made of
+one log (a `RawRank`): a small JSON index (the log's key, the rank's lists and lifecycle
+events, each array's dtype, length and offset), then the arrays' bytes. A reader takes the
+whole file in one read and makes every column a numpy view of it: no parsing, no copy, no
+pickle (a cache file is data from the run directory, never code: docs/security.md).
+
+A cache entry is used only when its key still describes the log: the cache format, the
+log's size and modification time, and a hash of its first and last bytes (a log that grew,
+was rewritten or cut gets a new key). A log modified in the last `RECENT_NS` is not cached
+(it may still be written, and a file system's coarse time stamps could hide a second write).
+A cache that cannot be written (a read-only directory) is skipped, and one that does not
+read back whole and consistent is ignored and rebuilt: the cache changes speed, never
+results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipetrace import __version__, interning
+from pipetrace.analyze import model, parse, reader
+from pipetrace.analyze.parse import (
+    MEMORY_COLUMNS,
+    MEMORY_GRIDS,
+    P2P_COLUMNS,
+    STEP_COLUMNS,
+    RawRank,
+    parse_rank_file,
+)
+from pipetrace.analyze.reader import LogProblems, TraceFormatError, open_regular
+from pipetrace.recorder import format as fmt
+
+CACHE_DIR = ".pipetrace-cache"
+"""The cache's directory inside a run directory (recording and merging ignore it)."""
+CACHE_VERSION = 1
+"""Bump when the entry's layout changes (a changed parser makes entries stale by itself)."""
+RECENT_NS = 2 * 10**9
+_EDGE_BYTES = 4 << 10
+_MAGIC = b"PTCOLS\x00\x01"
+_ALIGN = 64
+_TEXT_PARTS = (np.int8, np.int32, np.int32)  # `parse.parse_texts`: kind, stage, micro-batch
+_LOG = logging.getLogger(__name__)
+_PARSER_MODULES = (parse, reader, model, interning, fmt, sys.modules[__name__])
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_PROBLEMS = asdict(LogProblems())
+
+
+@dataclass(frozen=True)
+class LogKey:
+    """What a cache entry was made from: it is used only while the log still has this key."""
+
+    version: str
+    size: int
+    mtime_ns: int
+    edges: str  # hash of the log's first and last `_EDGE_BYTES`
+
+    @classmethod
+    def of(cls, log: Path) -> LogKey:
+        """The log's key now (OSError when it cannot be read, TraceFormatError when it is not
+        a regular file: a FIFO must not block the load)."""
+        with open_regular(log) as handle:
+            info = os.fstat(handle.fileno())
+            digest = hashlib.blake2b(handle.read(_EDGE_BYTES), digest_size=16)
+            if info.st_size > _EDGE_BYTES:
+                handle.seek(max(_EDGE_BYTES, info.st_size - _EDGE_BYTES))
+                digest.update(handle.read(_EDGE_BYTES))
+        return cls(_format_version(), info.st_size, info.st_mtime_ns, digest.hexdigest())
+
+
+@cache
+def _format_version() -> str:
+    """The cache version and a hash of the source of every module that decides what a log
+    parses to: any change to the parser (a new pipetrace, or a developer's edit) makes older
+    entries stale by itself, so no entry outlives the code that made it."""
+    digest = hashlib.blake2b(f"{CACHE_VERSION}/{__version__}".encode(), digest_size=16)
+    for module in _PARSER_MODULES:
+        with contextlib.suppress(OSError, TypeError):  # no source (a frozen install): version only
+            digest.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]
+    return digest.hexdigest()
+
+
+def cache_path(log: Path) -> Path:
+    return log.parent / CACHE_DIR / (log.name + ".cols")
+
+
+def load(log: Path) -> RawRank | None:
+    """The cached columns of a log, or None when there is no fresh, whole entry."""
+    try:
+        with open_regular(cache_path(log)) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            index, start = _read_index(handle)
+            if index["key"] != asdict(LogKey.of(log)):
+                return None
+            buffer = bytearray(size)
+            handle.seek(0)
+            if handle.readinto(buffer) != size:
+                raise ValueError("short read")
+        return _decode(log, index, memoryview(buffer)[start:])
+    except (FileNotFoundError, TraceFormatError):
+        return None  # no entry, or no log to check it against (the parser says why)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        _LOG.debug("%s: cache entry ignored (%s)", log, exc)
+        return None
+
+
+def parse_and_store(log: Path) -> RawRank:
+    """Parse the log and cache the result when the log held still while it was read."""
+    try:
+        key = LogKey.of(log)
+    except (OSError, TraceFormatError):
+        return parse_rank_file(log)  # the parser says what is wrong with it
+    raw = parse_rank_file(log)
+    if raw.error is None and time.time_ns() - key.mtime_ns >= RECENT_NS:
+        with contextlib.suppress(OSError, TraceFormatError):
+            if LogKey.of(log) == key:
+                store(log, key, raw)
+    return raw
+
+
+def store(log: Path, key: LogKey, raw: RawRank) -> None:
+    """Write the entry (a new temporary file renamed into place, so readers see all or
+    nothing, and no planted link is followed); a directory that cannot be written is skipped
+    with a debug note."""
+    arrays = _arrays(raw)
+    specs, offset = [], 0
+    for name, array in arrays.items():
+        specs.append([name, array.dtype.str, len(array), offset])
+        offset += -(-array.nbytes // _ALIGN) * _ALIGN
+    try:
+        index = orjson.dumps({"key": asdict(key), "fields": _fields(raw), "arrays": specs})
+    except orjson.JSONEncodeError as exc:  # cannot happen for decoded JSON; never fail a load
+        _LOG.debug("%s: not cached (%s)", log, exc)
+        return
+    start = _data_start(len(index))
+    target = cache_path(log)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        target.parent.mkdir(exist_ok=True)
+        if target.parent.is_symlink():
+            raise OSError(f"{target.parent} is a symbolic link")
+        with os.fdopen(os.open(temporary, _NEW_FILE, 0o644), "wb") as handle:
+            handle.write(_MAGIC + len(index).to_bytes(8, "little") + index)
+            for (_, _, _, at), array in zip(specs, arrays.values()):
+                handle.seek(start + at)
+                handle.write(array.tobytes())
+            handle.truncate(start + offset)
+        os.replace(temporary, target)
+    except OSError as exc:
+        _LOG.debug("%s: not cached (%s)", log, exc)
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+
+
+def _arrays(raw: RawRank) -> dict[str, np.ndarray]:
+    return {
+        **{f"steps.{name}": raw.steps[name] for name in STEP_COLUMNS},
+        **{f"p2p.{name}": raw.p2p[name] for name in P2P_COLUMNS},
+        **{f"text_parts.{i}": part for i, part in enumerate(raw.text_parts)},
+        **{f"memory.{name}": column.reshape(-1) for name, column in raw.memory.items()},
+    }
+
+
+def _fields(raw: RawRank) -> dict[str, Any]:
+    """Everything but the arrays, as JSON values (`device` is joined into the columns)."""
+    return {
+        "header": raw.header,
+        "problems": asdict(raw.problems),
+        "events": raw.events,
+        "unknown_events": raw.unknown_events,
+        "texts": raw.texts,
+        "threads": raw.threads,
+        "shapes": raw.shapes,
+        "dtypes": raw.dtypes,
+        "iterations": [[it, *row] for it, row in raw.iterations.items()],
+        "lifecycle": raw.lifecycle,
+        "run_start": raw.run_start,
+    }
+
+
+def _data_start(index_bytes: int) -> int:
+    """Where the arrays begin: after the magic, the index's length and the index, aligned."""
+    return -(-(len(_MAGIC) + 8 + index_bytes) // _ALIGN) * _ALIGN
+
+
+def _read_index(handle: Any) -> tuple[dict[str, Any], int]:
+    """The entry's index and where its arrays begin."""
+    head = handle.read(len(_MAGIC) + 8)
+    if len(head) != len(_MAGIC) + 8 or not head.startswith(_MAGIC):
+        raise ValueError("not a pipetrace cache file")
+    length = int.from_bytes(head[len(_MAGIC) :], "little")
+    index = orjson.loads(handle.read(length))
+    if not isinstance(index, dict):
+        raise ValueError("bad index")
+    return index, _data_start(length)
+
+
+def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank:
+    """The entry as a `RawRank` whose columns are views of ``data_bytes``; ValueError (or
+    KeyError, TypeError) unless every part has the shape and type the parser gives it."""
+    data = index["fields"]
+    if not _valid_fields(data):
+        raise ValueError("bad fields")
+    expected = {
+        **{f"steps.{name}": dtype for name, dtype in STEP_COLUMNS.items()},
+        **{f"p2p.{name}": dtype for name, dtype in P2P_COLUMNS.items()},
+        **{f"text_parts.{i}": dtype for i, dtype in enumerate(_TEXT_PARTS)},
+        **{f"memory.{name}": np.int64 for name in (*MEMORY_COLUMNS, *MEMORY_GRIDS)},
+    }
+    arrays = {}
+    for name, dtype, count, offset in index["arrays"]:
+        want = np.dtype(expected[name])
+        if dtype != want.str or count < 0 or offset < 0:
+            raise ValueError(f"bad array {name}")
+        if offset + count * want.itemsize > len(data_bytes):
+            raise ValueError("cut short")
+        arrays[name] = np.frombuffer(data_bytes, want, count, offset)
+    if arrays.keys() != expected.keys():
+        raise ValueError("missing arrays")
+    raw = RawRank(
+        str(log),
+        header=data["header"],
+        problems=LogProblems(**data["problems"]),
+        events=data["events"],
+        unknown_events=data["unknown_events"],
+        texts=data["texts"],
+        threads=data["threads"],
+        shapes=[tuple(shape) for shape in data["shapes"]],
+        dtypes=data["dtypes"],
+        text_parts=tuple(arrays[f"text_parts.{i}"] for i in range(len(_TEXT_PARTS))),
+        steps={name: arrays[f"steps.{name}"] for name in STEP_COLUMNS},
+        p2p={name: arrays[f"p2p.{name}"] for name in P2P_COLUMNS},
+        iterations={it: row for it, *row in data["iterations"]},
+        lifecycle=[(e, t, f) for e, t, f in data["lifecycle"]],
+        run_start=data["run_start"],
+        memory=_memory(arrays, data["run_start"]),
+    )
+    _check_columns(raw)
+    return raw
+
+
+def _memory(arrays: dict[str, np.ndarray], run_start: Any) -> dict[str, np.ndarray]:
+    """The memory columns, per-stage grids given back their shape (ValueError if the sizes
+    do not fit the rank's stages)."""
+    stages = len((run_start or {}).get("stages") or ())
+    count = len(arrays["memory.t"])
+    memory = {name: arrays[f"memory.{name}"] for name in MEMORY_COLUMNS}
+    for name in MEMORY_GRIDS:
+        memory[name] = arrays[f"memory.{name}"].reshape(count, stages)
+    if len({len(column) for column in memory.values()}) > 1:
+        raise ValueError("memory columns of unequal length")
+    return memory
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _strings(value: Any) -> bool:
+    return type(value) is list and set(map(type, value)) <= {str}
+
+
+def _ints(value: Any) -> bool:
+    return type(value) is list and set(map(type, value)) <= {int}
+
+
+def _rows(value: Any, *checks: Any) -> bool:
+    """A list of lists, each of ``len(checks)`` values passing their checks."""
+    return type(value) is list and all(
+        type(row) is list and len(row) == len(checks) and all(c(v) for c, v in zip(checks, row))
+        for row in value
+    )
+
+
+def _valid_fields(data: Any) -> bool:
+    def is_dict(value: Any) -> bool:
+        return type(value) is dict
+
+    def moment(value: Any) -> bool:  # a time, or OPEN
+        return type(value) is int and value >= -1
+
+    def loss(value: Any) -> bool:
+        return value is None or type(value) is float
+
+    checks = {
+        "header": is_dict,
+        "problems": _valid_problems,
+        "events": _is_int,
+        "unknown_events": _is_int,
+        "texts": _strings,
+        "threads": _strings,
+        "shapes": lambda v: type(v) is list and all(_ints(shape) for shape in v),
+        "dtypes": _strings,
+        "iterations": lambda v: _rows(v, _is_int, moment, moment, loss),
+        "lifecycle": lambda v: _rows(v, lambda e: type(e) is str, _is_int, is_dict),
+        "run_start": lambda v: v is None or is_dict(v),
+    }
+    return (
+        type(data) is dict
+        and data.keys() == checks.keys()
+        and all(check(data[name]) for name, check in checks.items())
+    )
+
+
+def _valid_problems(value: Any) -> bool:
+    """The fields of `LogProblems`, each of its default's type (an int or None for the
+    first corrupt line)."""
+    default = _PROBLEMS
+    if type(value) is not dict or value.keys() != default.keys():
+        return False
+    for name, given in value.items():
+        if name == "first_corrupt_line":
+            if given is not None and type(given) is not int:
+                return False
+        elif type(given) is not type(default[name]) or (
+            type(given) is list and not _strings(given)
+        ):
+            return False
+    return True
+
+
+def _check_columns(raw: RawRank) -> None:
+    """Equal lengths within a table, and every code inside the list it indexes."""
+    lists = {
+        "code": len(raw.texts),
+        "thread": len(raw.threads),
+        "shape": len(raw.shapes),
+        "dtype": len(raw.dtypes),
+    }
+    for table in (raw.steps, raw.p2p):
+        if len({len(column) for column in table.values()}) > 1:
+            raise ValueError("columns of unequal length")
+        for name, size in lists.items():
+            column = table.get(name)
+            if column is not None and len(column) and not 0 <= column.min() <= column.max() < size:
+                raise ValueError(f"{name} out of range")
+    if {len(part) for part in raw.text_parts} != {len(raw.texts)}:
+        raise ValueError("text parts do not match the texts")

@@ -1,0 +1,181 @@
+"""The columnar cache (`pipetrace.analyze.cache`): same results, rebuilt whenever a log
+changes, never trusted when damaged, skipped when it cannot be written."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipetrace.analyze import cache
+from pipetrace.analyze.load import load_run
+from pipetrace.cli import main
+from pipetrace.recorder import format as fmt
+from pipetrace.runtime.faults import Hang
+from pipetrace.testing.cluster import FakeCluster
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def _age(run_dir: Path) -> None:
+    """Date the logs back: a log written in the last seconds is not cached (it may still
+    be growing)."""
+    past = os.stat(run_dir / fmt.META_FILE).st_mtime_ns - 60 * 10**9
+    for log in run_dir.glob("rank-*.ndjson"):
+        os.utime(log, ns=(past, past))
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A 4-rank run where rank 3 hangs (stall events, open steps and ops), its logs aged."""
+    path = tmp_path / "run"
+    FakeCluster.of(faults=[Hang(rank=3, step=0, microbatch=1, phase="B")]).record(path)
+    _age(path)
+    return path
+
+
+def _analyze(run_dir: Path, capsys, *flags: str) -> tuple[int, str]:
+    code = main(["analyze", str(run_dir), "--json", *flags])
+    return code, capsys.readouterr().out
+
+
+def _entries(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / cache.CACHE_DIR).glob("*.cols"))
+
+
+def _from_cache_only(monkeypatch) -> None:
+    """Make parsing fail: a load that still succeeds read every rank from the cache."""
+
+    def refuse(path):
+        raise AssertionError(f"{path} was parsed, not read from the cache")
+
+    monkeypatch.setattr("pipetrace.analyze.cache.parse_rank_file", refuse)
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_cached_analysis_is_byte_identical(run, capsys, monkeypatch, workers):
+    plain = _analyze(run, capsys, "--no-cache", "--workers", workers)
+    assert not (run / cache.CACHE_DIR).exists()  # --no-cache writes nothing
+    first = _analyze(run, capsys, "--workers", workers)
+    assert len(_entries(run)) == 4
+    _from_cache_only(monkeypatch)
+    second = _analyze(run, capsys, "--workers", workers)
+    assert plain == first == second
+    assert plain[0] == 1  # the hang is found, from the cache too
+
+
+def test_every_sample_trace_reads_back_the_same(tmp_path, capsys, monkeypatch):
+    copies = []
+    for sample in sorted(p for p in SAMPLES.iterdir() if (p / fmt.META_FILE).exists()):
+        copy = tmp_path / sample.name
+        shutil.copytree(sample, copy, ignore=shutil.ignore_patterns(cache.CACHE_DIR))
+        _age(copy)
+        copies.append((copy, _analyze(copy, capsys, "--no-cache")))
+        _analyze(copy, capsys)
+    _from_cache_only(monkeypatch)
+    for copy, plain in copies:
+        assert _analyze(copy, capsys) == plain, copy.name
+
+
+def test_a_recent_log_is_not_cached(tmp_path):
+    path = tmp_path / "run"
+    FakeCluster.of("1f1b", ranks=2, microbatches=2).record(path)
+    load_run(path)
+    assert _entries(path) == []
+
+
+def _same_as_parsed(run_dir: Path, capsys) -> None:
+    """The cached analysis equals a fresh parse, and the cache is whole again afterwards."""
+    cached = _analyze(run_dir, capsys)
+    assert cached == _analyze(run_dir, capsys, "--no-cache")
+    _age(run_dir)
+    _analyze(run_dir, capsys)
+    assert len(_entries(run_dir)) == 4
+
+
+def test_a_grown_log_is_parsed_again(run, capsys):
+    before = load_run(run).ranks[0].events
+    log = fmt.rank_log_path(run, 0)
+    with open(log, "ab") as handle:
+        handle.write(b'{"e":"from_the_future","t":1,"x":2}\n')
+    _age(run)
+    assert load_run(run).ranks[0].events == before + 1
+    _same_as_parsed(run, capsys)
+
+
+def test_a_rewritten_log_of_the_same_size_and_time_is_parsed_again(run, capsys):
+    load_run(run)
+    log = fmt.rank_log_path(run, 1)
+    stat = os.stat(log)
+    data = bytearray(log.read_bytes())
+    last = data.rstrip(b"\n").rfind(b"\n") + 1
+    data[last:-1] = b"x" * (len(data) - 1 - last)  # the last event, damaged in place
+    log.write_bytes(bytes(data))
+    os.utime(log, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert os.stat(log).st_size == stat.st_size
+    problems = [p.message for p in load_run(run).problems]
+    assert any("corrupt line" in m for m in problems)
+    _same_as_parsed(run, capsys)
+
+
+def _cut(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _zeros(data: bytes) -> bytes:
+    return bytes(len(data))
+
+
+def _bad_magic(data: bytes) -> bytes:
+    return b"X" + data[1:]
+
+
+def _bad_index(data: bytes) -> bytes:
+    return data.replace(b'"texts":[', b'"texts":{', 1)
+
+
+def _code_out_of_range(data: bytes) -> bytes:
+    """Every step text dropped from the index: the code columns point past the list."""
+    start = data.index(b'"texts":[') + len(b'"texts":[')
+    end = data.index(b"]", start)
+    texts = data[start:end]
+    return data[:start] + b" " * len(texts) + data[end:]
+
+
+@pytest.mark.parametrize("damage", [_cut, _zeros, _bad_magic, _bad_index, _code_out_of_range])
+def test_a_damaged_cache_is_ignored_and_rebuilt(run, capsys, damage):
+    plain = _analyze(run, capsys, "--no-cache")
+    _analyze(run, capsys)
+    for entry in _entries(run):
+        entry.write_bytes(damage(entry.read_bytes()))
+    assert _analyze(run, capsys) == plain
+    _same_as_parsed(run, capsys)
+
+
+def test_a_cache_that_cannot_be_written_is_skipped(run, capsys):
+    plain = _analyze(run, capsys, "--no-cache")
+    (run / cache.CACHE_DIR).write_bytes(b"")  # a file where the directory would go
+    assert _analyze(run, capsys) == plain
+    assert (run / cache.CACHE_DIR).is_file()
+
+
+def test_the_flags_are_on_every_loading_command(capsys):
+    for command in ("analyze", "tui", "export"):
+        assert main([command, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert "--no-cache" in out and "--ranks" in out and "--replica" in out, command
+
+
+def test_planted_files_are_neither_followed_nor_waited_on(run, tmp_path, capsys):
+    plain = _analyze(run, capsys, "--no-cache")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / cache.CACHE_DIR).symlink_to(elsewhere)  # a link where the directory would go
+    assert _analyze(run, capsys) == plain
+    assert list(elsewhere.iterdir()) == []
+    (run / cache.CACHE_DIR).unlink()
+    (run / cache.CACHE_DIR).mkdir()
+    os.mkfifo(run / cache.CACHE_DIR / f"{fmt.rank_log_name(0)}.cols")  # would block a read
+    assert _analyze(run, capsys) == plain
