@@ -2,11 +2,13 @@
 
 ``SWAP_GROUP`` opens a group for one (stage, micro-batch); the executor runs that forward
 under the group's ``torch.autograd.graph.saved_tensors_hooks``, so every tensor autograd saves
-for the backward goes into the group and the graph holds only an index into it. Tensors the
-stage keeps alive anyway (parameters and the stage input: leaves that require grad, and views
-of them) stay where they are. ``OFFLOAD`` copies the group's tensors to a host buffer on a
-side thread (CPU: a separate buffer, so the copy and its timing are real) or a side stream
-(CUDA: pinned memory); ``OFFLOAD_WAIT`` joins the copy and drops the device tensors.
+for the backward goes into the group and the graph holds only an index into it. Tensors whose
+memory stays taken anyway stay where they are: parameters and the stage input (leaves that
+require grad, and views of them), and what the rank holds until the backward (the micro-batch
+input, the stage output, the target: `SwapSteps.keep`). ``OFFLOAD`` copies the other tensors
+to a host buffer on a side thread (CPU: a separate buffer, so the copy and its timing are
+real) or a side stream (CUDA: pinned memory); ``OFFLOAD_WAIT`` joins the copy and drops the
+device tensors.
 ``LOAD`` copies them back the same way and ``LOAD_WAIT`` joins it; the backward then unpacks
 the loaded tensors. A backward that unpacks before ``LOAD_WAIT`` fails with the group named.
 
@@ -41,14 +43,17 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
 
 @dataclass(slots=True)
 class _Group:
-    """One swap group: the tensors autograd saved (None while they are on the host only)."""
+    """One swap group: the tensors autograd saved, by index (None while the swapped ones are
+    on the host only), and those that stay on the device (`keep`)."""
 
     name: str
-    device: list[torch.Tensor] | None = field(default_factory=list)
+    device: dict[int, torch.Tensor] | None = field(default_factory=dict)
     index: dict[tuple, int] = field(default_factory=dict)  # a tensor saved twice is kept once
+    resident: dict[int, torch.Tensor] = field(default_factory=dict)
+    moved: list[int] = field(default_factory=list)  # the indices on the host, in copy order
     host: list[torch.Tensor] | None = None
     copying: Future | None = None  # the offload or load in flight
-    cuda: Any = None  # CUDA: the event the copy recorded on the side stream
+    cuda: Any = None  # CUDA: the event the copy recorded on the side stream, and the device
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor | int:
         if _stays(tensor):
@@ -57,8 +62,8 @@ class _Group:
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         found = self.index.get(key)
         if found is None:
-            found = self.index[key] = len(self.device)
-            self.device.append(tensor)
+            found = self.index[key] = len(self.index)
+            self.device[found] = tensor
         return found
 
     def unpack(self, handle: torch.Tensor | int) -> torch.Tensor:
@@ -67,6 +72,23 @@ class _Group:
         if self.device is None:
             raise RuntimeError(f"the backward of {self.name} ran before its LOAD_WAIT")
         return self.device[handle]
+
+    def keep(self, held: tuple[torch.Tensor | None, ...]) -> None:
+        """Saved tensors whose memory the rank holds anyway (its micro-batch input, its output,
+        the target) stay: copying them would free nothing."""
+        assert self.device is not None
+        pointers = {t.data_ptr() for t in held if t is not None}
+        self.resident = {i: t for i, t in self.device.items() if t.data_ptr() in pointers}
+        self.index.clear()  # the forward is over
+
+    def to_move(self) -> list[torch.Tensor]:
+        """The tensors an offload copies (and the order a load gives them back in)."""
+        assert self.device is not None
+        self.moved = [i for i in self.device if i not in self.resident]
+        return [self.device[i] for i in self.moved]
+
+    def loaded(self, tensors: list[torch.Tensor]) -> None:
+        self.device = {**self.resident, **dict(zip(self.moved, tensors))}
 
 
 class SwapSteps:
@@ -80,6 +102,10 @@ class SwapSteps:
         self._groups: dict[Key, _Group] = {}
         self.capturing: dict[Key, saved_tensors_hooks] = {}
         """Open groups whose forward has not run: the executor pops one around a forward."""
+
+    def keep(self, stage: int, mb: int, held: tuple[torch.Tensor | None, ...]) -> None:
+        """After the group's forward: the tensors the rank holds anyway (see `_Group.keep`)."""
+        self._groups[(stage, mb)].keep(held)
 
     def handlers(self) -> dict[StepKind, Callable[[int, Step], int | None]]:
         return {
@@ -121,10 +147,9 @@ class SwapSteps:
 
     def offload(self, position: int, step: Step) -> int:
         group = self._group(step)
-        group.index.clear()  # the forward is over
-        assert group.device is not None
-        group.copying = self._copy(group, group.device, to_host=True)
-        return _nbytes(group.device)
+        tensors = group.to_move()
+        group.copying = self._copy(group, tensors, to_host=True)
+        return _nbytes(tensors)
 
     def offload_wait(self, position: int, step: Step) -> None:
         group = self._group(step)
@@ -139,7 +164,7 @@ class SwapSteps:
 
     def load_wait(self, position: int, step: Step) -> None:
         group = self._groups.pop((step.stage, step.microbatch))  # type: ignore[arg-type]
-        group.device = self._join(group)
+        group.loaded(self._join(group))
         group.host = None
 
     # -- copies ----------------------------------------------------------------------------

@@ -184,19 +184,23 @@ class RunConfig:
 
     def plan(self) -> Plan:
         """The lowered plan (with messages, FSDP steps with ``fsdp``, activation swap steps
-        with ``swap``); a schedule that cannot be built raises PipetraceError (exit 2)."""
+        with ``swap``, TIED_REDUCE with ``tie_weights``); a schedule that cannot be built
+        raises PipetraceError (exit 2)."""
         from pipetrace.schedule.builders import build_plan, resolve_schedule_name
 
         try:
+            steps = {
+                "comms": True,
+                "fsdp": self.fsdp,
+                "overlap_bf": self.overlap_bf,
+                "tie_weights": self.tie_weights,
+            }
             plan = build_plan(
                 resolve_schedule_name(self.schedule),
                 num_ranks=self.ranks,
                 num_microbatches=self.microbatches,
                 stages_per_rank=self.stages_per_rank,
-                comms=True,
-                fsdp=self.fsdp,
-                tie_weights=self.tie_weights,
-                overlap_bf=self.overlap_bf,
+                **steps,  # what the runtime executes besides compute
             )
             if self.swap is not None:
                 plan = add_swap_steps(plan, SwapPolicy.parse(self.swap))

@@ -335,12 +335,20 @@ class Executor:
         else:  # a swapped micro-batch: autograd saves into its swap group
             with hooks:
                 out = self._stage_forward(stage, s, mb, x)
+            self._keep_resident(s, mb, x, out)
         if out is None:
             return
         if self._placement[s + 1] == self.rank:
             self._act_in[(s + 1, mb)] = out
         else:
             self._act_out[(s, mb)] = out
+
+    def _keep_resident(self, s: int, mb: int, x: Any, out: Any) -> None:
+        """Tell the swap group what the rank holds until the backward anyway: the input, the
+        output, the target of the last stage (copying them would free nothing)."""
+        targets = self.context.targets if s == self._last_stage else None
+        assert self._swap is not None
+        self._swap.keep(s, mb, (x, out, None if targets is None else targets[mb]))
 
     def _stage_forward(self, stage: Stage, s: int, mb: int, x: Any) -> Any:
         """The stage's forward; None on the last stage (its loss stays with the stage)."""

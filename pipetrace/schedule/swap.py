@@ -20,9 +20,14 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
+from itertools import chain
 
-from .ir import BACKWARD_KINDS, SWAP_ORDER, Plan, ScheduleError, Step, StepKind
+import numpy as np
+
+from .execution import Program
+from .ir import BACKWARD_KINDS, SWAP_KINDS, SWAP_ORDER, Plan, ScheduleError, Step, StepKind
 
 SWAP_EXAMPLES = "all, stage=0, stage=0-1, microbatches=0-3, stage=0,microbatches=0-3"
 """Policy texts, for help and error messages."""
@@ -146,6 +151,17 @@ def _swapped_row(row: list[Step | None], policy: SwapPolicy) -> list[Step | None
         new_row.append(step)
         new_row.extend(_in_order(after.get(index, [])))
     return new_row
+
+
+def has_swap_steps(program: Program, kinds: Collection[StepKind] = SWAP_KINDS) -> bool:
+    """Whether a compiled plan holds steps of these swap kinds: only its steps without an id
+    (swap, FSDP and composite steps) are looked at, so a plan without any costs an array
+    comparison."""
+    unnamed = np.flatnonzero(program.arrays.ids == -1)
+    if not len(unnamed):
+        return False
+    steps = list(chain.from_iterable(program.steps))
+    return any(steps[i].kind in kinds for i in unnamed.tolist())
 
 
 def _is_compute(step: Step) -> bool:

@@ -15,16 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .execution import Outcome, Program
-from .ir import StepKind
+from .ir import SWAP_MOVES, StepKind
+from .swap import has_swap_steps
 
 _LAUNCH_OF = {StepKind.OFFLOAD_WAIT: StepKind.OFFLOAD, StepKind.LOAD_WAIT: StepKind.LOAD}
 
 
 def has_swap_waits(program: Program) -> bool:
-    """Whether the plan has swap waits (only plans with id-less steps can)."""
-    if not (program.arrays.ids == -1).any():
-        return False
-    return any(step.kind in _LAUNCH_OF for steps in program.steps for step in steps)
+    return has_swap_steps(program, _LAUNCH_OF)
 
 
 def settle_swap_waits(
@@ -55,7 +53,7 @@ def _update_waits(
         side_free = 0.0
         copy_end: dict[tuple[StepKind, int | None, int | None], float] = {}
         for i, step in enumerate(steps):
-            if step.kind in (StepKind.OFFLOAD, StepKind.LOAD):
+            if step.kind in SWAP_MOVES:
                 side_free = max(side_free, starts[i]) + copy_time
                 copy_end[(step.kind, step.stage, step.microbatch)] = side_free
             elif step.kind in _LAUNCH_OF:

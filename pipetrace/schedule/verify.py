@@ -485,9 +485,10 @@ def _dependency(program: Program, rank: int, index: int, step_id: int, need: str
 
 
 def _check_swaps(program: Program) -> list[Finding]:
-    """The activation swap groups (`verify_swap`); only plans with steps that have no id
-    (swap, FSDP and composite steps) can hold any."""
-    if not (program.arrays.ids == -1).any():
+    """The activation swap groups (`verify_swap`), when the plan has swap steps."""
+    from .swap import has_swap_steps
+
+    if not has_swap_steps(program):
         return []
     from .verify_swap import check_swaps  # it imports this module's Finding
 

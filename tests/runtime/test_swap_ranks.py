@@ -14,7 +14,7 @@ from test_runtime_ranks import SCHEDULES, check_recording
 
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
-from pipetrace.schedule.ir import StepKind, parse_step
+from pipetrace.schedule.ir import SWAP_MOVES, StepKind, parse_step
 from pipetrace.schedule.swap import SwapPolicy
 
 pytestmark = pytest.mark.multiproc
@@ -89,7 +89,7 @@ def check_swap_bytes(directory, index: int, case: RunConfig) -> None:
             if event["event"] != "end_step":
                 continue
             step = parse_step(begun[event["begin"]]["step"])
-            assert ("nbytes" in event) == (step.kind in (StepKind.OFFLOAD, StepKind.LOAD)), step
+            assert ("nbytes" in event) == (step.kind in SWAP_MOVES), step
             if "nbytes" in event:
                 moved[(iteration, step.stage, step.microbatch)][step.kind] = event["nbytes"]
         groups = {(s.stage, s.microbatch) for s in plan.steps(rank) if s.is_swap}

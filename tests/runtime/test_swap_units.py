@@ -1,7 +1,7 @@
 """Activation swap in one process: a one-rank plan with every activation swapped (local
 hand-offs, I/W, an OVERLAP_F_B composite) gives the single-process gradients, each swap
 launch reports its bytes, a backward before its LOAD_WAIT fails naming the group, and the
---swap setting is checked before anything runs."""
+--swap setting is checked before anything runs; one-rank OVERLAP_B_F plans match too."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from test_runtime_units import MIXED_ROWS, assert_matches_reference, run_plan
 
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime.config import RunConfig
+from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import SWAP_ORDER, Plan, Step, parse_step
 from pipetrace.schedule.swap import SwapPolicy, add_swap_steps
 from pipetrace.settings import SettingsError
@@ -36,10 +37,10 @@ def test_a_swapped_one_rank_plan_matches_the_reference_and_reports_bytes():
     assert set(moved) == {f"{s}{k}{m}" for s, m in groups for k in ("OFFLOAD", "LOAD")}
     for s, m in groups:
         # The demo's blocks save their input and their tanh output, the output of one block
-        # being the input of the next: two float64 (4 x 16) tensors per stage, plus the batch
-        # on stage 0 and the target the loss saves on the last stage. The other stages' input
-        # is a leaf that requires grad, which stays.
-        expected = (3 if s in (0, 2) else 2) * 4 * 16 * 8
+        # being the input of the next. What the rank holds anyway stays: the stage's input
+        # (the batch on stage 0), its output, the target on the last stage (whose output is
+        # the loss). So one float64 (4 x 16) tensor moves per stage, two on the last one.
+        expected = (2 if s == 2 else 1) * 4 * 16 * 8
         assert moved[f"{s}OFFLOAD{m}"] == moved[f"{s}LOAD{m}"] == expected, (s, m)
 
 
@@ -83,3 +84,19 @@ def test_the_plan_of_a_swapped_run_holds_its_swap_steps():
     for rank in range(2):
         swaps = [s.kind for s in plan.ranks[rank] if s is not None and s.is_swap]
         assert swaps == list(SWAP_ORDER)
+
+
+@pytest.mark.parametrize(("name", "v"), [("1f1b", None), ("interleaved-1f1b", 2)])
+def test_one_rank_overlap_bf_plans_match_the_reference(name, v):
+    """OVERLAP_B_F steps: the backward on the overlap thread, the forward on the main one."""
+    plan = build_plan(name, num_ranks=1, num_microbatches=3, stages_per_rank=v, overlap_bf=True)
+    recorder = ListRecorder()
+    executor, loss = run_plan(plan.ranks, plan.num_stages, 3, recorder=recorder)
+    assert_matches_reference(executor, loss, plan.num_stages, 3)
+    threads = {
+        (e["step"][1], e["thread"])
+        for e in recorder.events
+        if e["event"] == "begin_step" and not e["step"].startswith("(")
+    }
+    assert ("B", "overlap") in threads and ("F", "main") in threads
+    assert ("F", "overlap") not in threads
