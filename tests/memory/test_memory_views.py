@@ -97,3 +97,12 @@ def test_the_export_has_a_memory_counter_per_rank(gpipe_run):
     assert peaks == {r.rank: r.peak_bytes for r in report.ranks}
     names = {x["name"] for x in decode_chrome_json(js.getvalue()).events if x["ph"] == "C"}
     assert "activation bytes" in names
+
+
+def test_memory_lanes_snapshot(snap_compare, gpipe_run):
+    """GPipe's ramp on the ``mem`` lanes of both ranks, the whole run in view."""
+    from tests.tui.conftest import wait_loaded
+
+    assert snap_compare(
+        PipetraceApp(gpipe_run), press=["z"], terminal_size=(100, 24), run_before=wait_loaded
+    )
