@@ -92,6 +92,11 @@ FLAGS = (
     Flag("steps", "Training iterations.", short="-n"),
     Flag("backend", "Framework that runs the plan."),
     Flag(
+        "runtime",
+        "pipetrace: pipetrace's own runtime; torch: torch.distributed.pipelining's schedule "
+        "class for the schedule (same model, data and seed), recorded by the adapter.",
+    ),
+    Flag(
         "out",
         "Run directory for the recording.",
         short="-o",

@@ -39,6 +39,9 @@ CustomFunction = Callable[[Step, "StepContext"], None]
 LossCallback = Callable[[int, int, float], None]  # (case index, step, loss)
 
 BACKENDS = ("torch", "mindspore")
+RUNTIMES = ("pipetrace", "torch")
+"""What executes the schedule: pipetrace's runtime (on ``--backend``), or torch's own
+torch.distributed.pipelining (`pipetrace.torch_pipelining.demo`), recorded by the adapter."""
 
 RANK_MEMORY_BYTES = 300 << 20
 """What one local torch rank needs at least (measured ~300 MB RSS)."""
@@ -97,6 +100,9 @@ class RunConfig:
     backend: str = setting("torch", choices=BACKENDS, flag="--backend")
     """The framework that executes the plan: "torch" or "mindspore"
     (`pipetrace.runtime.mindspore`)."""
+    runtime: str = setting("pipetrace", choices=RUNTIMES, flag="--runtime")
+    """"pipetrace" or "torch": the same model, data and schedule run by torch's
+    torch.distributed.pipelining classes (one per built-in schedule), recorded."""
     out: str | None = setting(None, flag="--out")
     """The run directory for recordings, passed through to the recorder factory."""
     overwrite: bool = setting(False, flag="--overwrite")
@@ -158,8 +164,29 @@ class RunConfig:
                 RunConfig,
                 "{torch_profiler} writes into the run directory: it needs recording on",
             )
+        if self.runtime == "torch":
+            self._check_torch_runtime()
         if self.faults:  # last: the check builds the plan from the fields above
             object.__setattr__(self, "faults", fault_spec.resolve_faults(tuple(self.faults), self))
+
+    def _check_torch_runtime(self) -> None:
+        """What torch's runtime cannot be asked for: pipetrace's own P2P mode, step kinds and
+        swap steps (torch's loop runs its own actions)."""
+        if self.backend != "torch":
+            raise SettingsError(
+                RunConfig, "{runtime} torch runs on torch only, not {backend} " + self.backend
+            )
+        for name, given in (
+            ("overlap_p2p", self.overlap_p2p),
+            ("overlap_bf", self.overlap_bf),
+            ("swap", self.swap is not None),
+        ):
+            if given:
+                raise SettingsError(
+                    RunConfig,
+                    f"{{{name}}} is a feature of pipetrace's runtime; {{runtime}} torch runs "
+                    "torch's schedule classes as they are",
+                )
 
     def check_local_processes(self, environ: Mapping[str, str] = os.environ) -> None:
         """Refuse, before any process starts, more local processes than this machine can

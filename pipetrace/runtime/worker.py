@@ -56,6 +56,10 @@ def _run_case(
     spec: WorkerSpec,
     on_loss: LossCallback | None,
 ) -> CaseResult:
+    if case.runtime == "torch":  # torch.distributed.pipelining runs the schedule
+        from pipetrace.torch_pipelining.demo import run_config
+
+        return run_config(kit, index, case, rank, on_loss)
     plan = case.plan()
     replicas = kit.replicas(case, rank)
     tie = case.tie_weights
