@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
 
 # Tuple tags on the hot path; `_encode` turns each into its documented JSON event.
-_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER = range(5)
+_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER, _MEMORY = range(6)
 
 
 class ProfilerRanges(Protocol):
@@ -58,6 +58,8 @@ class ProfilerRanges(Protocol):
 
 class Recorder:
     """Implements `pipetrace.recorder.hooks.RecorderHooks` for one rank."""
+
+    records_memory = True
 
     def __init__(
         self,
@@ -120,6 +122,7 @@ class Recorder:
             )
         )
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
+        self._last_memory: tuple = ()  # the last memory sample written (only changes are)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -341,6 +344,22 @@ class Recorder:
         self.inflight.pop(token, None)
         self._append((_P2P_DONE, t, token))
 
+    def memory_sample(
+        self,
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: tuple[int, int] | None,
+        swapped: list[int] | None = None,
+    ) -> None:
+        """A ``memory`` event, when a value differs from the previous sample's."""
+        sample = (saved, inflight, allocator, swapped)
+        if sample == self._last_memory:
+            return
+        self._last_memory = sample
+        sid = token[0] if type(token) is tuple else token
+        self._append((_MEMORY, self._monotonic_ns(), sid, saved, inflight, *sample[2:]))
+
     # -- device timing ---------------------------------------------------------------------
 
     def _device_header(self) -> dict[str, Any]:
@@ -482,6 +501,8 @@ class Recorder:
                 out += p2p_done % (record[1] + offset, record[2])
             elif tag == post_tag:
                 out += self._p2p_post_line(record, offset)
+            elif tag == _MEMORY:
+                out += _memory_line(record, offset)
             else:
                 _, t, event_name, fields = record
                 out += orjson.dumps({"e": event_name, "t": t + offset, **fields}, option=_DUMP)
@@ -512,7 +533,20 @@ _STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
 _STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
 _P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
 _P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
+_MEMORY_LINE = fmt.line_template(fmt.EVENTS[fmt.MEMORY])  # without the CUDA allocator's
 _DUMP = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def _memory_line(record: tuple, offset: int) -> bytes:
+    """A ``memory`` event's line; the CUDA allocator's and the swapped bytes when present."""
+    _, t, sid, saved, inflight, allocator, swapped = record
+    line = _MEMORY_LINE % (t + offset, sid, orjson.dumps(saved), orjson.dumps(inflight))
+    if allocator is None and swapped is None:
+        return line
+    extra = b"" if swapped is None else b',"swapped":' + orjson.dumps(swapped)
+    if allocator is not None:
+        extra += b',"allocated":%d,"reserved":%d' % allocator
+    return line[:-2] + extra + b"}\n"
 
 
 class _JsonLiterals(dict[str | tuple[int, ...], bytes]):

@@ -37,7 +37,7 @@ from .execution import (
 from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
 from .swap_timing import has_swap_waits, settle_swap_waits
 
-__all__ = ["Costs", "RankStats", "SimResult", "SimStep", "simulate"]
+__all__ = ["Costs", "RankStats", "SimResult", "SimStep", "peak_inflight_by_stage", "simulate"]
 
 _COMPUTE_NAMES = ("F", "B", "I", "W")
 _SCALARS = ("F", "B", "I", "W", "comm", "bandwidth", "message_bytes")
@@ -292,15 +292,33 @@ def _peak_inflights(program: Program) -> list[int]:
     return result
 
 
-def _peak_inflight(program: Program, rank: int) -> int:
-    """`_peak_inflights` of a rank with composite steps: an overlap's forward counts first."""
-    changes = [
-        _ACTIVATIONS[CODES[leaf.kind]]
-        for s in program.steps[rank]
+def _held_changes(steps: list[Step]) -> list[tuple[int, int]]:
+    """(stage, +1 / -1 / 0) per compute leaf in order; an overlap's forward counts first."""
+    return [
+        (leaf.stage, _ACTIVATIONS[CODES[leaf.kind]])  # type: ignore[misc]
+        for s in steps
         for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
         if leaf.kind in CODES
     ]
+
+
+def _peak_inflight(program: Program, rank: int) -> int:
+    """`_peak_inflights` of a rank with composite steps: its leaves' changes."""
+    changes = [change for _, change in _held_changes(program.steps[rank])]
     return max(accumulate(changes, initial=0))
+
+
+def peak_inflight_by_stage(plan: Plan) -> dict[int, int]:
+    """The memory proxy above per stage: the most micro-batches whose activations a stage
+    holds at once, following its rank's step order (no timing needed). 1F1B's stage s of P
+    holds P - s, GPipe's every stage M."""
+    held: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for rank in range(plan.num_ranks):
+        for stage, change in _held_changes(plan.steps(rank)):
+            held[stage] = held.get(stage, 0) + change
+            peak[stage] = max(peak.get(stage, 0), held[stage])
+    return peak
 
 
 def _result(
