@@ -72,6 +72,12 @@ class DemoConfig:
     """Samples per micro-batch; a global batch is ``microbatches * microbatch_size`` samples
     per data-parallel replica."""
 
+    def tied_names(self, num_stages: int) -> tuple[str, str]:
+        """The weight that ``--tie-weights`` shares: the first block's Linear weight (the
+        "input embedding") and the last block's (the "output projection"), by their names
+        in the full model and in the stages."""
+        return ("0.0.weight", f"{num_stages * self.blocks_per_stage - 1}.0.weight")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -131,6 +137,9 @@ class RunConfig:
     """Seconds without progress before a rank's watchdog records a stall (0: no watchdog)."""
     abort_timeout: float = ABORT_TIMEOUT.field()
     """Further seconds after a stall before the watchdog ends the rank (0: never)."""
+    tie_weights: bool = setting(False, flag="--tie-weights")
+    """Tie the demo's first and last Linear weights (`DemoConfig.tied_names`); the plan gets
+    a TIED_REDUCE step on both stages' ranks, which sums the two gradients."""
     torch_profiler: bool = setting(False, flag="--torch-profiler")
     """Also capture a torch.profiler trace per rank into ``out/profiler/``."""
     demo: DemoConfig = DemoConfig()
@@ -206,7 +215,8 @@ class RunConfig:
 
     def plan(self) -> Plan:
         """The lowered plan (with messages, FSDP steps with ``fsdp``, activation swap steps
-        with ``swap``); a schedule that cannot be built raises PipetraceError (exit 2)."""
+        with ``swap``, TIED_REDUCE with ``tie_weights``); a schedule that cannot be built
+        raises PipetraceError (exit 2)."""
         from pipetrace.schedule.builders import build_plan, resolve_schedule_name
 
         try:
@@ -215,6 +225,7 @@ class RunConfig:
                 "fsdp": self.fsdp,
                 "overlap_bf": self.overlap_bf,
                 "overlap_bf_split": self.overlap_bf_split,
+                "tie_weights": self.tie_weights,
             }
             plan = build_plan(
                 resolve_schedule_name(self.schedule),
