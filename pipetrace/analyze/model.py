@@ -288,6 +288,10 @@ class IterationTable:
     def __len__(self) -> int:
         return len(self.it)
 
+    @classmethod
+    def empty(cls) -> IterationTable:
+        return cls(*(np.empty(0, dt) for dt in (np.int32, np.int64, np.int64, np.float64)))
+
 
 @dataclass
 class ClockInfo:

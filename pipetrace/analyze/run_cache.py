@@ -1,0 +1,299 @@
+"""The run-level cache entry: the assembled `Run`, after matching and clock alignment, so
+that a second `analyze`, `tui` or `export` of an unchanged run is a read.
+
+The per-log entries (`analyze.cache`) spare the parsing; what is left of a reopen without
+this entry is the model's assembly, the same for every reopen: interning every rank's step
+texts into one catalog, send/recv matching, clock alignment, putting every time on rank 0's
+clock. ``<meta.json's dir>/.pipetrace-cache/run.model`` (``run-<ranks hash>.model`` for a
+``--ranks``/``--replica`` selection) holds its result in the per-log entries' layout (a JSON
+index, then aligned raw columns: `cache.write_entry`): each table's column concatenated over
+the ranks, each rank's row counts and other fields in the index.
+
+The entry is used only while its key holds: every loaded log's `cache.LogKey` (or its
+absence), meta.json's content, the selection, and a hash of every analyze module's source
+(any code change rebuilds it). A run with a log written in the last `cache.RECENT_NS` is not
+stored, nor one whose logs changed while it was loaded; an entry that does not read back
+whole and consistent is ignored (the load then proceeds as without it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import asdict, fields
+from functools import cache as memoize
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipetrace.analyze import cache as column_cache
+from pipetrace.analyze.model import (
+    ClockInfo,
+    InputProblem,
+    IterationTable,
+    LifecycleEvent,
+    P2PTable,
+    RankStatus,
+    RankTimeline,
+    Run,
+    StepCatalog,
+    StepTable,
+)
+from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.source import RunSource
+from pipetrace.recorder import format as fmt
+from pipetrace.schedule import ir
+from pipetrace.schedule.ir import Plan
+
+RUN_CACHE_VERSION = 1
+"""Bump when the entry's layout changes (changed analyze sources make entries stale anyway)."""
+_TABLES: dict[str, Any] = {
+    "steps": StepTable.empty(),
+    "p2p": P2PTable.empty(),
+    "iterations": IterationTable.empty(),
+}
+_CATALOG = {"catalog.kind": np.int8, "catalog.stage": np.int32, "catalog.microbatch": np.int32}
+_RANK_KEYS = (
+    *("rank", "present", "status", "clock", "header", "stages", "config"),
+    *("lifecycle", "events", "path", "rows"),
+)
+_LOG = logging.getLogger(__name__)
+PlanOf = Callable[[dict[str, Any], StepCatalog], Plan | None]
+"""meta.json's plan with its steps from the catalog (`load`'s, which notes its problems)."""
+
+
+@memoize
+def _code_version() -> str:
+    """A hash of every module whose code decides what the model holds."""
+    analyze = Path(__file__).parent
+    sources = [*sorted(analyze.glob("*.py")), Path(str(fmt.__file__)), Path(str(ir.__file__))]
+    return column_cache.source_digest(f"run/{RUN_CACHE_VERSION}", sources)
+
+
+def run_key(source: RunSource, wanted: Collection[int], selection: str | None) -> str | None:
+    """The key of the run as it is now, None when it must not be cached: a log written in
+    the last seconds (it may still grow), or one that is not a regular file."""
+    logs = []
+    now = time.time_ns()
+    for rank in sorted(wanted):
+        try:
+            key = column_cache.LogKey.of(source.logs[rank])
+        except FileNotFoundError:
+            logs.append([rank, str(source.logs[rank]), None])
+            continue
+        except (OSError, TraceFormatError):
+            return None
+        if now - key.mtime_ns < column_cache.RECENT_NS:
+            return None
+        logs.append([rank, str(source.logs[rank]), asdict(key)])
+    whole = {
+        "code": _code_version(),
+        "meta": orjson.dumps(source.meta, option=orjson.OPT_SORT_KEYS).decode(),
+        "directories": [str(d) for d in source.directories],
+        "selection": selection,
+        "logs": logs,
+    }
+    return hashlib.blake2b(orjson.dumps(whole), digest_size=20).hexdigest()
+
+
+def entry_path(source: RunSource, wanted: Collection[int]) -> Path:
+    """One entry per selection of ranks (the whole run: ``run.model``)."""
+    directory = source.meta_dir / column_cache.CACHE_DIR
+    if len(wanted) == source.world_size:
+        return directory / "run.model"
+    ranks = orjson.dumps(sorted(wanted))
+    return directory / f"run-{hashlib.blake2b(ranks, digest_size=8).hexdigest()}.model"
+
+
+class RunEntry:
+    """The entry of a run (a selection of its ranks) as its files are now."""
+
+    def __init__(self, source: RunSource, wanted: Collection[int], selection: str | None) -> None:
+        self.source, self.wanted, self.selection = source, wanted, selection
+        self.path = entry_path(source, wanted)
+        self.key = run_key(source, wanted, selection)
+
+    def load(self, plan_of: PlanOf) -> Run | None:
+        """The cached run, or None when there is no fresh, whole entry."""
+        return None if self.key is None else load(self.path, self.key, self.source, plan_of)
+
+    def store(self, run: Run, problems_from: int) -> None:
+        """Cache ``run`` when the logs held still while it was loaded (`store`)."""
+        if self.key is not None and run_key(self.source, self.wanted, self.selection) == self.key:
+            store(self.path, self.key, run, problems_from)
+
+
+def store(path: Path, key: str, run: Run, problems_from: int) -> None:
+    """Write the run's entry; ``problems_from``: the first of ``run.problems`` found while
+    loading (the ones before come from the source, gathered again on every load)."""
+    ranks = run.ranks
+    arrays = {
+        f"{table}.{name}": np.concatenate([getattr(getattr(r, table), name) for r in ranks])
+        for table, empty in _TABLES.items()
+        for name in _columns(empty)
+    }
+    arrays["plan_codes"] = np.concatenate([r.plan_codes for r in ranks]).astype(np.int32)
+    catalog = run.catalog
+    arrays |= dict(zip(_CATALOG, (catalog.kind, catalog.stage, catalog.microbatch)))
+    index = {
+        "key": key,
+        "t0_ns": run.t0_ns,
+        "clock_quality": run.clock_quality,
+        "problems": [[p.severity, p.message, p.rank] for p in run.problems[problems_from:]],
+        "texts": catalog.texts,
+        "threads": run.threads,
+        "shapes": run.shapes,
+        "dtypes": run.dtypes,
+        "ranks": [_rank_fields(r) for r in ranks],
+    }
+    column_cache.write_entry(path, index, arrays)
+
+
+def _columns(table: Any) -> list[str]:
+    return [f.name for f in fields(table)]
+
+
+def _rank_fields(rank: RankTimeline) -> dict[str, Any]:
+    """A rank's fields other than its columns (its plan is its plan codes' texts)."""
+    status = rank.status
+    return {
+        "rank": rank.rank,
+        "present": rank.present,
+        "status": [status.state, status.detail, status.last_step, status.last_iteration]
+        + [status.error],
+        "clock": rank.clock.to_json(),
+        "header": rank.header,
+        "stages": rank.stages,
+        "config": rank.config,
+        "lifecycle": [[ev.e, ev.t, ev.fields] for ev in rank.lifecycle],
+        "events": rank.events,
+        "path": None if rank.path is None else str(rank.path),
+        "rows": [len(rank.steps), len(rank.p2p), len(rank.iterations), len(rank.plan_codes)],
+    }
+
+
+def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> Run | None:
+    """The cached run, or None when there is no fresh, whole entry under ``key``."""
+    try:
+        found = column_cache.read_entry(path, lambda index: index["key"] == key)
+        return None if found is None else _decode(*found, source, plan_of)
+    except (FileNotFoundError, TraceFormatError):
+        return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        _LOG.debug("%s: run cache entry ignored (%s)", path, exc)
+        return None
+
+
+def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of: PlanOf) -> Run:
+    expected = {
+        f"{table}.{name}": getattr(empty, name).dtype
+        for table, empty in _TABLES.items()
+        for name in _columns(empty)
+    }
+    arrays = column_cache.entry_arrays(
+        index, data, {**expected, "plan_codes": np.int32, **_CATALOG}
+    )
+    texts = index["texts"]
+    if type(texts) is not list or not all(type(t) is str for t in texts):
+        raise ValueError("bad texts")
+    catalog = StepCatalog(
+        texts,
+        *(arrays[name] for name in _CATALOG),
+        dict(zip(texts, range(len(texts)))),
+    )
+    lists = {"threads": index["threads"], "shapes": index["shapes"], "dtypes": index["dtypes"]}
+    _check_codes(arrays, len(texts), {k: len(v) for k, v in lists.items()}, source.world_size)
+    ranks = _ranks(index["ranks"], arrays, texts, source.world_size)
+    return Run(
+        path=source.path,
+        directories=source.directories,
+        meta=source.meta,
+        plan=plan_of(source.meta, catalog),
+        world_size=source.world_size,
+        ranks=ranks,
+        catalog=catalog,
+        shapes=[tuple(shape) for shape in lists["shapes"]],
+        dtypes=lists["dtypes"],
+        threads=lists["threads"],
+        t0_ns=int(index["t0_ns"]),
+        problems=[*source.problems, *(InputProblem(*p) for p in index["problems"])],
+        clock_quality=dict(index["clock_quality"]),
+    )
+
+
+def _check_codes(
+    arrays: dict[str, np.ndarray], texts: int, lists: dict[str, int], world_size: int
+) -> None:
+    """Every code inside the list it indexes (ValueError otherwise)."""
+    bounds = {
+        "steps.code": (0, texts),
+        "p2p.code": (0, texts),
+        "plan_codes": (0, texts),
+        "steps.thread": (0, lists["threads"]),
+        "p2p.shape": (0, lists["shapes"]),
+        "p2p.dtype": (0, lists["dtypes"]),
+        "p2p.match_rank": (-1, world_size),
+    }
+    for name, (low, high) in bounds.items():
+        column = arrays[name]
+        if len(column) and not low <= column.min() <= column.max() < high:
+            raise ValueError(f"{name} out of range")
+    if {len(arrays[name]) for name in _CATALOG} != {texts}:
+        raise ValueError("catalog columns do not match the texts")
+
+
+def _ranks(
+    records: list[dict[str, Any]],
+    arrays: dict[str, np.ndarray],
+    texts: list[str],
+    world_size: int,
+) -> list[RankTimeline]:
+    """Each rank's timeline, its columns slices of the entry's."""
+    if type(records) is not list or len(records) != world_size:
+        raise ValueError("not one record per rank")
+    starts = np.zeros(4, np.int64)
+    ranks = []
+    for number, record in enumerate(records):
+        if type(record) is not dict or tuple(record) != _RANK_KEYS or record["rank"] != number:
+            raise ValueError("bad rank record")
+        rows = np.array(record["rows"], np.int64)
+        ends = starts + rows
+        tables = {
+            table: type(empty)(*(arrays[f"{table}.{name}"][start:end] for name in _columns(empty)))
+            for (table, empty), start, end in zip(_TABLES.items(), starts, ends)
+        }
+        codes = arrays["plan_codes"][starts[3] : ends[3]]
+        ranks.append(_rank(record, tables, codes, texts))
+        starts = ends
+    if any(int(s) != len(arrays[f"{t}.it"]) for s, t in zip(starts, _TABLES)):
+        raise ValueError("row counts do not add up")
+    if int(starts[3]) != len(arrays["plan_codes"]):
+        raise ValueError("plan row counts do not add up")
+    return ranks
+
+
+def _rank(
+    record: dict[str, Any], tables: dict[str, Any], codes: np.ndarray, texts: list[str]
+) -> RankTimeline:
+    path = record["path"]
+    return RankTimeline(
+        rank=record["rank"],
+        present=bool(record["present"]),
+        steps=tables["steps"],
+        p2p=tables["p2p"],
+        iterations=tables["iterations"],
+        status=RankStatus(*record["status"]),
+        clock=ClockInfo(**record["clock"]),
+        header=record["header"],
+        plan=list(map(texts.__getitem__, codes.tolist())),
+        plan_codes=codes,
+        stages=record["stages"],
+        config=record["config"],
+        lifecycle=[LifecycleEvent(e, t, f) for e, t, f in record["lifecycle"]],
+        events=record["events"],
+        path=None if path is None else Path(path),
+    )
