@@ -110,12 +110,15 @@ def entry_path(source: RunSource, wanted: Collection[int]) -> Path:
 
 
 class RunEntry:
-    """The entry of a run (a selection of its ranks) as its files are now."""
+    """The entry of a run (a selection of its ranks) as its files are now. ``selection``
+    says how the ranks were chosen (the ranks left out are marked with it): a selection of
+    every rank is the whole run."""
 
     def __init__(self, source: RunSource, wanted: Collection[int], selection: str | None) -> None:
-        self.source, self.wanted, self.selection = source, wanted, selection
+        self.source, self.wanted = source, wanted
+        self.selection = selection if len(wanted) < source.world_size else None
         self.path = entry_path(source, wanted)
-        self.key = run_key(source, wanted, selection)
+        self.key = run_key(source, wanted, self.selection)
 
     def load(self, plan_of: PlanOf) -> Run | None:
         """The cached run, or None when there is no fresh, whole entry."""

@@ -179,3 +179,55 @@ def test_planted_files_are_neither_followed_nor_waited_on(run, tmp_path, capsys)
     (run / cache.CACHE_DIR).mkdir()
     os.mkfifo(run / cache.CACHE_DIR / f"{fmt.rank_log_name(0)}.cols")  # would block a read
     assert _analyze(run, capsys) == plain
+
+
+def _from_run_entry_only(monkeypatch) -> None:
+    """Make every per-log path fail: a load that still succeeds read the run's entry."""
+
+    def refuse(path):
+        raise AssertionError(f"{path} was read, not the run's entry")
+
+    monkeypatch.setattr("pipetrace.analyze.cache.load", refuse)
+    monkeypatch.setattr("pipetrace.analyze.cache.parse_and_store", refuse)
+    monkeypatch.setattr("pipetrace.analyze.load.parse_rank_file", refuse)
+
+
+@pytest.mark.parametrize("flags", [(), ("--ranks", "1-2")])
+def test_a_reopen_reads_the_assembled_run(run, capsys, monkeypatch, flags):
+    plain = _analyze(run, capsys, "--no-cache", *flags)
+    assert _analyze(run, capsys, *flags) == plain
+    assert len(list((run / cache.CACHE_DIR).glob("*.model"))) == 1
+    _from_run_entry_only(monkeypatch)
+    assert _analyze(run, capsys, *flags) == plain
+
+
+def test_a_selection_has_its_own_run_entry(run, capsys, monkeypatch):
+    whole = _analyze(run, capsys)
+    part = _analyze(run, capsys, "--ranks", "0,3")
+    assert len(list((run / cache.CACHE_DIR).glob("*.model"))) == 2
+    _from_run_entry_only(monkeypatch)
+    assert _analyze(run, capsys) == whole
+    assert _analyze(run, capsys, "--ranks", "0,3") == part
+    assert _analyze(run, capsys, "--replica", "0") == whole  # every rank: the whole run's
+
+
+def test_a_changed_meta_json_rebuilds_the_run(run, capsys, monkeypatch):
+    _analyze(run, capsys)
+    meta = run / fmt.META_FILE
+    meta.write_bytes(meta.read_bytes().replace(b'"schedule"', b'"note": "edited", "schedule"', 1))
+    with monkeypatch.context() as refusing:
+        _from_run_entry_only(refusing)
+        with pytest.raises(AssertionError, match="not the run's entry"):
+            _analyze(run, capsys)
+    assert _analyze(run, capsys) == _analyze(run, capsys, "--no-cache")
+    assert load_run(run).meta["note"] == "edited"
+
+
+@pytest.mark.parametrize("damage", [_cut, _zeros, _bad_magic, _bad_index, _code_out_of_range])
+def test_a_damaged_run_entry_is_ignored_and_rebuilt(run, capsys, damage):
+    plain = _analyze(run, capsys, "--no-cache")
+    _analyze(run, capsys)
+    (entry,) = (run / cache.CACHE_DIR).glob("*.model")
+    entry.write_bytes(damage(entry.read_bytes()))
+    assert _analyze(run, capsys) == plain
+    assert _analyze(run, capsys) == plain  # rebuilt, and read back
