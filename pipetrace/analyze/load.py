@@ -118,6 +118,13 @@ def _assemble(
     return assembly.finish(source)
 
 
+def run_entry(source: RunSource, select: RankSelection | None) -> run_cache.RunEntry:
+    """The cache entry of the run (of the ranks ``select`` picks) as its files are now: a
+    command keeps its output there (`RunEntry.report`)."""
+    wanted = select.resolve(source.meta, source.world_size) if select else range(source.world_size)
+    return run_cache.RunEntry(source, wanted, select.describe() if select else None)
+
+
 def _selected(
     select: RankSelection | None,
     meta: dict[str, Any],

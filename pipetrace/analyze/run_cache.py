@@ -45,8 +45,6 @@ from pipetrace.analyze.model import (
 )
 from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.source import RunSource
-from pipetrace.recorder import format as fmt
-from pipetrace.schedule import ir
 from pipetrace.schedule.ir import Plan
 
 RUN_CACHE_VERSION = 1
@@ -68,10 +66,11 @@ PlanOf = Callable[[dict[str, Any], StepCatalog], Plan | None]
 
 @memoize
 def _code_version() -> str:
-    """A hash of every module whose code decides what the model holds."""
-    analyze = Path(__file__).parent
-    sources = [*sorted(analyze.glob("*.py")), Path(str(fmt.__file__)), Path(str(ir.__file__))]
-    return column_cache.source_digest(f"run/{RUN_CACHE_VERSION}", sources)
+    """A hash of pipetrace's every module: the model and the reports depend on many (the
+    loader, the analyzers, the schedule simulator, the commands' output), and reading them
+    all costs a few milliseconds."""
+    package = Path(__file__).parents[1]
+    return column_cache.source_digest(f"run/{RUN_CACHE_VERSION}", sorted(package.rglob("*.py")))
 
 
 def run_key(source: RunSource, wanted: Collection[int], selection: str | None) -> str | None:
@@ -126,8 +125,43 @@ class RunEntry:
 
     def store(self, run: Run, problems_from: int) -> None:
         """Cache ``run`` when the logs held still while it was loaded (`store`)."""
-        if self.key is not None and run_key(self.source, self.wanted, self.selection) == self.key:
+        if self._still():
             store(self.path, self.key, run, problems_from)
+
+    def report(self, variant: str) -> tuple[int, str] | None:
+        """A command's output made before from this run, and its exit code (``variant``:
+        which output: the command and its output options), or None."""
+        if self.key is None:
+            return None
+        path = self._report_path(variant)
+        try:
+            found = column_cache.read_entry(path, lambda index: index["key"] == self.key)
+            if found is None:
+                return None
+            code, text = found[0]["exit"], found[0]["text"]
+            if type(code) is not int or type(text) is not str:
+                raise ValueError("bad report")
+            return code, text
+        except (FileNotFoundError, TraceFormatError):
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _LOG.debug("%s: report ignored (%s)", path, exc)
+            return None
+
+    def store_report(self, variant: str, code: int, text: str) -> None:
+        """Keep a command's output (`report`) when the logs held still while it was made."""
+        if self._still():
+            index = {"key": self.key, "exit": code, "text": text}
+            column_cache.write_entry(self._report_path(variant), index, {})
+
+    def _still(self) -> bool:
+        """Does the key still describe the run (no log changed since it was taken)?"""
+        return (
+            self.key is not None and run_key(self.source, self.wanted, self.selection) == self.key
+        )
+
+    def _report_path(self, variant: str) -> Path:
+        return self.path.with_suffix(f".{variant}.report")
 
 
 def store(path: Path, key: str, run: Run, problems_from: int) -> None:

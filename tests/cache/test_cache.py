@@ -231,3 +231,20 @@ def test_a_damaged_run_entry_is_ignored_and_rebuilt(run, capsys, damage):
     entry.write_bytes(damage(entry.read_bytes()))
     assert _analyze(run, capsys) == plain
     assert _analyze(run, capsys) == plain  # rebuilt, and read back
+
+
+@pytest.mark.parametrize("flags", [("--json",), ("--json", "--no-segments"), ()])
+def test_analyzing_an_unchanged_run_again_is_a_read(run, capsys, monkeypatch, flags):
+    plain = main(["analyze", str(run), "--no-cache", *flags]), capsys.readouterr().out
+    assert (main(["analyze", str(run), *flags]), capsys.readouterr().out) == plain
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the run was loaded again")
+
+    monkeypatch.setattr("pipetrace.analyze.load.load_run", refuse)
+    assert (main(["analyze", str(run), *flags]), capsys.readouterr().out) == plain
+    assert plain[0] == 1  # the hang, and its exit code, kept too
+    log = fmt.rank_log_path(run, 2)
+    os.utime(log, ns=(os.stat(log).st_atime_ns, os.stat(log).st_mtime_ns - 10**9))
+    with pytest.raises(AssertionError, match="loaded again"):  # a log touched: analyzed again
+        main(["analyze", str(run), *flags])
