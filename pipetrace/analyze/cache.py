@@ -148,14 +148,20 @@ def store(log: Path, key: LogKey, raw: RawRank) -> None:
     write_entry(cache_path(log), {"key": asdict(key), "fields": _fields(raw)}, _arrays(raw))
 
 
-def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+Column = np.ndarray | list[np.ndarray]
+"""An array, or the parts of one (of one dtype) written one after the other: the run-level
+entry writes each rank's slice of a column without joining them in memory first."""
+
+
+def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) -> None:
     """Write an entry: ``index`` (JSON) with each array's spec added, then the arrays. A new
     temporary file is renamed into place, so readers see all or nothing, and no planted
     link is followed; a directory that cannot be written is skipped with a debug note."""
+    columns = {name: a if isinstance(a, list) else [a] for name, a in arrays.items()}
     specs, offset = [], 0
-    for name, array in arrays.items():
-        specs.append([name, array.dtype.str, len(array), offset])
-        offset += -(-array.nbytes // _ALIGN) * _ALIGN
+    for name, parts in columns.items():
+        specs.append([name, parts[0].dtype.str, sum(map(len, parts)), offset])
+        offset += -(-sum(part.nbytes for part in parts) // _ALIGN) * _ALIGN
     try:
         head = orjson.dumps({**index, "arrays": specs})
     except orjson.JSONEncodeError as exc:  # cannot happen for decoded JSON; never fail a load
@@ -169,9 +175,10 @@ def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, np.ndarra
             raise OSError(f"{target.parent} is a symbolic link")
         with os.fdopen(os.open(temporary, _NEW_FILE, 0o644), "wb") as handle:
             handle.write(_MAGIC + len(head).to_bytes(8, "little") + head)
-            for (_, _, _, at), array in zip(specs, arrays.values()):
+            for (_, _, _, at), parts in zip(specs, columns.values()):
                 handle.seek(start + at)
-                handle.write(array.tobytes())
+                for part in parts:
+                    handle.write(np.ascontiguousarray(part).data)
             handle.truncate(start + offset)
         os.replace(temporary, target)
     except OSError as exc:

@@ -168,12 +168,15 @@ def store(path: Path, key: str, run: Run, problems_from: int) -> None:
     """Write the run's entry; ``problems_from``: the first of ``run.problems`` found while
     loading (the ones before come from the source, gathered again on every load)."""
     ranks = run.ranks
-    arrays = {
-        f"{table}.{name}": np.concatenate([getattr(getattr(r, table), name) for r in ranks])
+    arrays: dict[str, column_cache.Column] = {
+        f"{table}.{name}": [
+            getattr(getattr(r, table), name).astype(getattr(empty, name).dtype, copy=False)
+            for r in ranks
+        ]
         for table, empty in _TABLES.items()
         for name in _columns(empty)
     }
-    arrays["plan_codes"] = np.concatenate([r.plan_codes for r in ranks]).astype(np.int32)
+    arrays["plan_codes"] = [r.plan_codes.astype(np.int32, copy=False) for r in ranks]
     catalog = run.catalog
     arrays |= dict(zip(_CATALOG, (catalog.kind, catalog.stage, catalog.microbatch)))
     index = {
@@ -235,7 +238,7 @@ def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of:
         index, data, {**expected, "plan_codes": np.int32, **_CATALOG}
     )
     texts = index["texts"]
-    if type(texts) is not list or not all(type(t) is str for t in texts):
+    if type(texts) is not list or not set(map(type, texts)) <= {str}:
         raise ValueError("bad texts")
     catalog = StepCatalog(
         texts,
