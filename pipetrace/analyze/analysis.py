@@ -30,6 +30,7 @@ from pipetrace.analyze.messages import find_message_problems
 from pipetrace.analyze.metrics import Metrics, compute_metrics
 from pipetrace.analyze.model import RankTimeline, Run
 from pipetrace.analyze.performance import find_exposed_comm, find_stragglers
+from pipetrace.analyze.replicas import ReplicaSummary, replica_findings, replica_summary
 from pipetrace.analyze.summary import MetricsSummary, summarize
 from pipetrace.gc_pause import gc_paused
 
@@ -43,6 +44,7 @@ class Analysis:
     findings: list[Finding]
     metrics: Metrics  # per iteration, per rank
     summary: MetricsSummary  # what the views show, reduced from ``metrics``
+    replicas: ReplicaSummary | None = None  # across replicas; None for one pipeline
 
     @property
     def has_errors(self) -> bool:
@@ -55,10 +57,11 @@ class Analysis:
             "pipetrace_version": __version__,
             "run": run_summary(self.run),
             "input_problems": [p.to_json() for p in self.run.problems],
-            "ranks": [rank_json(r) for r in self.run.ranks],
+            "ranks": [rank_json(r, self.run) for r in self.run.ranks],
             "counts": counts(self.findings),
             "findings": [f.to_json() for f in self.findings],
             "metrics": self.summary.to_json(segments=segments),
+            **({} if self.replicas is None else {"replicas": self.replicas.to_json()}),
         }
 
 
@@ -76,10 +79,11 @@ def analyze(run: Run) -> Analysis:
     findings += find_divergence(run)
     findings += find_stragglers(timed, metrics, ideal)
     findings += find_exposed_comm(timed, metrics)
+    findings = replica_findings(run, findings)
     which = _path_iteration(metrics)
     critical = critical_path(timed, which) if which is not None else None
     summary = summarize(run, metrics, ideal, critical, device_timing(run))
-    return Analysis(run, sort_findings(findings), metrics, summary)
+    return Analysis(run, sort_findings(findings), metrics, summary, replica_summary(run))
 
 
 def _path_iteration(metrics: Metrics) -> int | None:
@@ -109,8 +113,19 @@ def run_summary(run: Run) -> dict[str, Any]:
     }
 
 
-def rank_json(rank: RankTimeline) -> dict[str, Any]:
+def rank_json(rank: RankTimeline, run: Run) -> dict[str, Any]:
+    """With several replicas also the rank's replica, pipeline rank and stages."""
     st = rank.status
+    pipelines = run.pipelines
+    where = (
+        {
+            "replica": pipelines.replica_of(rank.rank),
+            "pipeline_rank": pipelines.pipeline_rank(rank.rank),
+            "stages": run.stages_of(rank.rank),
+        }
+        if pipelines.several
+        else {}
+    )
     return {
         "rank": rank.rank,
         "state": st.state,
@@ -119,4 +134,5 @@ def rank_json(rank: RankTimeline) -> dict[str, Any]:
         "last_iteration": st.last_iteration,
         "error": st.error,
         "events": rank.events,
+        **where,
     }

@@ -19,7 +19,7 @@ import numpy as np
 
 from pipetrace.analyze.derive import containing_rows, counterpart_values, top_level
 from pipetrace.analyze.model import (
-    COMPOSITE_CODE,
+    COMPOSITE_CODES,
     COMPUTE_CODES,
     KINDS,
     OPEN,
@@ -128,7 +128,7 @@ class _RankView:
         k = int(self.kind[i])
         what = (
             "compute"
-            if (k in COMPUTE_CODES or k == COMPOSITE_CODE)
+            if (k in COMPUTE_CODES or k in COMPOSITE_CODES)
             else "p2p"
             if (k in SEND_CODES or k in RECV_CODES)
             else "other"

@@ -21,6 +21,7 @@ from pipetrace.analyze.derive import counterpart_text, message_identity
 from pipetrace.analyze.findings import Finding, StepRef
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
 from pipetrace.schedule import waitfor
+from pipetrace.schedule.ir import StepKind
 
 
 @dataclass
@@ -47,7 +48,7 @@ def blocked_ranks(run: Run) -> dict[int, Blocked]:
     for rank in run.present_ranks:
         if rank.status.state == RankState.FINISHED or rank.rank in crashed:
             continue
-        b = _blocking_op(run, rank)
+        b = _blocking_op(run, rank) or _collective_wait(run, rank)
         if b is not None:
             if b.waits_for is None and b.peer in crashed:
                 b.waits_for = b.peer
@@ -144,7 +145,7 @@ def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked |
         other_stage = step.stage + direction if op == OP_SEND else src  # type: ignore[operator]
         if not 0 <= other_stage < len(run.plan.placement):
             continue
-        peer = run.plan.placement[other_stage]
+        peer = run.pipelines.peer(rank.rank, run.plan.placement[other_stage])
         iteration = int(rank.steps.it[row])
         waits_for: int | None = peer
         state = ""
@@ -180,6 +181,53 @@ def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked |
     return None
 
 
+COLLECTIVE = "collective"
+"""`Blocked.op` of a rank waiting in a collective that joins the replicas' pipelines."""
+JOINING = frozenset({StepKind.REDUCE_GRAD, StepKind.UNSHARD})
+"""The steps that are collectives over the replicas: FSDP's gradient reduce-scatter and
+parameter all-gather (a run without several replicas has nobody to wait for in them)."""
+
+
+def _collective_wait(run: Run, rank: RankTimeline) -> Blocked | None:
+    """The rank sits in a collective step over the replicas (its last open step): it waits
+    for the first rank holding the same stage in another replica that never began that
+    step in that iteration (None: every one did, the collective itself is stuck)."""
+    open_steps = _open_rows(rank)
+    if not run.pipelines.several or not len(open_steps):
+        return None
+    row = int(open_steps[-1])
+    code = int(rank.steps.code[row])
+    step = run.catalog.step(code)
+    if step is None or step.kind not in JOINING:
+        return None
+    iteration = int(rank.steps.it[row])
+    pipelines = run.pipelines
+    own = pipelines.pipeline_rank(rank.rank)
+    others = [pipelines.global_rank(r, own) for r in range(pipelines.count)]
+    late = [g for g in others if g != rank.rank and not _began(run, g, code, iteration)]
+    text = run.catalog.texts[code]
+    return Blocked(
+        rank=rank.rank,
+        op_row=-1,
+        op=COLLECTIVE,
+        peer=late[0] if late else others[0],
+        step=text,
+        blocking_step=text,
+        iteration=iteration,
+        posted_ns=int(rank.steps.begin[row]),
+        waits_for=late[0] if late else None,
+        counterpart=text,
+        counterpart_state="" if late else "begun by every replica",
+    )
+
+
+def _began(run: Run, rank: int, code: int, iteration: int) -> bool:
+    if not 0 <= rank < run.world_size or not run.ranks[rank].present:
+        return False
+    steps = run.ranks[rank].steps
+    return bool(((steps.code == code) & (steps.it == iteration)).any())
+
+
 def _counterpart_row(
     run: Run, rank: RankTimeline, row: int, src: int, mb: int
 ) -> tuple[int, int] | None:
@@ -206,6 +254,8 @@ def _counterpart_row(
 
 
 def _describe_blocked(b: Blocked) -> str:
+    if b.op == COLLECTIVE:
+        return f"rank {b.rank} in {b.step}: a collective over the replicas with rank {b.peer}"
     direction = "to" if b.op == "send" else "from"
     where = b.step if b.blocking_step == b.step else f"{b.blocking_step} (waiting for its {b.step})"
     return f"rank {b.rank} in {where}: {b.op} {direction} rank {b.peer}"

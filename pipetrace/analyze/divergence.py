@@ -33,9 +33,10 @@ def find_divergence(run: Run) -> list[Finding]:
 def _plan_differs(run: Run, rank: RankTimeline) -> Finding | None:
     """The rank ran another plan than its row of meta.json's (bubbles removed)."""
     rows = run.meta.get("plan") if run.plan is not None else None
-    if rows is None or not rank.plan or rank.rank >= len(rows):
+    row = run.pipelines.pipeline_rank(rank.rank)  # every replica runs the plan's rows
+    if rows is None or not rank.plan or row >= len(rows):
         return None
-    expected = [t for t in rows[rank.rank] if t]
+    expected = [t for t in rows[row] if t]
     if expected == rank.plan:
         return None
     k = next(

@@ -48,6 +48,7 @@ from pipetrace.analyze.model import (
     steps_of,
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
+from pipetrace.analyze.pipelines import pipelines_of
 from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.selection import RankSelection, format_rank_list
 from pipetrace.analyze.source import RunPaths, RunSource, open_source
@@ -410,11 +411,18 @@ class _Assembly:
                 + "; ".join(p.message for p in self.problems if p.rank is not None)[:400]
                 + ")"
             )
-        catalog = self._catalog()
+        pipelines, problem = pipelines_of(
+            self.meta, (r.header for r in self.ranks if r.present), self.world_size
+        )
+        if problem is not None:
+            self.problems.append(InputProblem("warning", problem))
+        row_of = pipelines.pipeline_rank  # every replica runs the plan's rows
+        catalog = self._catalog(row_of)
         plan, planned = _meta_plan(self.meta, catalog, self.problems)
         for rank in self.ranks:
             if rank.present:
-                row = planned[rank.rank] if rank.rank < len(planned) else None
+                index = row_of(rank.rank)
+                row = planned[index] if index < len(planned) else None
                 rank.plan_codes = (
                     row[1] if row is not None and row[0] == rank.plan else catalog.codes(rank.plan)
                 )
@@ -445,9 +453,10 @@ class _Assembly:
             t0_ns=t0,
             problems=self.problems,
             clock_quality=quality,
+            pipelines=pipelines,
         )
 
-    def _catalog(self) -> StepCatalog:
+    def _catalog(self, row_of: Callable[[int], int]) -> StepCatalog:
         """Every step text of the run: the ranks' texts, then the plans' (a planned step that
         no rank ran still gets a code)."""
         rows = self.meta.get("plan")
@@ -455,10 +464,9 @@ class _Assembly:
         extra = []
         for rank in self.ranks:
             if rank.present:
+                index = row_of(rank.rank)
                 planned = (
-                    rows[rank.rank]
-                    if rank.rank < len(rows) and isinstance(rows[rank.rank], list)
-                    else None
+                    rows[index] if index < len(rows) and isinstance(rows[index], list) else None
                 )
                 if planned is None or rank.plan != [
                     t for t in planned if t

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.analyze.pipelines import Pipelines, rank_name
 from pipetrace.recorder.format import CHANNELS as CHANNELS  # re-exported for the views
 from pipetrace.recorder.format import OPS as OPS
 from pipetrace.schedule.ir import COMPUTE_KINDS, Plan, Step, StepKind, parse_step
@@ -36,7 +37,9 @@ KINDS: tuple[StepKind, ...] = tuple(StepKind)
 """``catalog.kind`` values index this tuple; -1 is a text that does not parse."""
 KIND_CODE: dict[StepKind, int] = {k: i for i, k in enumerate(KINDS)}
 COMPUTE_CODES = np.array(sorted(KIND_CODE[k] for k in COMPUTE_KINDS), dtype=np.int8)
-COMPOSITE_CODE = KIND_CODE[StepKind.OVERLAP_F_B]
+COMPOSITE_CODES = np.array(
+    sorted(KIND_CODE[k] for k in (StepKind.OVERLAP_F_B, StepKind.OVERLAP_B_F)), dtype=np.int8
+)
 
 
 def kind_table(kinds) -> np.ndarray:
@@ -416,6 +419,7 @@ class Run:
     clock_quality: dict[str, Any] = field(default_factory=dict)  # see clocks.align
     directories: tuple[Path, ...] = ()
     """Every directory the run was gathered from (`path` is the one holding meta.json)."""
+    pipelines: Pipelines = field(default_factory=Pipelines)  # the replicas' global ranks
 
     @property
     def present_ranks(self) -> list[RankTimeline]:
@@ -448,6 +452,20 @@ class Run:
     def num_microbatches(self) -> int | None:
         value = self.meta.get("num_microbatches")
         return value if isinstance(value, int) else None
+
+    def stages_of(self, rank: int) -> list[int]:
+        """The stages global rank ``rank`` holds: as its log says, else as the plan says."""
+        timeline = self.ranks[rank] if 0 <= rank < len(self.ranks) else None
+        if timeline is not None and timeline.stages:
+            return timeline.stages
+        if self.plan is None:
+            return []
+        return self.plan.stages_of(self.pipelines.pipeline_rank(rank))
+
+    def rank_name(self, rank: int) -> str:
+        """How findings and views name global rank ``rank``: ``rank 3``, or with several
+        replicas ``replica 1, stage 1, global rank 3``."""
+        return rank_name(self.pipelines, rank, self.stages_of(rank))
 
     def iterations(self) -> list[int]:
         """Every iteration number seen on any rank, ascending."""

@@ -13,6 +13,7 @@ from pipetrace.analyze.critical import CriticalPath
 from pipetrace.analyze.device_times import DEVICE, DeviceTiming
 from pipetrace.analyze.findings import ERROR, WARNING, Finding, counts
 from pipetrace.analyze.model import Run
+from pipetrace.analyze.replicas import ReplicaSummary
 from pipetrace.analyze.summary import Bubble, MetricsSummary, RankBubble, StageCost
 
 Line = tuple[str, str | None]
@@ -34,16 +35,56 @@ def report_lines(analysis: Analysis, *, max_findings: int = 50) -> list[Line]:
     lines = _run_lines(analysis.run)
     lines += _finding_lines(analysis.findings, max_findings)
     lines.append(("", None))
-    return lines + _metric_lines(analysis.summary)
+    return lines + _metric_lines(analysis.summary) + _replica_lines(analysis.replicas)
+
+
+def _replica_lines(summary: ReplicaSummary | None) -> list[Line]:
+    """The cross-replica metrics: each replica, the slowest and the reduction's wait."""
+    if summary is None:
+        return []
+    lines: list[Line] = [(f"Replicas ({summary.count} pipelines)", "bold")]
+    arrive = (
+        "its last rank begins REDUCE_GRAD"
+        if summary.reduction != "iteration end"
+        else "its last rank ends the iteration"
+    )
+    for r in summary.replicas:
+        lines.append(
+            (
+                f"  replica {r.replica} (global ranks {_ranges(r.ranks)}): {ms(r.mean_ns)} "
+                f"mean from iteration begin until {arrive}",
+                None,
+            )
+        )
+    if summary.slowest is not None and summary.slowest_by_fraction is not None:
+        lines.append(
+            (
+                f"  slowest: replica {summary.slowest}, {ms(summary.slowest_by_ns)} "
+                f"({summary.slowest_by_fraction:.0%}) behind the fastest",
+                None,
+            )
+        )
+    for skew in summary.skew:
+        lines.append(
+            (
+                f"  iteration {skew.iteration}: the gradient reduction waited "
+                f"{ms(skew.skew_ns)} for replica {skew.last_replica} "
+                f"(replica {skew.first_replica} arrived first)",
+                None,
+            )
+        )
+    return lines
 
 
 def _run_lines(run: Run) -> list[Line]:
     """What ran, how each rank ended and what was wrong with the input."""
     s = run_summary(run)
     sched = s["schedule"] or {}
+    count = run.pipelines.count
+    replicas = f" ({count} replicas of {s['world_size'] // count})" if count > 1 else ""
     lines: list[Line] = [
         (
-            f"{run.path}: {sched.get('name', '?')}, {s['world_size']} ranks, "
+            f"{run.path}: {sched.get('name', '?')}, {s['world_size']} ranks{replicas}, "
             f"{s['num_stages']} stages, {s['num_microbatches']} micro-batches, "
             f"{s['iterations']} iterations, {s['events']:,} events",
             "bold",

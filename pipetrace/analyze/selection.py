@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipetrace.analyze.pipelines import pipelines_of
 from pipetrace.errors import PipetraceError
 
 
@@ -46,14 +47,9 @@ def replica_of_ranks(meta: dict[str, Any], world_size: int) -> list[int]:
     consecutive blocks of the pipeline size, the layout `pipetrace run --data-parallel D`
     uses (replica = rank // P, P = the config's ``ranks``); one replica when neither says
     more, or when the world is one pipeline (older runs recorded replica 0 only)."""
-    groups = meta.get("pipelines")
-    if isinstance(groups, list) and all(isinstance(g, list) for g in groups):
-        replica = [0] * world_size
-        for number, ranks in enumerate(groups):
-            for rank in ranks:
-                if type(rank) is int and 0 <= rank < world_size:
-                    replica[rank] = number
-        return replica
+    pipelines, _ = pipelines_of(meta, (), world_size)  # the loader's reading of them
+    if pipelines.several:
+        return [pipelines.replica_of(rank) for rank in range(world_size)]
     config = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     replicas, per_replica = config.get("data_parallel"), config.get("ranks")
     if type(replicas) is not int or replicas < 1:

@@ -34,6 +34,8 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
       pipetrace run -s zbv -p 4 -m 8 --overlap-p2p --check-parity
       pipetrace run -s 1f1b -p 4 -m 8 --out run/ && pipetrace analyze run/
       pipetrace run -s zb1p -p 2 -m 4 --backend mindspore --check-parity
+      pipetrace run -s 1f1b -p 4 -m 8 --swap stage=0 --check-parity
+      pipetrace run -s interleaved-1f1b -p 2 -m 4 --overlap-bf --check-parity
       pipetrace run -s zbv -p 4 -m 8 --inject hang:rank=2 --out run/; pipetrace analyze run/
     """
     config = make_config(2)

@@ -20,6 +20,7 @@ from pipetrace.errors import PipetraceError
 from pipetrace.runtime import fault_spec
 from pipetrace.runtime import faults as _faults
 from pipetrace.runtime.config import RunConfig
+from pipetrace.schedule.swap import SWAP_EXAMPLES
 from pipetrace.settings import SettingsError, settings_fields
 
 _SETTINGS = settings_fields(RunConfig)
@@ -127,6 +128,17 @@ FLAGS = (
     ),
     Flag("data_parallel", "Data-parallel replicas D (P * D processes).", short="-d"),
     Flag("fsdp", "Shard each stage with FSDP2 across the D replicas."),
+    Flag(
+        "overlap_bf",
+        "Run each steady-state backward together with the next forward (OVERLAP_B_F steps; "
+        "1f1b and interleaved-1f1b).",
+    ),
+    Flag(
+        "swap",
+        "Offload these activations to host memory between forward and backward, with "
+        f"overlapped swap steps: {SWAP_EXAMPLES}.",
+        click_options={"metavar": "POLICY"},
+    ),
     Flag(
         "faults",
         f"Inject a fault (repeatable): {', '.join(_faults.FAULT_KINDS)}; keys and defaults below.",

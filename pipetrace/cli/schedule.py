@@ -12,6 +12,7 @@ import click
 import orjson
 
 from pipetrace.schedule.ir import Plan
+from pipetrace.schedule.swap import SWAP_EXAMPLES, SwapPolicy, add_swap_steps
 
 
 def use_color(stream: Any = None) -> bool:
@@ -49,9 +50,22 @@ def plan_source(func: Callable) -> Callable:
         type=click.Path(dir_okay=False),
         help="A schedule file in torch.distributed.pipelining's CSV format instead of NAME.",
     )
+    @click.option(
+        "--overlap-bf",
+        is_flag=True,
+        help="Pair each steady-state backward with the next forward (OVERLAP_B_F; 1f1b and "
+        "interleaved-1f1b).",
+    )
+    @click.option(
+        "--swap",
+        metavar="POLICY",
+        help=f"Insert activation swap steps for these activations: {SWAP_EXAMPLES}.",
+    )
     @functools.wraps(func)
-    def wrapper(name, ranks, microbatches, stages_per_rank, csv_path, **kwargs):
-        plan = load_plan(name, ranks, microbatches, stages_per_rank, csv_path)
+    def wrapper(name, ranks, microbatches, stages_per_rank, csv_path, overlap_bf, swap, **kwargs):
+        plan = load_plan(name, ranks, microbatches, stages_per_rank, csv_path, overlap_bf)
+        if swap is not None:
+            plan = add_swap_steps(plan, SwapPolicy.parse(swap))
         return func(plan=plan, **kwargs)
 
     return wrapper
@@ -63,10 +77,13 @@ def load_plan(
     microbatches: int | None,
     stages_per_rank: int | None,
     csv_path: str | None,
+    overlap_bf: bool = False,
 ) -> Plan:
     if csv_path is not None:
         if name is not None:
             raise click.UsageError("give either a schedule NAME or --csv FILE, not both")
+        if overlap_bf:
+            raise click.UsageError("--overlap-bf builds a schedule: give a NAME, not --csv")
         from pipetrace.schedule.csvio import load_csv
 
         return load_csv(csv_path, num_microbatches=microbatches)
@@ -76,13 +93,14 @@ def load_plan(
         )
     if ranks is None or microbatches is None:
         raise click.UsageError(f"schedule {name!r} needs --ranks and --microbatches")
-    from pipetrace.schedule.builders import build_compute_plan, resolve_schedule_name
+    from pipetrace.schedule.builders import build_plan
 
-    return build_compute_plan(
-        resolve_schedule_name(name),
+    return build_plan(
+        name,  # a torch class name or alias too
         num_ranks=ranks,
         num_microbatches=microbatches,
         stages_per_rank=stages_per_rank,
+        overlap_bf=overlap_bf,
     )
 
 
@@ -97,6 +115,7 @@ def schedule() -> None:
       pipetrace schedule verify zbv -p 4 -m 8 --semantics rendezvous
       pipetrace schedule verify --csv my_schedule.csv --json
       pipetrace schedule simulate 1f1b -p 4 -m 8 --costs F=1,B=2
+      pipetrace schedule simulate 1f1b -p 4 -m 8 --swap all --costs swap_bytes=1,swap_bandwidth=2
     """
 
 
@@ -221,8 +240,9 @@ def verify(plan: Plan, semantics: str, as_json: bool) -> int:
     "--costs",
     default="",
     metavar="KIND=VALUE,...",
-    help="Per-kind costs F, B, I, W and the P2P model comm (latency), bandwidth, message_bytes. "
-    "Default F=1,B=2,I=1,W=1,comm=0.",
+    help="Per-kind costs F, B, I, W, the P2P model comm (latency), bandwidth, message_bytes, "
+    "and the activation swap copies swap_bytes, swap_bandwidth. Default F=1,B=2,I=1,W=1,comm=0 "
+    "(copies take no time).",
 )
 @click.option(
     "--semantics",
@@ -238,6 +258,7 @@ def simulate(plan: Plan, costs: str, semantics: str, as_json: bool) -> None:
     Examples:
       pipetrace schedule simulate 1f1b -p 4 -m 8
       pipetrace schedule simulate zb1p -p 4 -m 8 --costs F=1,I=1,W=1
+      pipetrace schedule simulate 1f1b -p 4 -m 8 --swap all --costs swap_bytes=1,swap_bandwidth=2
     """
     from pipetrace.schedule.simulate import Costs
     from pipetrace.schedule.simulate import simulate as run_simulation
@@ -256,6 +277,15 @@ def simulate(plan: Plan, costs: str, semantics: str, as_json: bool) -> None:
         click.echo(
             f"{r.rank:>4} {r.busy:>9g} {r.idle:>9g} {r.idle_fraction:>7.1%} "
             f"{r.bubble_ratio:>7.3f} {r.peak_inflight_activations:>8}"
+        )
+    waits = [0.0] * len(result.per_rank)
+    for sim_step in result.timeline if result.plan.params.get("swap") else ():
+        if sim_step.kind in ("OFFLOAD_WAIT", "LOAD_WAIT"):
+            waits[sim_step.rank] += sim_step.end - sim_step.start
+    if any(waits):
+        click.echo(
+            "swap copies not hidden by compute (time in OFFLOAD_WAIT / LOAD_WAIT): "
+            + ", ".join(f"rank {rank} {wait:g}" for rank, wait in enumerate(waits) if wait)
         )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipetrace.analyze.model import (
-    COMPOSITE_CODE,
+    COMPOSITE_CODES,
     COMPUTE_CODES,
     KIND_CODE,
     OPEN,
@@ -52,7 +52,7 @@ def bubbles(
     if not len(its):
         return empty
     kinds = catalog.kind[steps.code]
-    busy = np.isin(kinds, COMPUTE_CODES) | (kinds == COMPOSITE_CODE)
+    busy = np.isin(kinds, COMPUTE_CODES) | np.isin(kinds, COMPOSITE_CODES)
     b = steps.begin[busy]
     e = ended(steps.end[busy], t_end)
     order = np.argsort(b, kind="stable")
@@ -141,7 +141,7 @@ def activations_in_flight(
 def _composite_leaves(steps, catalog: StepCatalog, kind, it, pos):
     """Leaves of composite steps recorded without their sub-steps (kind, stage, mb, it, end),
     timed like the composite; None when every composite has its sub-steps."""
-    comp = np.flatnonzero(kind == COMPOSITE_CODE)
+    comp = np.flatnonzero(np.isin(kind, COMPOSITE_CODES))
     if not len(comp):
         return None
     leaf_rows = np.isin(kind, (_F, _B, _I, _W))

@@ -134,9 +134,10 @@ def last_time(run: Run) -> int:
 
 
 def process_name(run: Run, rank: RankTimeline) -> str:
-    stages = rank.stages or (run.plan.stages_of(rank.rank) if run.plan is not None else [])
-    text = f"rank {rank.rank}"
-    if stages:
+    """``rank 3 (stage 1)``; with several replicas ``replica 1, stage 1, global rank 3``."""
+    stages = run.stages_of(rank.rank)
+    text = run.rank_name(rank.rank)
+    if stages and not run.pipelines.several:
         text += f" (stage{'s' if len(stages) > 1 else ''} {', '.join(map(str, stages))})"
     if rank.status.state != RankState.FINISHED:
         text += f" [{rank.status.state}]"

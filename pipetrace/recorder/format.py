@@ -106,9 +106,11 @@ OBJECT = FieldType("object", _is_object)
 INTS = FieldType("list of int", _list_of(is_int64))
 STRS = FieldType("list of string", _list_of(_is_str))
 STR_ROWS = FieldType("list of list of string", _list_of(_list_of(_is_str)))
+INT_ROWS = FieldType("list of list of int", _list_of(_list_of(is_int64)))
 OBJECTS = FieldType("list of object", _list_of(_is_object))
 TYPES = {
-    t.doc: t for t in (INT, FLOAT, FLOAT_OR_NULL, STR, OP, OBJECT, INTS, STRS, STR_ROWS, OBJECTS)
+    t.doc: t
+    for t in (INT, FLOAT, FLOAT_OR_NULL, STR, OP, OBJECT, INTS, STRS, STR_ROWS, INT_ROWS, OBJECTS)
 }
 """The field types, by the name the field tables give them."""
 
@@ -200,19 +202,27 @@ META = record(
     framework         | string                 | always   | `"torch"` or `"mindspore"`
     framework_version | string                 | always   | the framework's version string
     python_version    | string                 | always   | e.g. `"3.11.7"`
-    world_size        | int                    | always   | number of ranks
+    world_size        | int                    | always   | number of ranks of the whole job (every
+                                                            replica's pipeline)
     created           | int                    | always   | wall-clock ns when meta.json was written
     schedule          | object                 | always   | `{"name": ..., "params": {...}}`:
                                                             the schedule and its parameters
     num_microbatches  | int                    | always   | micro-batches per iteration
-    placement         | list of int            | always   | `placement[stage]` is the rank that
-                                                            holds the stage
-    plan              | list of list of string | always   | every rank's plan as step texts;
-                                                            `""` is a bubble
+    placement         | list of int            | always   | `placement[stage]` is the pipeline
+                                                            rank that holds the stage
+    plan              | list of list of string | always   | every pipeline rank's plan as step
+                                                            texts; `""` is a bubble (every replica
+                                                            runs the same plan)
     hosts             | list of string         | always   | host name of each rank (as far as
                                                             rank 0 knows them)
     config            | object                 | always   | the run configuration (schedule
                                                             flags, seed, P2P mode, record settings)
+    pipelines         | list of list of int    | sometimes | only with more than one replica
+                                                             (data parallelism):
+                                                             `pipelines[replica][pipeline_rank]` is
+                                                             the global rank; without it the job is
+                                                             one pipeline whose pipeline rank r is
+                                                             global rank r
     """,
 )
 """meta.json. ``format`` and ``schema_version`` are checked by `pipetrace.analyze.reader`."""
@@ -222,8 +232,8 @@ HEADER = record(
     """
     format            | string | required | always `"pipetrace-events"`
     schema_version    | int    | required | the schema version of this log
-    rank              | int    | always   | this rank
-    world_size        | int    | always   | number of ranks
+    rank              | int    | always   | this process's global rank (the log's name)
+    world_size        | int    | always   | number of ranks of the whole job
     pid               | int    | always   | process id
     host              | string | always   | host name
     pipetrace_version | string | always   | version of pipetrace that wrote the log
@@ -235,6 +245,17 @@ HEADER = record(
                                              "name": "NVIDIA H200", "timing": 1}`; `timing` is
                                              the version of the device fields; without
                                              `device`, every time is a host time
+    replica           | int    | sometimes | only with more than one replica (data
+                                             parallelism, as the four fields below): the
+                                             pipeline (replica) this rank belongs to, from 0;
+                                             without them the rank is pipeline rank `rank` of
+                                             the only pipeline
+    replicas          | int    | sometimes | the number of replicas (pipelines) in the job
+    pipeline_rank     | int    | sometimes | this rank's rank within its pipeline: the index
+                                             its plan and stages are given by
+    pipeline_ranks    | list of int | sometimes | the global rank of each pipeline rank of
+                                                  this rank's pipeline, so a log says who it is
+                                                  even without meta.json
     """,
 )
 """The first line of a rank log."""
@@ -280,7 +301,14 @@ EVENTS: dict[str, Record] = {
             th   | string | required | thread: `"main"` or `"overlap"`
             """,
         ),
-        record(STEP_END, "id | int | required | the `step_begin` it ends"),
+        record(
+            STEP_END,
+            """
+            id    | int | required  | the `step_begin` it ends
+            bytes | int | sometimes | only on an activation swap launch (`OFFLOAD`, `LOAD`):
+                                      the bytes of saved activations it copies
+            """,
+        ),
         record(
             P2P_POST,
             """
@@ -288,7 +316,8 @@ EVENTS: dict[str, Record] = {
             it    | int                  | required  | iteration
             op    | `"send"` or `"recv"` | required  | the operation posted
             step  | string               | required  | the SEND/RECV step that posted it
-            peer  | int                  | required  | the other rank
+            peer  | int                  | required  | the other rank (a global rank of the
+                                                       same pipeline)
             ch    | string               | required  | channel: `"F"` (activations) or `"B"`
                                                        (gradients); readers keep an unknown one
             seq   | int                  | required  | sequence number per (op, peer,

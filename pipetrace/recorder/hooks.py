@@ -10,14 +10,52 @@ mapped to the epoch), never by the caller, so every event on a rank shares one c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pipetrace.schedule.ir import Plan, Step
 
+Config = dict[str, Any]
+"""A run's configuration as the recorder writes it (meta.json's and run_start's ``config``)."""
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a pipeline sits in a job of several (data-parallel replicas): the runtime
+    speaks of pipeline ranks (plan rows, P2P peers), the trace of global ranks, so the
+    recorder needs both. ``pipelines[replica][pipeline_rank]`` is a global rank."""
+
+    global_rank: int
+    world_size: int
+    pipelines: tuple[tuple[int, ...], ...]
+
+    @property
+    def replica(self) -> int:
+        return next(i for i, ranks in enumerate(self.pipelines) if self.global_rank in ranks)
+
+    @property
+    def pipeline_ranks(self) -> tuple[int, ...]:
+        """The global rank of each pipeline rank of this rank's pipeline."""
+        return self.pipelines[self.replica]
+
+    def header(self) -> dict[str, Any]:
+        """The rank log header's replica fields (`pipetrace.recorder.format.HEADER`)."""
+        ranks = self.pipeline_ranks
+        return {
+            "replica": self.replica,
+            "replicas": len(self.pipelines),
+            "pipeline_rank": ranks.index(self.global_rank),
+            "pipeline_ranks": list(ranks),
+        }
+
 
 class RecorderHooks(Protocol):
-    def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
-        """Once per rank after the process group is up; ``plan`` is the full plan (all ranks)."""
+    def begin_run(
+        self, *, rank: int, world_size: int, plan: Plan, config: Config, place: Place | None = None
+    ) -> None:
+        """Once per rank after the process group is up; ``plan`` is the full plan (all ranks
+        of the pipeline); ``rank`` and ``world_size`` are the pipeline's. ``place``: where the
+        pipeline sits among several replicas (None: the job is this one pipeline)."""
 
     def begin_iteration(self, iteration: int) -> None: ...
 
@@ -29,7 +67,9 @@ class RecorderHooks(Protocol):
         (bubbles excluded). Returns a token for `end_step`. Composite steps get one call for
         the composite and one per sub-step (sub-steps on the thread that runs them)."""
 
-    def end_step(self, token: Any) -> None: ...
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
+        """The step begun with ``token`` ended; ``nbytes``: the bytes an activation swap
+        launch (`OFFLOAD`, `LOAD`) copies, None for every other step."""
 
     def p2p_posted(
         self,
@@ -64,7 +104,7 @@ class RecorderHooks(Protocol):
 class NullRecorder:
     """Records nothing. Every hook is a no-op."""
 
-    def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
+    def begin_run(self, **run: Any) -> None:
         pass
 
     def begin_iteration(self, iteration: int) -> None:
@@ -76,7 +116,7 @@ class NullRecorder:
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
         return None
 
-    def end_step(self, token: Any) -> None:
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
         pass
 
     def p2p_posted(self, **kwargs: Any) -> Any:

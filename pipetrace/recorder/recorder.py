@@ -33,6 +33,7 @@ from pipetrace.recorder.device.anchor import Anchor
 from pipetrace.recorder.device.protocol import DeviceBackend
 from pipetrace.recorder.device.spans import DeviceSpan, PendingWork
 from pipetrace.recorder.device.timer import DeviceTimer, TimerSettings
+from pipetrace.recorder.hooks import Config, Place
 from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step
@@ -84,6 +85,9 @@ class Recorder:
         self._profiler = profiler
         self._clock_exchange = clock_exchange
         self.world_size = 1
+        self._peers: tuple[int, ...] | None = None
+        """Pipeline rank -> global rank, when the job has several pipelines (the runtime
+        names peers by pipeline rank; the trace by global rank)."""
         self._writer: EventWriter | None = None
         self._ids = itertools.count()
         self._iteration = -1
@@ -116,41 +120,33 @@ class Recorder:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
-        self.rank = rank
-        self.world_size = world_size
+    def begin_run(
+        self, *, rank: int, world_size: int, plan: Plan, config: Config, place: Place | None = None
+    ) -> None:
+        """``rank`` is the pipeline rank (its plan row); the log, the header and the clock
+        exchange use the global rank ``place`` gives (the same without one)."""
+        self.rank = rank if place is None else place.global_rank
+        self.world_size = world_size if place is None else place.world_size
+        self._peers = None if place is None else place.pipeline_ranks
         run_dir = self.config.run_dir
         run_dir_claim.claim(run_dir, run_dir_claim.current_run_id())
-        header = fmt.HEADER.build(
-            format=fmt.LOG_FORMAT,
-            schema_version=fmt.SCHEMA_VERSION,
-            rank=rank,
-            world_size=world_size,
-            pid=os.getpid(),
-            host=self.clock.host(),
-            pipetrace_version=__version__,
-            framework=self.framework,
-            framework_version=self.framework_version,
-            record_mode=self.config.mode,
-            t0=self._epoch_anchor,
-            **self._device_header(),
-        )
         self._writer = EventWriter(
-            fmt.rank_log_path(run_dir, rank),
-            header,
+            fmt.rank_log_path(run_dir, self.rank),
+            self._header(place),
             self._encode,
             flush_interval=self.config.flush_interval,
             capacity=self.config.buffer_events,
         )
-        if rank == 0:
+        if self.rank == 0:
             write_meta(
                 run_dir,
                 plan=plan,
-                world_size=world_size,
+                world_size=self.world_size,
                 config=config,
                 framework=self.framework,
                 framework_version=self.framework_version,
                 created_ns=self.now_ns(),
+                pipelines=None if place is None else place.pipelines,
             )
         steps = [format_step(s) for s in plan.steps(rank)]
         self._other(fmt.RUN_START, config=config, plan=steps, stages=plan.stages_of(rank))
@@ -161,6 +157,23 @@ class Recorder:
 
             self._watchdog = Watchdog(self)
             self._watchdog.start()
+
+    def _header(self, place: Place | None) -> dict[str, Any]:
+        return fmt.HEADER.build(
+            format=fmt.LOG_FORMAT,
+            schema_version=fmt.SCHEMA_VERSION,
+            rank=self.rank,
+            world_size=self.world_size,
+            pid=os.getpid(),
+            host=self.clock.host(),
+            pipetrace_version=__version__,
+            framework=self.framework,
+            framework_version=self.framework_version,
+            record_mode=self.config.mode,
+            t0=self._epoch_anchor,
+            **self._device_header(),
+            **({} if place is None else place.header()),
+        )
 
     def end_run(self) -> None:
         # A peer that never gets here (hung between iterations, or killed) leaves this rank
@@ -254,7 +267,7 @@ class Recorder:
         timing = None if timer is None else timer.begin(sid, text, self._device.current_stream())
         return (sid, handle, timing)
 
-    def end_step(self, token: Any) -> None:
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
         t = self._monotonic_ns()
         self.last_progress = t
         if type(token) is tuple:
@@ -264,7 +277,10 @@ class Recorder:
             if handle is not None:
                 self._profiler.end(handle)
         self.open_steps.pop(token, None)
-        self._writer.append((_STEP_END, t, token))
+        if nbytes is None:
+            self._writer.append((_STEP_END, t, token))
+        else:
+            self._writer.append((_STEP_END, t, token, nbytes))
 
     def p2p_posted(
         self,
@@ -440,7 +456,10 @@ class Recorder:
             _, _, sid, it, pos, step, thread = record
             return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literals[thread])
         if tag == _STEP_END:
-            return _STEP_END_LINE % (t, record[2])
+            line = _STEP_END_LINE % (t, record[2])
+            if len(record) == 3:
+                return line
+            return line[:-2] + b',"bytes":%d}\n' % record[3]  # a swap launch's bytes
         if tag == _P2P_DONE:
             return _P2P_DONE_LINE % (t, record[2])
         if tag == _P2P_POST:
@@ -452,7 +471,7 @@ class Recorder:
                 it,
                 literal[op],
                 self._text(step),
-                peer,
+                peer if self._peers is None else self._peers[peer],
                 literal[channel],
                 seq,
                 nbytes,
@@ -496,9 +515,12 @@ def write_meta(
     framework: str,
     framework_version: str,
     created_ns: int,
+    pipelines: tuple[tuple[int, ...], ...] | None = None,
 ) -> None:
-    """meta.json: what was run. Written once by rank 0, atomically (write then rename).
-    ``created_ns`` is rank 0's wall-clock time (its recorder's clock, virtual in fakes)."""
+    """meta.json: what was run. Written once by (global) rank 0, atomically (write then
+    rename). ``created_ns`` is rank 0's wall-clock time (its recorder's clock, virtual in
+    fakes); ``pipelines``: the global ranks of each replica's pipeline, when there are
+    several."""
     meta = fmt.META.build(
         format=fmt.META_FORMAT,
         schema_version=fmt.SCHEMA_VERSION,
@@ -514,6 +536,7 @@ def write_meta(
         plan=plan.to_json()["ranks"],
         hosts=config.get("hosts", [socket.gethostname()]),
         config=config,
+        **({} if pipelines is None else {"pipelines": [list(p) for p in pipelines]}),
     )
     tmp = run_dir / f".{fmt.META_FILE}.{os.getpid()}"
     with os.fdopen(create_new_file(tmp), "wb") as handle:

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from pipetrace.recorder.hooks import RecorderHooks
+    from pipetrace.recorder.hooks import Place, RecorderHooks
     from pipetrace.recorder.setup import RecordSettings
     from pipetrace.runtime import fsdp
+    from pipetrace.runtime.activation_swap import SwapSteps
     from pipetrace.runtime.config import DemoConfig, RunConfig, WorkerSpec
     from pipetrace.runtime.p2p_common import P2PBookkeeping, StreamMeta
 
@@ -92,6 +93,11 @@ class Backend:
         """The handlers of the FSDP steps over ``stages``."""
         raise NotImplementedError
 
+    def swap_steps(self) -> SwapSteps:
+        """The handlers of the activation swap steps (`RunConfig` refuses ``--swap`` on a
+        backend without them)."""
+        raise NotImplementedError(f"the {self.name} backend cannot run activation swap steps")
+
     # -- the process group -----------------------------------------------------------------
 
     def join(self, timeout: float) -> tuple[int, int]:
@@ -101,6 +107,12 @@ class Backend:
     def device_name(self) -> str:
         """Where compute runs, for the run header."""
         raise NotImplementedError
+
+    def pipeline_place(self) -> Place | None:
+        """Where the pipeline's group sits in the whole job, when the job runs several
+        pipelines (data-parallel replicas); None when the group is the whole world. Called
+        after `join`, on every rank of the job at once (it may be a collective)."""
+        return None
 
     # -- the model, stages and messages ----------------------------------------------------
 

@@ -20,6 +20,7 @@ from pipetrace.recorder.setup import ABORT_TIMEOUT, RECORD_MODE, STALL_TIMEOUT, 
 from pipetrace.runtime import fault_spec
 from pipetrace.runtime.faults import Fault
 from pipetrace.schedule.ir import Plan, ScheduleError, Step, StepKind
+from pipetrace.schedule.swap import SwapPolicy, add_swap_steps, swap_problem
 from pipetrace.settings import (
     Setting,
     SettingsError,
@@ -48,6 +49,11 @@ MAX_LOCAL_RANKS_ENV = "PIPETRACE_MAX_LOCAL_RANKS"
 
 P2P_TIMEOUT = Setting(60.0, positive_seconds, flag="--timeout")
 """Seconds a rank may wait on a peer: the process-group timeout (also the runners' default)."""
+
+
+def _swap_policy(value: str | None) -> str | None:
+    """The check of ``swap``: None or a policy text `SwapPolicy.parse` accepts."""
+    return None if value is None else swap_problem(value)
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,13 @@ class RunConfig:
     """Data-parallel replicas D; the job uses P * D processes."""
     fsdp: bool = setting(False, flag="--fsdp")
     """Shard every stage with FSDP2 across the D replicas (adds UNSHARD/RESHARD/REDUCE_GRAD)."""
+    overlap_bf: bool = setting(False, flag="--overlap-bf")
+    """Pair each steady-state backward with the next forward in one OVERLAP_B_F step, run on
+    two threads (1f1b and interleaved-1f1b)."""
+    swap: str | None = setting(None, _swap_policy, flag="--swap")
+    """Offload these activations to host memory between forward and backward: a swap policy
+    (`pipetrace.schedule.swap.SwapPolicy`), e.g. "all", "stage=0", "microbatches=0-3";
+    None swaps nothing."""
     learning_rate: float = 1.0
     """SGD learning rate."""
     record: str = RECORD_MODE.field()
@@ -126,6 +139,10 @@ class RunConfig:
                 RunConfig,
                 "{data_parallel} > 1 needs {fsdp} (replicas keep in sync through FSDP's "
                 "gradient reduction; plain replicated data parallelism is not implemented)",
+            )
+        if self.swap is not None and self.backend == "mindspore":
+            raise SettingsError(
+                RunConfig, "{swap} is not available on the mindspore backend; use --backend torch"
             )
         if self.torch_profiler and self.record == "off":
             raise SettingsError(
@@ -157,19 +174,22 @@ class RunConfig:
         return self.ranks * self.data_parallel
 
     def plan(self) -> Plan:
-        """The lowered plan (with messages, and FSDP steps with ``fsdp``); a schedule that
-        cannot be built raises PipetraceError (exit 2)."""
+        """The lowered plan (with messages, FSDP steps with ``fsdp``, activation swap steps
+        with ``swap``); a schedule that cannot be built raises PipetraceError (exit 2)."""
         from pipetrace.schedule.builders import build_plan, resolve_schedule_name
 
         try:
-            return build_plan(
+            steps = {"comms": True, "fsdp": self.fsdp, "overlap_bf": self.overlap_bf}
+            plan = build_plan(
                 resolve_schedule_name(self.schedule),
                 num_ranks=self.ranks,
                 num_microbatches=self.microbatches,
                 stages_per_rank=self.stages_per_rank,
-                comms=True,
-                fsdp=self.fsdp,
+                **steps,  # what the runtime executes besides compute
             )
+            if self.swap is not None:
+                plan = add_swap_steps(plan, SwapPolicy.parse(self.swap))
+            return plan
         except ScheduleError as exc:
             raise PipetraceError(str(exc)) from None
 

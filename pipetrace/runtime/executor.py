@@ -26,10 +26,13 @@ from pipetrace.schedule.ir import Plan, Step, StepKind
 if TYPE_CHECKING:
     import torch
 
+    from pipetrace.runtime.activation_swap import SwapSteps
     from pipetrace.runtime.backend import Stage
     from pipetrace.runtime.p2p import P2P
 
-Handler = Callable[[int, Step], None]  # (position in the rank's plan, step)
+Handler = Callable[[int, Step], "int | None"]
+"""(position in the rank's plan, step) -> None, or the bytes an activation swap launch copies
+(recorded with the step)."""
 
 
 class FrameworkOps(Protocol):
@@ -49,6 +52,10 @@ class FrameworkOps(Protocol):
 
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         """The handlers of UNSHARD / RESHARD / REDUCE_GRAD (no-ops without sharded stages)."""
+
+    def swap_steps(self) -> SwapSteps:
+        """The handlers of the activation swap steps (asked for only by plans that hold
+        them; `pipetrace.runtime.activation_swap`)."""
 
 
 @dataclass
@@ -127,12 +134,19 @@ class Executor:
             StepKind.RESHARD: self._fsdp.reshard,
             StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
             StepKind.OVERLAP_F_B: self._overlap,
+            StepKind.OVERLAP_B_F: self._overlap,
         }
+        self._steps = plan.steps(rank)
+        self._swap: SwapSteps | None = None
+        self._capturing: dict[tuple[int, int], Any] = {}  # swap groups whose forward is next
+        if any(step.is_swap for step in self._steps):
+            self._swap = self._ops.swap_steps()
+            self._capturing = self._swap.capturing
+            self._builtin.update(self._swap.handlers())
         self._handlers = dict(self._builtin)
         self.context = StepContext(plan, rank, stages, self._run_default)
         if self._last_stage in stages:
             self.context.losses = stages[self._last_stage].losses
-        self._steps = plan.steps(rank)
         if p2p is None and any(step.is_comm for step in self._steps):
             raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
         self._program: list[tuple[int, Step, Handler]] = []
@@ -151,7 +165,7 @@ class Executor:
 
     def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
         """Run ``fn(step, context)`` instead of the built-in handler for every step of
-        ``kind`` (sub-steps of OVERLAP_F_B composites included)."""
+        ``kind`` (sub-steps of OVERLAP_F_B and OVERLAP_B_F composites included)."""
         context = self.context
 
         def handler(position: int, step: Step) -> None:
@@ -204,6 +218,8 @@ class Executor:
         for stage in self.stages.values():
             stage.reset()
         self._fsdp.begin_iteration()
+        if self._swap is not None:
+            self._swap.begin_iteration()
         if self.p2p is not None:
             self.p2p.begin_iteration()
         begin, end = recorder.begin_step, recorder.end_step
@@ -216,8 +232,11 @@ class Executor:
         try:
             for position, step, handler in program:
                 token = begin(position, step)
-                handler(position, step)
-                end(token)
+                moved = handler(position, step)
+                if moved is None:
+                    end(token)
+                else:  # an activation swap launch: the bytes it copies go with the step
+                    end(token, moved)
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -242,6 +261,8 @@ class Executor:
             for s, stage in self.stages.items()
             if stage.pending()
         ]
+        if self._swap is not None and self._swap.unfinished():
+            problems.append(f"swap groups never loaded back: {self._swap.unfinished()}")
         if problems:
             raise RuntimeError(
                 f"rank {self.rank}: the plan left work unfinished after iteration "
@@ -252,6 +273,8 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._swap is not None:
+            self._swap.close()
 
     # -- compute ---------------------------------------------------------------------------
 
@@ -260,22 +283,40 @@ class Executor:
         stage = self.stages[s]
         if self._fsdp.pending:
             self._fsdp.wait_unshard(s)
-        context = self.context
         if s == 0:
-            x = context.inputs[mb]
+            x = self.context.inputs[mb]
         else:
             x = self._act_in.pop((s, mb))
             if type(x) is self._pending:
                 x = x.wait()
-        if s == self._last_stage:
-            targets = context.targets
-            stage.forward(mb, x, None if targets is None else targets[mb], self._loss_scale)
+        hooks = self._capturing.pop((s, mb), None) if self._capturing else None
+        if hooks is None:
+            out = self._stage_forward(stage, s, mb, x)
+        else:  # a swapped micro-batch: autograd saves into its swap group
+            with hooks:
+                out = self._stage_forward(stage, s, mb, x)
+            self._keep_resident(s, mb, x, out)
+        if out is None:
             return
-        out = stage.forward(mb, x)
         if self._placement[s + 1] == self.rank:
             self._act_in[(s + 1, mb)] = out
         else:
             self._act_out[(s, mb)] = out
+
+    def _keep_resident(self, s: int, mb: int, x: Any, out: Any) -> None:
+        """Tell the swap group what the rank holds until the backward anyway: the input, the
+        output, the target of the last stage (copying them would free nothing)."""
+        targets = self.context.targets if s == self._last_stage else None
+        assert self._swap is not None
+        self._swap.keep(s, mb, (x, out, None if targets is None else targets[mb]))
+
+    def _stage_forward(self, stage: Stage, s: int, mb: int, x: Any) -> Any:
+        """The stage's forward; None on the last stage (its loss stays with the stage)."""
+        if s == self._last_stage:
+            targets = self.context.targets
+            stage.forward(mb, x, None if targets is None else targets[mb], self._loss_scale)
+            return None
+        return stage.forward(mb, x)
 
     def _output_grad(self, s: int, mb: int) -> torch.Tensor | None:
         if s == self._last_stage:
@@ -314,7 +355,8 @@ class Executor:
         self.stages[step.stage].backward_weight(step.microbatch)
 
     def _overlap(self, position: int, step: Step) -> None:
-        """OVERLAP_F_B: the forward on this thread, the backward on a worker thread, joined."""
+        """OVERLAP_F_B and OVERLAP_B_F: the forward on this thread, the backward on a worker
+        thread, joined."""
         forward = next(sub for sub in step.sub_steps if sub.kind is StepKind.F)
         backward = next(sub for sub in step.sub_steps if sub is not forward)
         if self._pool is None:

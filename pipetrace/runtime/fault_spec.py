@@ -32,7 +32,9 @@ Defaults: rank = P/2 (deadlock: (P-1)/2 with peer = rank+1); step = 1, the itera
 counted from 0 (straggler and slow-link: 0, and every step after); microbatch = 1
 (deadlock, swap-order: the first that can); channel = F where the rank has one. With a
 fault that hangs (hang, deadlock, drop-recv, drop-send), --stall-timeout, --abort-timeout and
---timeout default to 3, 2 and 20 s. Details: docs/runtime.md, "Fault injection".
+--timeout default to 3, 2 and 20 s. With --data-parallel D every fault also takes
+replica=0..D-1 (default 0): rank is then the pipeline rank within that replica.
+Details: docs/runtime.md, "Fault injection".
 """
 
 
@@ -69,7 +71,7 @@ def _convert(text: str, cls: type[Fault], key: str, raw: str) -> object:
     def bad(allowed: str) -> PipetraceError:
         return PipetraceError(f"--inject {text!r}: {key} must be {allowed}, got {raw!r}")
 
-    if key in ("rank", "peer", "step", "microbatch"):
+    if key in ("rank", "peer", "step", "microbatch", "replica"):
         if not raw.isdigit():
             raise bad("an integer >= 0")
         return int(raw)
@@ -113,8 +115,6 @@ def resolve_faults(faults: tuple[Fault | str, ...], config: RunConfig) -> tuple[
     parsed = [parse_fault(f) if isinstance(f, str) else f for f in faults]
     if not parsed:
         return ()
-    if config.data_parallel > 1:
-        raise PipetraceError("--inject works on one pipeline: use --data-parallel 1")
     if config.backend != "torch":
         raise PipetraceError(f"--inject works with --backend torch only, not {config.backend}")
     where = FaultTarget(
@@ -122,5 +122,6 @@ def resolve_faults(faults: tuple[Fault | str, ...], config: RunConfig) -> tuple[
         config.steps,
         config.overlap_p2p,
         (config.demo.microbatch_size, config.demo.width),
+        config.data_parallel,
     )
     return tuple(f.resolve(where) for f in parsed)

@@ -60,6 +60,9 @@ class Fault:
     """The pipeline rank that misbehaves (default: the middle rank, P // 2)."""
     step: int | None = None
     """The training step (iteration, from 0) it happens in."""
+    replica: int | None = None
+    """The replica (data-parallel pipeline) whose rank misbehaves: default 0 with several
+    replicas; None (the only pipeline) without."""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -85,7 +88,17 @@ class Fault:
         _check_range(
             self, "step", step, where.steps, f"--steps {where.steps}; step counts iterations from 0"
         )
-        return dataclasses.replace(self, rank=rank, step=step)
+        return dataclasses.replace(self, rank=rank, step=step, replica=self._replica(where))
+
+    def _replica(self, where: FaultTarget) -> int | None:
+        """None without data parallelism, so that a spec stays as it always was."""
+        if where.replicas == 1:
+            if self.replica:
+                raise self.error("replica= needs --data-parallel 2 or more")
+            return None
+        replica = self.replica or 0
+        _check_range(self, "replica", replica, where.replicas, f"--data-parallel {where.replicas}")
+        return replica
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
         """One line: what this (resolved) fault does in this plan."""
@@ -105,6 +118,8 @@ class FaultTarget:
     overlap: bool
     message_shape: tuple[int, ...]
     """The shape of every message of the demo model (micro-batch samples, width)."""
+    replicas: int = 1
+    """Data-parallel replicas, each running the plan."""
 
 
 # -- faults inside a compute step --------------------------------------------------------

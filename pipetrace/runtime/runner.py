@@ -62,6 +62,7 @@ class PipelineRunner:
     ) -> None:
         self.backend = backend
         self.rank, world_size = backend.join(timeout)
+        place = backend.pipeline_place()
         self.plan = resolve_plan(schedule, world_size, num_microbatches, stages_per_rank)
         self.stages: dict[int, Stage] = self._make_stages(model, loss_fn)
         if recorder is None:  # PIPETRACE_DIR=run/ turns recording on in a user's script
@@ -90,8 +91,11 @@ class PipelineRunner:
             "device": backend.device_name(),
             **(run_config or {}),
         }
-        # Pipeline ranks (in the backend's group): the plan and P2P peers speak of those.
-        recorder.begin_run(rank=self.rank, world_size=world_size, plan=self.plan, config=config)
+        # Pipeline ranks (in the backend's group): the plan and P2P peers speak of those;
+        # ``place`` gives the recorder the global ranks the trace speaks of.
+        recorder.begin_run(
+            rank=self.rank, world_size=world_size, plan=self.plan, config=config, place=place
+        )
 
     def _make_stages(self, model: Any, loss_fn: LossFn) -> dict[int, Stage]:
         last = self.plan.num_stages - 1

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.recorder.hooks import Place, RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.runtime import demo, fsdp
+from pipetrace.runtime.activation_swap import SwapSteps
 from pipetrace.runtime.backend import Backend, Gradients, LossFn, Replicas, Stage
 from pipetrace.runtime.config import P2P_TIMEOUT, DemoConfig, RunConfig, WorkerSpec
 from pipetrace.runtime.launch import STORE_FD_ENV
@@ -98,6 +99,9 @@ class TorchBackend(Backend):
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         return fsdp.FsdpSteps(stages)
 
+    def swap_steps(self) -> SwapSteps:
+        return SwapSteps(self.thread_initializer())
+
     # -- the process group and the model ---------------------------------------------------
 
     def join(self, timeout: float) -> tuple[int, int]:
@@ -107,6 +111,17 @@ class TorchBackend(Backend):
 
     def device_name(self) -> str:
         return str(self.device)
+
+    def pipeline_place(self) -> Place | None:
+        """Every rank's group, gathered over the default group (one collective at start):
+        the pipelines in the order of their lowest global rank. None when the group is the
+        world."""
+        if self.group is None or dist.get_world_size(self.group) == dist.get_world_size():
+            return None
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, dist.get_process_group_ranks(self.group))
+        pipelines = sorted({tuple(ranks) for ranks in gathered}, key=min)
+        return Place(dist.get_rank(), dist.get_world_size(), tuple(pipelines))
 
     def is_sequential(self, model: Any) -> bool:
         return isinstance(model, torch.nn.Sequential)

@@ -13,13 +13,12 @@ here.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import click
 
 from pipetrace.cli.run_options import run_options
-from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
+from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.runtime import fault_spec, parity
 from pipetrace.runtime.backend import DemoKit, Replicas, backend_module
 from pipetrace.runtime.config import LossCallback, RunConfig, WorkerSpec
@@ -80,12 +79,13 @@ def _run_case(
     with runner:  # reports an exception to the recorder, or ends the recording cleanly
         for kind, fn in spec.custom_functions:
             runner.register_custom_function(kind, fn)
-        if case.faults and replicas.replica == 0:  # faults strike the recorded pipeline
+        faults = [f for f in case.faults if (f.replica or 0) == replicas.replica]
+        if faults:  # a fault strikes one pipeline rank of one replica
             from pipetrace.runtime.inject import install_faults
 
-            install_faults(runner, case.faults, overlap=case.overlap_p2p)
+            install_faults(runner, faults, overlap=case.overlap_p2p)
         optimizer = kit.optimizer(runner, case.learning_rate)
-        profiled = kit.profiled(case, rank) if replicas.replica == 0 else contextlib.nullcontext()
+        profiled = kit.profiled(case, rank)
         losses: list[float] = []
         report = None
         with profiled:
@@ -133,12 +133,8 @@ def _train_step(
 def _recorder_for(
     case: RunConfig, spec: WorkerSpec, rank: int, replicas: Replicas
 ) -> RecorderHooks:
-    """The rank's recorder: the spec's factory (tests), else the run's --out/--record.
-
-    With data parallelism only replica 0's pipeline is recorded: a trace holds one pipeline,
-    whose ranks are the first P global ranks (which clock alignment relies on)."""
-    if replicas.replica > 0:
-        return NullRecorder()
+    """The rank's recorder: the spec's factory (tests), else the run's --out/--record. Every
+    replica records: its log is named by the global rank (`Backend.pipeline_place`)."""
     if spec.make_recorder is not None:
         return spec.make_recorder(rank, case.ranks)
     return replicas.backend.make_recorder(case.record_settings())

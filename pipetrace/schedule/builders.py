@@ -26,8 +26,10 @@ from .ir import (
     Plan,
     ScheduleError,
     Step,
+    StepKind,
     W,
     overlap,
+    overlap_bf,
     stage_to_rank,
 )
 from .lowering import add_fsdp_steps, layout_bubbles, lower
@@ -357,6 +359,26 @@ def _dualpipev_rank(rank: int, p: int, m: int, v: int) -> list[Step]:
 
 RankBuilder = Callable[[int, int, int, int], list[Step]]
 
+OVERLAP_BF_SCHEDULES = ("1f1b", "interleaved-1f1b")
+"""The schedules that take ``overlap_bf``: their steady state alternates B and F."""
+
+
+def _pair_backward_forward(steps: list[Step]) -> list[Step]:
+    """Each full backward directly followed by a forward becomes one OVERLAP_B_F step (the
+    steady state of 1F1B and interleaved 1F1B); the order of the work does not change."""
+    paired: list[Step] = []
+    i = 0
+    while i < len(steps):
+        step = steps[i]
+        if step.kind is StepKind.B and i + 1 < len(steps) and steps[i + 1].kind is StepKind.F:
+            paired.append(overlap_bf(step, steps[i + 1]))
+            i += 2
+        else:
+            paired.append(step)
+            i += 1
+    return paired
+
+
 _BUILDERS: dict[str, RankBuilder] = {
     "gpipe": _gpipe_rank,
     "1f1b": _1f1b_rank,
@@ -368,7 +390,11 @@ _BUILDERS: dict[str, RankBuilder] = {
 
 
 def _build_order(
-    name: str, num_ranks: int, num_microbatches: int, stages_per_rank: int | None
+    name: str,
+    num_ranks: int,
+    num_microbatches: int,
+    stages_per_rank: int | None,
+    overlap_bf: bool = False,
 ) -> Plan:
     """The compute-only plan without bubbles: the order each rank runs its steps in."""
     canonical = resolve_schedule_name(name)
@@ -376,19 +402,26 @@ def _build_order(
     check_plan_size(num_ranks, num_microbatches, v)
     info = next(i for i in _INFOS if i.name == canonical)
     build = _BUILDERS[canonical]
+    rows = [build(r, num_ranks, num_microbatches, v) for r in range(num_ranks)]
+    params: dict[str, object] = {
+        "num_ranks": num_ranks,
+        "num_microbatches": num_microbatches,
+        "stages_per_rank": v,
+    }
+    if overlap_bf:
+        if canonical not in OVERLAP_BF_SCHEDULES:
+            raise ScheduleError(
+                f"overlap_bf (OVERLAP_B_F steps) is an option of "
+                f"{' and '.join(OVERLAP_BF_SCHEDULES)}, not of {canonical}"
+            )
+        rows = [_pair_backward_forward(row) for row in rows]
+        params["overlap_bf"] = True
     return Plan(
         num_microbatches=num_microbatches,
         placement=stage_to_rank(info.placement, num_ranks, v * num_ranks),
-        ranks=cast(
-            "list[list[Step | None]]",  # rows that happen to hold no bubbles
-            [build(r, num_ranks, num_microbatches, v) for r in range(num_ranks)],
-        ),
+        ranks=cast("list[list[Step | None]]", rows),  # rows that happen to hold no bubbles
         name=canonical,
-        params={
-            "num_ranks": num_ranks,
-            "num_microbatches": num_microbatches,
-            "stages_per_rank": v,
-        },
+        params=params,
     )
 
 
@@ -408,16 +441,14 @@ def build_plan(
     stages_per_rank: int | None = None,
     comms: bool = False,
     fsdp: bool = False,
+    overlap_bf: bool = False,
 ) -> Plan:
-    """A built-in schedule: compute-only with bubbles, or lowered with its messages (and FSDP
-    steps when ``fsdp``), ready for a runtime."""
-    if not comms:
-        plan = build_compute_plan(
-            name,
-            num_ranks=num_ranks,
-            num_microbatches=num_microbatches,
-            stages_per_rank=stages_per_rank,
-        )
-        return add_fsdp_steps(plan) if fsdp else plan
+    """A built-in schedule: compute-only with bubbles (as `build_compute_plan`), or lowered
+    with its messages (and FSDP steps when ``fsdp``), ready for a runtime. ``overlap_bf``
+    pairs each steady-state backward with the next forward in one OVERLAP_B_F step."""
     with gc_paused():
-        return lower(_build_order(name, num_ranks, num_microbatches, stages_per_rank), fsdp=fsdp)
+        order = _build_order(name, num_ranks, num_microbatches, stages_per_rank, overlap_bf)
+        if comms:
+            return lower(order, fsdp=fsdp)
+        plan = layout_bubbles(order)
+    return add_fsdp_steps(plan) if fsdp else plan

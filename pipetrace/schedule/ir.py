@@ -12,7 +12,9 @@ Vocabulary (used everywhere in pipetrace):
 
 A step's canonical text is torch.distributed.pipelining's action string: ``{stage}{KIND}{mb}``
 (``2F0``, ``1I3``, ``3SEND_F1``), ``{stage}{KIND}`` for the FSDP steps (``0UNSHARD``), and
-``({sub};{sub})OVERLAP_F_B`` for a composite. This module imports nothing heavy.
+``({sub};{sub})OVERLAP_F_B`` or ``({sub};{sub})OVERLAP_B_F`` for a composite. Activation
+swap steps use the simple form: ``0SWAP_GROUP3``, ``0OFFLOAD3``, ``0OFFLOAD_WAIT3``,
+``0LOAD3``, ``0LOAD_WAIT3`` (see ``SWAP_KINDS``). This module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -33,9 +35,16 @@ class StepKind(str, Enum):
     SEND_B = "SEND_B"  # send this stage's input gradient to the previous stage
     RECV_B = "RECV_B"  # receive this stage's output gradient from the next stage
     OVERLAP_F_B = "OVERLAP_F_B"  # a forward and a backward run concurrently (composite)
+    OVERLAP_B_F = "OVERLAP_B_F"  # a backward and the next forward run concurrently (composite)
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
     REDUCE_GRAD = "REDUCE_GRAD"
+    # Activation swap of one (stage, micro-batch), in this order on its rank:
+    SWAP_GROUP = "SWAP_GROUP"  # its next forward saves its activations into a swap group
+    OFFLOAD = "OFFLOAD"  # launch the copy of the group's saved activations to host memory
+    OFFLOAD_WAIT = "OFFLOAD_WAIT"  # wait for that copy; the device memory is free after it
+    LOAD = "LOAD"  # launch the copy back from host memory, ahead of the backward
+    LOAD_WAIT = "LOAD_WAIT"  # wait for it; the backward may run after it
 
     def __str__(self) -> str:
         return self.value
@@ -47,6 +56,19 @@ SEND_KINDS = frozenset({StepKind.SEND_F, StepKind.SEND_B})
 RECV_KINDS = frozenset({StepKind.RECV_F, StepKind.RECV_B})
 COMM_KINDS = SEND_KINDS | RECV_KINDS
 FSDP_KINDS = frozenset({StepKind.UNSHARD, StepKind.RESHARD, StepKind.REDUCE_GRAD})
+COMPOSITE_KINDS = frozenset({StepKind.OVERLAP_F_B, StepKind.OVERLAP_B_F})
+SWAP_ORDER = (
+    StepKind.SWAP_GROUP,
+    StepKind.OFFLOAD,
+    StepKind.OFFLOAD_WAIT,
+    StepKind.LOAD,
+    StepKind.LOAD_WAIT,
+)
+"""The swap steps of one (stage, micro-batch), in the order they run on its rank: the group
+before its forward, the load and its wait before its first backward step (B or I)."""
+SWAP_KINDS = frozenset(SWAP_ORDER)
+SWAP_MOVES = frozenset({StepKind.OFFLOAD, StepKind.LOAD})
+"""The swap steps that start a copy, and whose recorded ``step_end`` carries its bytes."""
 
 
 class ScheduleError(ValueError):
@@ -91,6 +113,10 @@ class Step:
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
 
+    @property
+    def is_swap(self) -> bool:
+        return self.kind in SWAP_KINDS
+
     def leaves(self) -> Iterator[Step]:
         """The step itself, or a composite's sub-steps (flattened)."""
         if self.sub_steps:
@@ -126,15 +152,20 @@ def overlap(forward: Step, backward: Step) -> Step:
     return Step(StepKind.OVERLAP_F_B, None, None, (forward, backward))
 
 
+def overlap_bf(backward: Step, forward: Step) -> Step:
+    """A backward (B) paired with the next forward: ``(0B3;0F7)OVERLAP_B_F``."""
+    return Step(StepKind.OVERLAP_B_F, None, None, (backward, forward))
+
+
 # ---------------------------------------------------------------------------------------
 # Text forms
 # ---------------------------------------------------------------------------------------
 
 _KIND_ALTERNATION = "|".join(
-    sorted((k.value for k in StepKind if k is not StepKind.OVERLAP_F_B), key=len, reverse=True)
+    sorted((k.value for k in StepKind if k not in COMPOSITE_KINDS), key=len, reverse=True)
 )
 _SIMPLE_RE = re.compile(rf"^\s*(\d+)\s*({_KIND_ALTERNATION})\s*(\d*)\s*$")
-_COMPOSITE_RE = re.compile(r"^\s*\((.*)\)\s*OVERLAP_F_B\s*$")
+_COMPOSITE_RE = re.compile(r"^\s*\((.*)\)\s*(OVERLAP_F_B|OVERLAP_B_F)\s*$")
 
 
 def format_step(step: Step | None) -> str:
@@ -152,25 +183,14 @@ def parse_step(text: str) -> Step | None:
     """Parse one action string; an empty string is a bubble.
 
     Accepts every form torch.distributed.pipelining writes, e.g. ``2F0``, ``1I3``,
-    ``3SEND_F1``, ``0UNSHARD``, ``(0F7;7B3)OVERLAP_F_B``.
+    ``3SEND_F1``, ``0UNSHARD``, ``(0F7;7B3)OVERLAP_F_B``, and ``(0B3;0F7)OVERLAP_B_F``.
     """
     stripped = text.strip()
     if not stripped:
         return None
     composite = _COMPOSITE_RE.match(stripped)
     if composite:
-        parts = [p for p in composite.group(1).split(";")]
-        subs = []
-        for part in parts:
-            sub = parse_step(part)
-            if sub is None or sub.kind not in COMPUTE_KINDS:
-                raise ScheduleError(
-                    f"bad action {text!r}: OVERLAP_F_B holds compute actions like (0F7;7B3)"
-                )
-            subs.append(sub)
-        if len(subs) != 2:
-            raise ScheduleError(f"bad action {text!r}: OVERLAP_F_B holds exactly two actions")
-        return Step(StepKind.OVERLAP_F_B, None, None, tuple(subs))
+        return _parse_composite(text, composite.group(1), StepKind(composite.group(2)))
     match = _SIMPLE_RE.match(stripped)
     if not match:
         raise ScheduleError(
@@ -186,6 +206,25 @@ def parse_step(text: str) -> Step | None:
     if not mb_text:
         raise ScheduleError(f"bad action {text!r}: {kind} needs a micro-batch index")
     return Step(kind, int(stage), int(mb_text))
+
+
+def _parse_composite(text: str, inner: str, kind: StepKind) -> Step:
+    """``(0F7;7B3)OVERLAP_F_B``: two compute actions; ``(0B3;0F7)OVERLAP_B_F``: a full
+    backward, then a forward."""
+    subs = []
+    for part in inner.split(";"):
+        sub = parse_step(part)
+        if sub is None or sub.kind not in COMPUTE_KINDS:
+            raise ScheduleError(
+                f"bad action {text!r}: {kind} holds compute actions like "
+                + ("(0F7;7B3)" if kind is StepKind.OVERLAP_F_B else "(0B3;0F7)")
+            )
+        subs.append(sub)
+    if len(subs) != 2:
+        raise ScheduleError(f"bad action {text!r}: {kind} holds exactly two actions")
+    if kind is StepKind.OVERLAP_B_F and [s.kind for s in subs] != [StepKind.B, StepKind.F]:
+        raise ScheduleError(f"bad action {text!r}: OVERLAP_B_F holds a B, then an F: (0B3;0F7)")
+    return Step(kind, None, None, tuple(subs))
 
 
 # ---------------------------------------------------------------------------------------

@@ -333,8 +333,74 @@ def lower(plan: Plan, *, fsdp: bool = False) -> Plan:
     sees its messages in the same order on both sides.
     """
     with gc_paused():
-        lowered = _add_messages(plan, keep_program=not fsdp)
+        if any(step is not None and step.is_swap for row in plan.ranks for step in row):
+            lowered = _lower_with_swaps(plan)
+        else:
+            lowered = _add_messages(plan, keep_program=not fsdp)
         return add_fsdp_steps(lowered) if fsdp else lowered
+
+
+# Swap steps that stay right before the next compute step when a plan is lowered; the others
+# stay right after the previous one (see `_lower_with_swaps`).
+_BEFORE_NEXT = frozenset({StepKind.SWAP_GROUP, StepKind.LOAD_WAIT})
+
+
+@dataclass(slots=True)
+class _SwapAnchors:
+    """Where a row's swap steps sit relative to its compute steps (by the compute step's
+    identity: the lowered plan holds the same Step objects), and those after the last one."""
+
+    before: dict[int, list[Step]]
+    after: dict[int, list[Step]]
+    tail: list[Step]
+
+
+def _lower_with_swaps(plan: Plan) -> Plan:
+    """`lower` of a plan with activation swap steps: lowered without them, then each is put
+    back next to the compute step it was next to (`_BEFORE_NEXT` kinds before the next one,
+    the others after the previous one), so messages never come between them."""
+    bare_rows: list[list[Step | None]] = []
+    anchors: list[_SwapAnchors] = []
+    for row in plan.ranks:
+        bare, anchor = _detach_swaps(row)
+        bare_rows.append(bare)
+        anchors.append(anchor)
+    bare_plan = Plan(plan.num_microbatches, plan.placement, bare_rows, plan.name, plan.params)
+    lowered = _add_messages(bare_plan, keep_program=False)
+    rows: list[list[Step | None]] = []
+    for row, anchor in zip(lowered.ranks, anchors, strict=True):
+        new_row: list[Step | None] = []
+        for step in row:
+            new_row.extend(anchor.before.get(id(step), ()))
+            new_row.append(step)
+            new_row.extend(anchor.after.get(id(step), ()))
+        rows.append(new_row + anchor.tail)  # type: ignore[operator]
+    return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+
+
+def _detach_swaps(row: list[Step | None]) -> tuple[list[Step | None], _SwapAnchors]:
+    """A row without its swap steps, and where they were."""
+    bare: list[Step | None] = []
+    anchors = _SwapAnchors({}, {}, [])
+    pending: list[Step] = []
+    last: Step | None = None
+    for step in row:
+        if step is not None and step.is_swap:
+            if step.kind in _BEFORE_NEXT or last is None:
+                pending.append(step)
+            else:
+                anchors.after.setdefault(id(last), []).append(step)
+            continue
+        if step is not None and (step.is_compute or step.sub_steps):
+            if pending:
+                anchors.before[id(step)], pending = pending, []
+            last = step
+        bare.append(step)
+    if pending and last is not None:
+        anchors.after.setdefault(id(last), []).extend(pending)
+    else:
+        anchors.tail = pending
+    return bare, anchors
 
 
 # How a compute leaf's output leaves its rank, by leaf kind: the route row (0: to the next

@@ -33,11 +33,13 @@ from .execution import (
     with_messages,
 )
 from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
+from .swap_timing import has_swap_waits, settle_swap_waits
 
 __all__ = ["Costs", "RankStats", "SimResult", "SimStep", "simulate"]
 
 _COMPUTE_NAMES = ("F", "B", "I", "W")
 _SCALARS = ("F", "B", "I", "W", "comm", "bandwidth", "message_bytes")
+_SWAP_SCALARS = ("swap_bandwidth", "swap_bytes")  # in the JSON only when a copy takes time
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Costs:
     comm: float = 0.0
     bandwidth: float = math.inf
     message_bytes: float = 0.0
+    swap_bandwidth: float = math.inf
+    swap_bytes: float = 0.0  # the activations of one swap group
     per_stage: dict[tuple[int, str], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -79,12 +83,12 @@ class Costs:
             stage_text, colon, kind = key.rpartition(":")
             if colon and stage_text.isdigit() and kind in _COMPUTE_NAMES:
                 costs.per_stage[(int(stage_text), kind)] = _checked(item, kind, value)
-            elif not colon and key in _SCALARS:
+            elif not colon and key in _SCALARS + _SWAP_SCALARS:
                 setattr(costs, key, _checked(item, key, value))
             else:
                 raise ScheduleError(
                     f"bad cost {item!r}: unknown key {key!r}; expected one of "
-                    f"{', '.join(_SCALARS)} or STAGE:KIND such as '3:F'"
+                    f"{', '.join(_SCALARS + _SWAP_SCALARS)} or STAGE:KIND such as '3:F'"
                 )
         return costs
 
@@ -92,6 +96,11 @@ class Costs:
     def transfer(self) -> float:
         """A message's time on the wire."""
         return self.comm + self.message_bytes / self.bandwidth
+
+    @property
+    def swap_transfer(self) -> float:
+        """One activation swap copy's time on the rank's side resource (`swap_timing`)."""
+        return self.swap_bytes / self.swap_bandwidth
 
     def cost_of(self, step: Step) -> float:
         """CPU time of one step: a composite takes its longest part, FSDP and comm steps 0."""
@@ -105,6 +114,7 @@ class Costs:
     def to_json(self) -> dict[str, object]:
         return {
             **{key: _finite(getattr(self, key)) for key in _SCALARS},
+            **{key: _finite(getattr(self, key)) for key in _SWAP_SCALARS if self.swap_transfer > 0},
             "per_stage": [
                 {"stage": s, "kind": k, "cost": c} for (s, k), c in sorted(self.per_stage.items())
             ],
@@ -112,9 +122,9 @@ class Costs:
 
 
 def _checked(item: str, key: str, value: float) -> float:
-    if key == "bandwidth" and not value > 0:
+    if key in ("bandwidth", "swap_bandwidth") and not value > 0:
         raise ScheduleError(f"bad cost {item!r}: bandwidth must be positive")
-    if math.isnan(value) or value < 0 or (key != "bandwidth" and math.isinf(value)):
+    if math.isnan(value) or value < 0 or ("bandwidth" not in key and math.isinf(value)):
         raise ScheduleError(f"bad cost {item!r}: expected a finite non-negative number")
     return value
 
@@ -213,7 +223,15 @@ def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager"
         executed = plan if plan.has_comms() else with_messages(plan)
         program = compile_plan(executed)
         durations = _durations(program, costs)
-        outcome = execute(program, semantics, durations, costs.transfer)
+        if costs.swap_transfer > 0 and has_swap_waits(program):
+            outcome = settle_swap_waits(
+                program,
+                durations,
+                costs.swap_transfer,
+                lambda timed: execute(program, semantics, timed, costs.transfer),
+            )
+        else:
+            outcome = execute(program, semantics, durations, costs.transfer)
         if outcome.blocked():
             blocked = sorted(outcome.blocked())
             raise ScheduleError(

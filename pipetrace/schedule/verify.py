@@ -76,6 +76,12 @@ FINDING_KINDS = (  # every Finding.kind, documented in docs/schedules.md
     "deadlock",
     "stuck",
     "deadlock_unchecked",
+    # activation swap groups (`verify_swap.check_swaps`)
+    "swap_without_activations",
+    "swap_incomplete",
+    "swap_order",
+    "offload_not_waited",
+    "load_late",
 )
 
 _KIND_NAMES = ("F", "B", "I", "W", "RECV_F", "RECV_B", "SEND_F", "SEND_B")  # by code
@@ -206,6 +212,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
             *_check_placement(program, raw_stages),
             *_check_dependencies(program, checked, comms),
             *_check_coverage(program, checked),
+            *_check_swaps(program),
         ]
         report = VerifyReport(plan, semantics, findings, None, None)
         if comms:
@@ -473,6 +480,17 @@ def _dependency(program: Program, rank: int, index: int, step_id: int, need: str
         (rank,),
         (_ref(program, rank, index),),
     )
+
+
+def _check_swaps(program: Program) -> list[Finding]:
+    """The activation swap groups (`verify_swap`), when the plan has swap steps."""
+    from .swap import has_swap_steps
+
+    if not has_swap_steps(program):
+        return []
+    from .verify_swap import check_swaps  # it imports this module's Finding
+
+    return check_swaps(program.plan)
 
 
 def _check_coverage(program: Program, checked: Checked) -> list[Finding]:

@@ -25,7 +25,12 @@ from typing import Any
 
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.recorder.setup import RecordSettings, torch_recorder
-from pipetrace.torch_pipelining.instrument import Instrumentation, device_of, rank_and_size
+from pipetrace.torch_pipelining.instrument import (
+    Instrumentation,
+    device_of,
+    place_of,
+    rank_and_size,
+)
 from pipetrace.torch_pipelining.plan import plan_of
 from pipetrace.torch_pipelining.version import unsupported_reason
 
@@ -120,7 +125,9 @@ def record(
             "record": settings.mode,
             **(config or {}),
         }
-        recorder.begin_run(rank=rank, world_size=world_size, plan=plan, config=run_config)
+        recorder.begin_run(
+            rank=rank, world_size=world_size, plan=plan, config=run_config, place=place_of(schedule)
+        )
     except Exception as exc:
         if instrumentation is not None:
             instrumentation.undo()

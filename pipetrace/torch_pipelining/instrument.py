@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from pipetrace.recorder.hooks import RecorderHooks
+from pipetrace.recorder.hooks import Place, RecorderHooks
 from pipetrace.schedule.ir import Plan, Step, StepKind
 from pipetrace.torch_pipelining.messages import OP_SOURCES, MessageLog
 from pipetrace.torch_pipelining.steps import Entry, Key, StepIndex
@@ -60,6 +60,14 @@ def rank_and_size(schedule: Any) -> tuple[int, int]:
     """This process's rank in the pipeline group and the group's size (the plan's ranks)."""
     stage = stages_of(schedule)[0]
     return stage.group_rank, stage.group_size
+
+
+def place_of(schedule: Any) -> Place | None:
+    """Where the pipeline group sits in a job of several (data-parallel replicas), as the
+    runtime's torch backend finds it; None when the group is the world."""
+    from pipetrace.runtime.torch_backend import TorchBackend
+
+    return TorchBackend(group=stages_of(schedule)[0].group).pipeline_place()
 
 
 class Instrumentation:

@@ -76,7 +76,7 @@ def _describe_step(session: Session, lane_id: int, item: int) -> Description:
     text = run.catalog.texts[code]
     it, pos = int(steps.it[row]), int(steps.pos[row])
     begin, end = int(steps.begin[row]), int(steps.end[row])
-    d = Description(f"rank {lane.rank} · {text}" + _lane_suffix(lane.role, lane.name))
+    d = Description(f"{run.rank_name(lane.rank)} · {text}" + _lane_suffix(lane.role, lane.name))
     d.rows += _step_parts(session, code)
     d.rows.append(("iteration", str(it)))
     d.rows.append(("plan position", f"{pos} of {len(rank.plan)}" if rank.plan else str(pos)))
@@ -204,7 +204,7 @@ def _describe_planned(session: Session, lane_id: int, item: int) -> Description:
     lane = index.lanes[lane_id]
     code, it, pos = int(lane.code[item]), int(lane.it[item]), int(lane.rows[item])
     text = run.catalog.texts[code] if code >= 0 else "?"
-    d = Description(f"rank {lane.rank} · planned {text} · iteration {it}")
+    d = Description(f"{run.rank_name(lane.rank)} · planned {text} · iteration {it}")
     d.rows += _step_parts(session, code) if code >= 0 else []
     d.rows.append(("plan position", str(pos)))
     span = index.iteration_span(it)

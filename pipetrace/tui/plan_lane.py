@@ -40,9 +40,13 @@ def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun 
     per_rank: dict[int, list[SimStep]] = {}
     for s in result.timeline:
         per_rank.setdefault(s.rank, []).append(s)
+    if run.pipelines.several:  # every replica runs the plan: each global rank its row's
+        row_of = run.pipelines.pipeline_rank
+        per_rank = {g: per_rank[row_of(g)] for g in range(run.world_size) if row_of(g) in per_rank}
     lanes, offsets = {}, {}
     for rank, sim in per_rank.items():
-        pos = _plan_positions(result.plan.ranks[rank] if rank < result.plan.num_ranks else [], sim)
+        row = run.pipelines.pipeline_rank(rank)
+        pos = _plan_positions(result.plan.ranks[row] if row < result.plan.num_ranks else [], sim)
         b = np.array([s.start for s in sim], np.float64)
         e = np.array([s.end for s in sim], np.float64)
         offsets[rank] = {int(p): (float(x), float(y)) for p, x, y in zip(pos, b, e)}

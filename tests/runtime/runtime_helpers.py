@@ -35,7 +35,15 @@ class ListRecorder:
         if self.path is not None:
             self.path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in self.events))
 
-    def begin_run(self, *, rank: int, world_size: int, plan: Plan, config: dict[str, Any]) -> None:
+    def begin_run(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        plan: Plan,
+        config: dict[str, Any],
+        place: Any = None,
+    ) -> None:
         self._add(
             event="begin_run", rank=rank, world_size=world_size, plan=plan.to_json(), config=config
         )
@@ -51,8 +59,11 @@ class ListRecorder:
             event="begin_step", position=position, step=format_step(step), thread=thread
         )
 
-    def end_step(self, token: Any) -> None:
-        self._add(event="end_step", begin=token)
+    def end_step(self, token: Any, nbytes: int | None = None) -> None:
+        if nbytes is None:
+            self._add(event="end_step", begin=token)
+        else:
+            self._add(event="end_step", begin=token, nbytes=nbytes)
 
     def p2p_posted(self, **fields: Any) -> Any:
         fields["step"] = format_step(fields["step"])

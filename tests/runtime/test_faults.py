@@ -42,7 +42,7 @@ def test_every_kind_parses_alone_and_resolves_with_defaults():
     for kind in ft.FAULT_KINDS:
         fault = resolved(kind)
         assert kind == fault.KIND
-        names = fault.keys()  # the fault's field names (a tuple, not a dict's keys)
+        names = set(fault.keys()) - {"replica"}  # the fault's fields; replica: with replicas only
         assert all(getattr(fault, name) is not None for name in names), fault
         assert fault_spec.parse_fault(fault.spec) == fault  # the spec shows every filled-in default
 
@@ -61,7 +61,7 @@ def test_keys_and_values_are_converted():
     "spec, message",
     [
         ("foo", "unknown fault kind 'foo'; choose from crash, hang, deadlock, drop-recv"),
-        ("hang:rnak=2", "hang takes rank, step, microbatch, phase; got 'rnak'"),
+        ("hang:rnak=2", "hang takes rank, step, replica, microbatch, phase; got 'rnak'"),
         ("hang:rank", "expected KEY=VALUE, got 'rank'"),
         ("hang:rank=1,rank=2", "rank given twice"),
         ("hang:rank=-1", "rank must be an integer >= 0, got '-1'"),
@@ -74,7 +74,10 @@ def test_keys_and_values_are_converted():
         ("slow-link:delay=fast", "delay must be a time such as 0.02, 20ms or 1s"),
         ("drop-recv:channel=X", "channel must be F or B"),
         ("shape-mismatch:shape=16by128", "shape must be dimensions > 0 joined by x"),
-        ("swap-order:factor=2", "swap-order takes rank, step, microbatch, channel; got 'factor'"),
+        (
+            "swap-order:factor=2",
+            "swap-order takes rank, step, replica, microbatch, channel; got 'factor'",
+        ),
     ],
 )
 def test_bad_specs_name_the_problem_and_what_is_allowed(spec, message):
@@ -136,17 +139,31 @@ def test_defaults_fit_small_runs():
             "no send of rank 1 to rank 0 deadlocks gpipe",
         ),
         ("deadlock", {"ranks": 1}, "a deadlock needs two ranks"),
-        ("crash", {"ranks": 2, "data_parallel": 2, "fsdp": True}, "--inject works on one pipeline"),
+        (
+            "crash:replica=2",
+            {"ranks": 2, "data_parallel": 2, "fsdp": True},
+            "replica must be 0..1 (--data-parallel 2), got 2",
+        ),
+        ("crash:replica=1", {}, "replica= needs --data-parallel 2 or more"),
     ],
 )
 def test_faults_are_checked_against_the_plan(spec, run, message):
     run = dict(run)
     schedule = run.pop("schedule", "1f1b")
-    if "data_parallel" in run:  # not about one fault: no "--inject SPEC:" prefix
-        with pytest.raises(PipetraceError, match=message):
-            resolved(spec, schedule, **run)
-        return
     assert message in error_of(spec, schedule, **run)
+
+
+def test_a_fault_strikes_one_replica():
+    """With replicas a fault names its replica (default 0); without, its spec is unchanged."""
+    fault = resolved("hang:rank=1,replica=1", "1f1b", ranks=2, data_parallel=2, fsdp=True)
+    assert (fault.rank, fault.replica, fault.spec) == (
+        1,
+        1,
+        "hang:rank=1,step=1,replica=1,microbatch=1,phase=F",
+    )
+    assert resolved("hang", "1f1b", ranks=2, data_parallel=2, fsdp=True).replica == 0
+    single = resolved("hang", "1f1b")
+    assert single.replica is None and "replica" not in single.spec
 
 
 def test_deadlock_and_swap_defaults_are_chosen_with_the_plan_executor():

@@ -1,0 +1,136 @@
+"""Every replica recorded, for real: `pipetrace run --data-parallel 2 --fsdp`, and a 2-"node"
+job (two torchrun launches on 127.0.0.1 with a common c10d rendezvous, each node with its own
+PIPETRACE_DIR), pipeline degree 2 x data parallel 2, clean and with a hang on one rank of
+replica 1, analyzed as `pipetrace analyze node0/ node1/`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pipetrace
+from pipetrace.analyze import findings as fk
+from pipetrace.analyze.analysis import analyze
+from pipetrace.analyze.load import load_run
+from pipetrace.export.layout import process_name
+from pipetrace.recorder import format as fmt
+from pipetrace.runtime.launch import free_port
+from pipetrace.tui.session import open_session
+
+pytestmark = pytest.mark.multiproc
+
+REPO = Path(pipetrace.__file__).resolve().parent.parent
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+JOB = ["--schedule", "1f1b", "--ranks", "2", "--data-parallel", "2", "--fsdp"]
+JOB += ["--microbatches", "4", "--steps", "2"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+def pipetrace_cli(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pipetrace", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=_env())
+
+
+def two_node_job(root: Path, *worker_args: str) -> list[Path]:
+    """Both nodes' launches, at once; returns each node's directory."""
+    port, launches = free_port(), []
+    root.mkdir()
+    for node in (0, 1):
+        command = [str(TORCHRUN), "--nnodes", "2", "--node-rank", str(node)]
+        command += ["--nproc-per-node", "2", "--rdzv-backend", "c10d"]
+        command += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "replicas-test"]
+        command += ["-m", "pipetrace.runtime.worker", *JOB, "--timeout", "20", *worker_args]
+        env = _env(
+            PIPETRACE_DIR=str(root / f"node{node}"),
+            PIPETRACE_STALL_TIMEOUT="3",
+            PIPETRACE_ABORT_TIMEOUT="2",
+        )
+        with (root / f"node{node}.log").open("w") as log:  # the child keeps its own copy
+            launches.append(
+                subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            )
+    try:
+        for launch in launches:
+            launch.wait(timeout=240)
+    finally:
+        for launch in launches:
+            if launch.poll() is None:
+                launch.kill()
+                launch.wait()
+    return [root / "node0", root / "node1"]
+
+
+def test_pipetrace_run_records_every_replica(tmp_path):
+    out = tmp_path / "run"
+    done = pipetrace_cli("run", *JOB, "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(p.name for p in out.glob("rank-*")) == [fmt.rank_log_name(r) for r in range(4)]
+    report = pipetrace_cli("analyze", str(out))
+    assert report.returncode == 0, report.stdout + report.stderr
+    assert "Replicas (2 pipelines)" in report.stdout
+    assert "replica 0 (global ranks 0-1)" in report.stdout
+    assert "replica 1 (global ranks 2-3)" in report.stdout
+    assert "gradient reduction waited" in report.stdout
+
+
+def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
+    nodes = two_node_job(tmp_path / "clean")
+    assert not (nodes[1] / fmt.META_FILE).exists()  # meta.json is where global rank 0 ran
+    clean = analyze(load_run(nodes, workers=0))
+    run = clean.run
+    assert [r.header.get("replica") for r in run.ranks] == [0, 0, 1, 1]
+    assert run.pipelines.groups == ((0, 1), (2, 3))
+    assert {r.status.state for r in run.ranks} == {"finished"}
+    for rank in run.ranks:  # every message of a replica stays in its pipeline, and matched
+        assert set(rank.p2p.peer.tolist()) <= set(run.pipelines.members(rank.header["replica"]))
+        assert (rank.p2p.match_rank >= 0).all()
+    assert not [f for f in clean.findings if f.severity != fk.INFO]
+    assert clean.replicas is not None and len(clean.replicas.skew) == 2
+    names = [process_name(run, rank) for rank in run.ranks]  # the export's process tracks
+    assert names[3] == "replica 1, stage 1, global rank 3"
+    assert open_session(nodes, workers=0).run.rank_name(2) == "replica 1, stage 0, global rank 2"
+
+    nodes = two_node_job(tmp_path / "hang", "--inject", "hang:rank=1,replica=1")
+    report = pipetrace_cli("analyze", "--json", *map(str, nodes))
+    assert report.returncode == 1, report.stderr
+    (finding,) = [f for f in json.loads(report.stdout)["findings"] if f["severity"] == fk.ERROR]
+    assert finding["kind"] == fk.RANK_STALLED and finding["details"]["terminal_rank"] == 3
+    message = finding["message"]
+    assert "replica 1, stage 1, global rank 3 is still in 1F1" in message
+    assert (
+        "the hang is confined to replica 1: replica 0 was waiting for it in the gradient "
+        "reduction" in message
+    )
+    assert finding["details"]["replicas"]["hung"] == 1
+    assert finding["details"]["replicas"]["waiting"] == [0]
+
+
+def test_torch_pipelining_groups_record_as_replicas(tmp_path):
+    """A torch.distributed.pipelining job of two pipeline groups records like the runtime."""
+    command = [str(TORCHRUN), "--nproc-per-node", "4", "--master-addr", "127.0.0.1"]
+    command += [
+        "--master-port",
+        str(free_port()),
+        str(Path(__file__).with_name("dp_pipelining.py")),
+    ]
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env=_env(PIPETRACE_DIR=str(run_dir))
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    analysis = analyze(load_run(run_dir, workers=0))
+    run = analysis.run
+    assert run.pipelines.groups == ((0, 1), (2, 3))
+    assert [r.header["pipeline_rank"] for r in run.ranks] == [0, 1, 0, 1]
+    assert {int(p) for p in run.ranks[3].p2p.peer} == {2}
+    assert not [f for f in analysis.findings if f.severity != fk.INFO]
+    assert analysis.replicas is not None and len(analysis.replicas.skew) == 2
