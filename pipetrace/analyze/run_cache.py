@@ -313,6 +313,9 @@ def _ranks(
         raise ValueError("row counts do not add up")
     if int(starts[3]) != len(arrays["plan_codes"]):
         raise ValueError("plan row counts do not add up")
+    match, widest = arrays["p2p.match_index"], max(len(rank.p2p) for rank in ranks)
+    if len(match) and not -1 <= match.min() <= match.max() < widest:
+        raise ValueError("p2p.match_index out of range")  # a row of the matched rank's ops
     return ranks
 
 
