@@ -8,7 +8,12 @@ per event on the hot path, the all-in cost including encoding and writing, and t
 same calls on NullRecorder as the in-process baseline.
 
 Part 2 runs the 4-rank 1F1B demo with recording off and `steps` in the same processes,
-alternating timed iterations, and prints the step-time ratio.
+alternating timed iterations, and prints the step-time ratio (recording includes the memory
+samples).
+
+Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
+with and without counting what autograd saves (alternating, ratio of medians), and the
+Recorder's `memory_sample` per call (changed values, so each writes an event).
 """
 
 from __future__ import annotations
@@ -76,6 +81,54 @@ def hot_path(events: int) -> None:
         f"{size / events:.0f} bytes/event on disk"
     )
     print(f"NullRecorder baseline: median {statistics.median(baseline) / 1000:.3f} us/event")
+
+
+def _forward_backward_ns(stage, x, rounds: int) -> float:
+    """Median ns of one forward + backward of micro-batch 0 on ``stage``."""
+    import torch
+
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter_ns()
+        out = stage.forward(0, x)
+        stage.backward(0, torch.ones_like(out))
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times)
+
+
+def memory_costs(rounds: int = 200, samples: int = 100_000) -> None:
+    import torch
+
+    from pipetrace.runtime.config import DemoConfig
+    from pipetrace.runtime.demo import build_demo_model, demo_batch
+    from pipetrace.runtime.stage import PipelineStage
+    from pipetrace.runtime.torch_backend import split_sequential
+
+    torch.set_num_threads(1)
+    demo = DemoConfig()
+    chunk = split_sequential(build_demo_model(4, demo, seed=0), 4)[1]
+    stage = PipelineStage(chunk, stage_index=1, num_stages=4)
+    x, _ = demo_batch(0, demo.microbatch_size, demo, seed=0)
+    plain, counted = [], []
+    for i in range(20):
+        for count in (False, True) if i % 2 else (True, False):  # ABBA
+            stage.count_saved = count
+            (counted if count else plain).append(_forward_backward_ns(stage, x, rounds // 20))
+    off, on = statistics.median(plain), statistics.median(counted)
+    print(
+        f"demo stage F+B (width {demo.width}, {demo.microbatch_size} rows): {off / 1000:.1f} us, "
+        f"counting saved tensors {on / 1000:.1f} us: {on / off - 1:+.1%}"
+    )
+    plan = build_plan("1f1b", num_ranks=4, num_microbatches=8, comms=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = Recorder(RecordSettings(Path(tmp), stall_timeout=0))
+        recorder.begin_run(rank=0, world_size=1, plan=plan, config={})
+        t0 = time.perf_counter_ns()
+        for i in range(samples):
+            recorder.memory_sample(i, [i * 4096], [4096], None)
+        cost = (time.perf_counter_ns() - t0) / samples
+        recorder.end_run()
+    print(f"Recorder.memory_sample, a changed sample: {cost / 1000:.2f} us/call")
 
 
 def _demo_rank(rank: int, iterations: int, port: int, results: object) -> None:
@@ -172,6 +225,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     hot_path(args.events)
+    memory_costs()
     if not args.skip_demo:
         demo_overhead(args.iterations)
 

@@ -6,7 +6,8 @@ alternate recorded / unrecorded (`Recording.suspend` / `resume` put torch's own 
 between), so machine noise hits both alike. An iteration is timed on rank 0 between two
 barriers and includes the SGD step; the CPU time of every rank (all its threads, the
 recorder's included) is summed for the same iteration. The figures are the ratios of medians,
-recorded / unrecorded (target <= 1.03).
+recorded / unrecorded (target <= 1.03), for the wall time, the CPU time of all threads and
+that of the main threads alone (which is where the adapter's wrappers run).
 
     .venv/bin/python bench/bench_torch_pipelining.py
     .venv/bin/python bench/bench_torch_pipelining.py --iterations 40 --width 512
@@ -21,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 CLASSES = (("Schedule1F1B", 1), ("ScheduleInterleaved1F1B", 2))
 ARGS_ENV = "PIPETRACE_BENCH_TORCH_ARGS"
@@ -30,75 +32,102 @@ def _rank_main(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    from pipetrace.recorder.setup import RecordSettings
+    from pipetrace.runtime.backend import Replicas
     from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import demo_batch
+    from pipetrace.runtime.torch_backend import TorchBackend
     from pipetrace.torch_pipelining import record
-    from pipetrace.torch_pipelining.demo import SEED, TorchCase, build_schedule
+    from pipetrace.torch_pipelining.demo import TorchCase, build_schedule
+    from pipetrace.torch_pipelining.instrument import stages_of
 
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    replicas = Replicas(TorchBackend(torch.device("cpu")), rank)
+    demo = DemoConfig(width=args.width, blocks_per_stage=1, microbatch_size=args.microbatch_size)
     for name, per_rank in CLASSES:
         case = TorchCase(
             schedule=name,
             run_dir=os.path.join(args.out, name),
             microbatches=args.microbatches,
             stages_per_rank=per_rank,
-            width=args.width,
-            microbatch_size=args.microbatch_size,
+            demo=demo,
         )
-        schedule = build_schedule(case, rank, world_size)
-        stages = schedule._stages if hasattr(schedule, "_stages") else [schedule._stage]
+        schedule = build_schedule(case, replicas, world_size)
+        stages = stages_of(schedule)
         first = any(stage.is_first for stage in stages)
         last = any(stage.is_last for stage in stages)
         optimizer = torch.optim.SGD([p for s in stages for p in s.submod.parameters()], lr=1e-3)
-        demo = DemoConfig(
-            width=args.width, blocks_per_stage=1, microbatch_size=case.microbatch_size
+        inputs, targets = demo_batch(
+            0, args.microbatches * args.microbatch_size, demo, seed=case.seed
         )
-        inputs, targets = demo_batch(0, args.microbatches * case.microbatch_size, demo, seed=SEED)
-        times: dict[bool, list[float]] = {True: [], False: []}
-        cpu: dict[bool, list[float]] = {True: [], False: []}
-        recording = record(schedule, settings=RecordSettings(run_dir=case.run_dir))
+        recording = record(schedule, settings=case.record_settings())
         assert recording.active, "recording did not start"
-        for index in range(args.warmup + 2 * args.iterations):
-            recorded = index % 2 == 0
-            (recording.resume if recorded else recording.suspend)()
-            dist.barrier()
-            start, start_cpu = time.perf_counter(), time.process_time()
-            schedule.step(*((inputs,) if first else ()), target=targets if last else None)
-            optimizer.step()
-            optimizer.zero_grad()
-            used = torch.tensor([time.process_time() - start_cpu], dtype=torch.float64)
-            dist.barrier()
-            elapsed = time.perf_counter() - start
-            dist.all_reduce(used)  # CPU time of every rank (all its threads), outside the timing
-            if index >= args.warmup:
-                times[recorded].append(elapsed)
-                cpu[recorded].append(float(used))
+        batch = ((inputs,) if first else (), targets if last else None)
+        samples = _alternate(schedule, optimizer, batch, recording, args)
         recording.resume()
         recording.close()
         if rank == 0:
-            on, off = statistics.median(times[True]), statistics.median(times[False])
-            cpu_on, cpu_off = statistics.median(cpu[True]), statistics.median(cpu[False])
-            print(
-                json.dumps(
-                    {
-                        "schedule": name,
-                        "ranks": world_size,
-                        "microbatches": args.microbatches,
-                        "width": args.width,
-                        "recorded_ms": round(on * 1e3, 3),
-                        "unrecorded_ms": round(off * 1e3, 3),
-                        "overhead_pct": round((on / off - 1) * 100, 2),
-                        "cpu_recorded_ms": round(cpu_on * 1e3, 3),
-                        "cpu_unrecorded_ms": round(cpu_off * 1e3, 3),
-                        "cpu_overhead_pct": round((cpu_on / cpu_off - 1) * 100, 2),
-                    }
-                ),
-                flush=True,
-            )
+            print(json.dumps(_summary(name, world_size, args, samples)), flush=True)
     dist.destroy_process_group()
+
+
+Samples = dict[bool, dict[str, list[float]]]  # recorded? -> measure -> one value per iteration
+MEASURES = ("wall", "cpu", "main_cpu")
+
+
+def _alternate(
+    schedule: Any,
+    optimizer: Any,
+    batch: tuple[tuple[Any, ...], Any],
+    recording: Any,
+    args: argparse.Namespace,
+) -> Samples:
+    """Time a step (``schedule.step(*inputs, target=target)`` with ``batch`` = (inputs,
+    target), then SGD) alternately recorded and not: the wall time on this rank between
+    barriers, and the CPU time summed over every rank, of all threads (``cpu``) and of the
+    main thread alone (``main_cpu``: torch's loop, the adapter's wrappers and the recorder's
+    hot path; the rest is the recorder's flush and watchdog threads)."""
+    import torch
+    import torch.distributed as dist
+
+    samples: Samples = {mode: {m: [] for m in MEASURES} for mode in (True, False)}
+    for index in range(args.warmup + 2 * args.iterations):
+        recorded = index % 2 == 0
+        (recording.resume if recorded else recording.suspend)()
+        dist.barrier()
+        start, start_cpu, start_main = time.perf_counter(), time.process_time(), time.thread_time()
+        schedule.step(*batch[0], target=batch[1])
+        optimizer.step()
+        optimizer.zero_grad()
+        used = torch.tensor(
+            [time.process_time() - start_cpu, time.thread_time() - start_main],
+            dtype=torch.float64,
+        )
+        dist.barrier()
+        elapsed = time.perf_counter() - start
+        dist.all_reduce(used)  # every rank's CPU time, outside the timing
+        if index >= args.warmup:
+            for measure, value in zip(MEASURES, (elapsed, *used.tolist())):
+                samples[recorded][measure].append(value)
+    return samples
+
+
+def _summary(name: str, world_size: int, args: argparse.Namespace, samples: Samples) -> dict:
+    """Medians of each measure, recorded and unrecorded, and their ratio as a percentage."""
+    out: dict[str, Any] = {
+        "schedule": name,
+        "ranks": world_size,
+        "microbatches": args.microbatches,
+        "width": args.width,
+    }
+    for measure in MEASURES:
+        on = statistics.median(samples[True][measure])
+        off = statistics.median(samples[False][measure])
+        out[f"{measure}_recorded_ms"] = round(on * 1e3, 3)
+        out[f"{measure}_unrecorded_ms"] = round(off * 1e3, 3)
+        out[f"{measure}_overhead_pct"] = round((on / off - 1) * 100, 2)
+    return out
 
 
 def main() -> None:

@@ -35,7 +35,14 @@ import orjson
 
 from pipetrace import __version__, interning
 from pipetrace.analyze import model, parse, reader
-from pipetrace.analyze.parse import P2P_COLUMNS, STEP_COLUMNS, RawRank, parse_rank_file
+from pipetrace.analyze.parse import (
+    MEMORY_COLUMNS,
+    MEMORY_GRIDS,
+    P2P_COLUMNS,
+    STEP_COLUMNS,
+    RawRank,
+    parse_rank_file,
+)
 from pipetrace.analyze.reader import LogProblems, TraceFormatError, open_regular
 from pipetrace.recorder import format as fmt
 
@@ -192,6 +199,7 @@ def _arrays(raw: RawRank) -> dict[str, np.ndarray]:
         **{f"steps.{name}": raw.steps[name] for name in STEP_COLUMNS},
         **{f"p2p.{name}": raw.p2p[name] for name in P2P_COLUMNS},
         **{f"text_parts.{i}": part for i, part in enumerate(raw.text_parts)},
+        **{f"memory.{name}": column.reshape(-1) for name, column in raw.memory.items()},
     }
 
 
@@ -239,6 +247,7 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         **{f"steps.{name}": dtype for name, dtype in STEP_COLUMNS.items()},
         **{f"p2p.{name}": dtype for name, dtype in P2P_COLUMNS.items()},
         **{f"text_parts.{i}": dtype for i, dtype in enumerate(_TEXT_PARTS)},
+        **{f"memory.{name}": np.int64 for name in (*MEMORY_COLUMNS, *MEMORY_GRIDS)},
     }
     arrays = entry_arrays(index, data_bytes, expected)
     raw = RawRank(
@@ -257,6 +266,7 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         iterations={it: row for it, *row in data["iterations"]},
         lifecycle=[(e, t, f) for e, t, f in data["lifecycle"]],
         run_start=data["run_start"],
+        memory=_memory(arrays, data["run_start"]),
     )
     _check_columns(raw)
     return raw
@@ -278,6 +288,19 @@ def entry_arrays(
     if arrays.keys() != expected.keys():
         raise ValueError("missing arrays")
     return arrays
+
+
+def _memory(arrays: dict[str, np.ndarray], run_start: Any) -> dict[str, np.ndarray]:
+    """The memory columns, per-stage grids given back their shape (ValueError if the sizes
+    do not fit the rank's stages)."""
+    stages = len((run_start or {}).get("stages") or ())
+    count = len(arrays["memory.t"])
+    memory = {name: arrays[f"memory.{name}"] for name in MEMORY_COLUMNS}
+    for name in MEMORY_GRIDS:
+        memory[name] = arrays[f"memory.{name}"].reshape(count, stages)
+    if len({len(column) for column in memory.values()}) > 1:
+        raise ValueError("memory columns of unequal length")
+    return memory
 
 
 def _is_int(value: Any) -> bool:

@@ -41,12 +41,16 @@ class Blocked:
 
 def blocked_ranks(run: Run) -> dict[int, Blocked]:
     """Every rank that waits on a P2P op, with what it waits for. A rank that raised an error
-    of its own waits for nobody; a rank whose counterpart was posted by such a rank waits for
-    it (the crash, not the transport, is why the transfer never completes)."""
+    of its own waits for nobody, nor does one the user's interrupt found waiting (`endings`);
+    a rank whose counterpart was posted by such a crashed rank waits for it (the crash, not
+    the transport, is why the transfer never completes)."""
     crashed = en.failed_first_hand(run)
+    endings = en.rank_endings(run)
     out: dict[int, Blocked] = {}
     for rank in run.present_ranks:
         if rank.status.state == RankState.FINISHED or rank.rank in crashed:
+            continue
+        if endings[rank.rank].state == en.INTERRUPTED:  # where it was, not a hang
             continue
         b = _blocking_op(run, rank) or _collective_wait(run, rank)
         if b is not None:
@@ -325,6 +329,9 @@ def _terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> tuple[str,
             f"step {text} on rank {rank_id} never returns (an infinite loop, a lock, or a "
             "very slow step)",
         )
+    if ending.state == en.INTERRUPTED:
+        what = f"rank {rank_id} was interrupted by the user {at.phrase}; {never}"
+        return en.INTERRUPTED, what, "the user interrupted the run (Ctrl-C) before the message came"
     if ending.state == en.HUNG:
         return (
             en.HUNG,
@@ -389,11 +396,13 @@ def find_hangs(run: Run) -> list[Finding]:
         )
     in_findings = {r for f in findings for r in f.ranks}
     waiting = en.waiting_outside_iterations(run)
+    endings = en.rank_endings(run)
     for rank in run.present_ranks:
+        state = endings[rank.rank].state
+        watched = rank.status.state in (RankState.STALLED, RankState.ABORTED)
         if (
-            rank.status.state in (RankState.STALLED, RankState.ABORTED)
-            and rank.rank not in in_findings
-        ):
+            (watched and state != en.INTERRUPTED) or state in (en.COMPUTING, en.HUNG)
+        ) and rank.rank not in in_findings:
             if rank.rank in waiting:
                 findings.append(_stalled_at_end(run, rank, waiting))
                 continue

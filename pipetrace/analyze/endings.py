@@ -13,7 +13,9 @@ terminal states documented in docs/diagnosis.md, with the evidence that decided 
 - `computing`: its watchdog recorded it stalled inside a step (alive, the step never returns);
 - `hung`: its watchdog recorded it stalled outside any step;
 - `unknown`: its log just stops and nothing tells whether it hung or died;
-- `missing`: no usable log.
+- `missing`: no usable log;
+- `interrupted`: the user interrupted the run (Ctrl-C: a rank recorded SIGINT or raised
+  KeyboardInterrupt) and the rank ended then, or after it, with no hang of its own before.
 
 `Where` says where in its plan a rank was when its log ended: in an open step, after its last
 step (between steps or iterations), or before its first step; never a placeholder.
@@ -29,7 +31,7 @@ from pipetrace.analyze.findings import StepRef
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
 
-EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING, NOT_LOADED = (
+EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING, NOT_LOADED, INTERRUPTED = (
     "exited",
     "crashed",
     "computing",
@@ -37,6 +39,7 @@ EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING, NOT_LOADED = (
     "unknown",
     "missing",
     "not_loaded",
+    "interrupted",
 )
 """Terminal states of a rank (docs/diagnosis.md); `rank_stalled` adds "transfer" for a chain
 that ends at a message both sides posted. NOT_LOADED: left out of the analysis (``--ranks``,
@@ -170,11 +173,46 @@ def failure_events(run: Run) -> list[tuple[int, int]]:
     )
 
 
+def interrupted_at(run: Run) -> int | None:
+    """When the user interrupted the run: the first SIGINT a rank recorded (its watchdog notes
+    it even while the main thread is blocked in a transfer) or KeyboardInterrupt it raised;
+    None when nobody interrupted it."""
+    return min(
+        (
+            ev.t
+            for r in run.present_ranks
+            for ev in r.lifecycle
+            if (ev.e == fmt.SIGNAL and ev.fields.get("signal") == "SIGINT")
+            or (ev.e == fmt.EXCEPTION and ev.fields.get("type") == "KeyboardInterrupt")
+        ),
+        default=None,
+    )
+
+
+def hung_before(rank: RankTimeline, t: int) -> bool:
+    """Its watchdog recorded a stall whose idle time lay mostly before ``t``: the rank hung
+    first and the interrupt came later (a stall of a rank merely blocked while the others
+    wind down after the interrupt does not count)."""
+    for ev in rank.events_of(fmt.STALL):
+        idle_s = ev.fields.get("idle_s")
+        if isinstance(idle_s, int | float) and ev.t - t <= t - (ev.t - idle_s * 1e9):
+            return True
+    return False
+
+
+def _ended_by_interrupt(rank: RankTimeline, t: int) -> bool:
+    """A rank whose recorded end (exception, signal, abort) came at or after the interrupt at
+    ``t``, or whose log just stops, and which had not hung before it."""
+    ends = [ev.t for ev in rank.lifecycle if ev.e in (fmt.EXCEPTION, fmt.SIGNAL, fmt.ABORT)]
+    return not hung_before(rank, t) and (not ends or ends[-1] >= t)
+
+
 class _PeerEvidence:
     """What the other ranks' logs say after a given moment: failures, lost connections, ends."""
 
     def __init__(self, run: Run) -> None:
         ranks = run.present_ranks
+        self.interrupted = interrupted_at(run)
         self.waiting = waiting_outside_iterations(run)
         self.finished = [r.rank for r in ranks if r.status.state == RankState.FINISHED]
         self.ended = failure_events(run)
@@ -209,6 +247,11 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
         return verdict(NOT_LOADED, st.detail)
     if st.state == RankState.FINISHED:
         return verdict(EXITED, st.detail)
+    if peers.interrupted is not None:
+        if hung_before(rank, peers.interrupted):
+            return _watched(rank, peers, verdict)
+        if _ended_by_interrupt(rank, peers.interrupted):
+            return verdict(INTERRUPTED, "the user interrupted the run (Ctrl-C) while it ran")
     if st.state in (RankState.FAILED, RankState.SIGNALED):
         return verdict(CRASHED, st.detail)
     if st.state in (RankState.STALLED, RankState.ABORTED):

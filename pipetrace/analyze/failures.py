@@ -32,6 +32,11 @@ class _FirstFailure:
         return f"follows rank {self.rank}'s failure {(t - self.t) / 1e9:.3g} s earlier: {what}"
 
 
+_NOT_FAILED = (en.INTERRUPTED, en.COMPUTING, en.HUNG)
+"""Endings that are no failure of the rank: the user's interrupt (`interrupts` tells it), or
+a hang that its watchdog caught before the interrupt ended it (`rank_stalled` tells it)."""
+
+
 def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # type: ignore[assignment]
     """``hung``: ranks in a deadlock or stall finding; their P2P timeouts are symptoms."""
     endings = en.rank_endings(run)
@@ -39,6 +44,8 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     findings = []
     for rank in run.ranks:
         state = rank.status.state
+        if endings[rank.rank].state in _NOT_FAILED:
+            continue
         if state == RankState.FAILED:
             findings.append(_raised(run, rank, endings[rank.rank], first, rank.rank in hung))
         elif state == RankState.SIGNALED:

@@ -22,7 +22,9 @@ ORDER_CROSSING = "order_crossing"
 PLAN_DIVERGENCE = "plan_divergence"
 STRAGGLER = "straggler"
 EXPOSED_COMM = "exposed_comm"
+INTERRUPTED = "interrupted"
 KINDS = (
+    INTERRUPTED,
     RANK_FAILED,
     DEADLOCK,
     RANK_STALLED,

@@ -38,6 +38,7 @@ from pipetrace.analyze.model import (
     InputProblem,
     IterationTable,
     LifecycleEvent,
+    MemoryTable,
     P2PTable,
     RankState,
     RankStatus,
@@ -560,6 +561,7 @@ def _timeline(
         lifecycle=lifecycle,
         events=raw.events,
         path=Path(raw.path),
+        memory=MemoryTable(**raw.memory) if raw.memory else MemoryTable.empty(),
     ), models
 
 

@@ -248,6 +248,30 @@ class StepTable:
 
 
 @dataclass
+class MemoryTable:
+    """One row per `memory` sample: the bytes each stage of the rank held from ``t`` until
+    the next row (docs/trace-format.md). ``saved`` and ``inflight`` have one column per stage
+    of the rank, in `RankTimeline.stages` order."""
+
+    t: np.ndarray  # int64 ns since Run.t0_ns
+    step: np.ndarray  # int64: the row in the rank's StepTable whose step had ended, -1 none
+    saved: np.ndarray  # int64 (samples, stages): activations kept for backward, on the device
+    inflight: np.ndarray  # int64 (samples, stages): received, not yet consumed
+    allocated: np.ndarray  # int64: the CUDA allocator's allocated bytes, -1 without
+    reserved: np.ndarray  # int64: its reserved bytes, -1 without
+    swapped: np.ndarray  # int64 (samples, stages): offloaded to the host (0 without swap)
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+    @classmethod
+    def empty(cls, stages: int = 0) -> MemoryTable:
+        none = np.empty(0, np.int64)
+        grid = np.empty((0, stages), np.int64)
+        return cls(none, none.copy(), grid, grid.copy(), none.copy(), none.copy(), grid.copy())
+
+
+@dataclass
 class P2PTable:
     """One row per P2P op (`p2p_post` and its `p2p_done`), with its matched counterpart."""
 
@@ -371,10 +395,11 @@ class RankTimeline:
     lifecycle: list[LifecycleEvent] = field(default_factory=list)
     events: int = 0  # event lines read
     path: Path | None = None
+    memory: MemoryTable = field(default_factory=MemoryTable.empty)
 
     def time_columns(self) -> tuple[np.ndarray, ...]:
-        """Every time column of its tables (steps, P2P ops, iterations, device times); OPEN
-        where none."""
+        """Every time column of its tables (steps, P2P ops, iterations, device times, memory
+        samples); OPEN where none."""
         return (
             self.steps.begin,
             self.steps.end,
@@ -386,6 +411,7 @@ class RankTimeline:
             self.steps.dend,
             self.p2p.dbegin,
             self.p2p.dend,
+            self.memory.t,
         )
 
     def last_time(self) -> int:

@@ -36,6 +36,7 @@ from pipetrace.analyze.model import (
     InputProblem,
     IterationTable,
     LifecycleEvent,
+    MemoryTable,
     P2PTable,
     RankStatus,
     RankTimeline,
@@ -43,6 +44,7 @@ from pipetrace.analyze.model import (
     StepCatalog,
     StepTable,
 )
+from pipetrace.analyze.pipelines import Pipelines
 from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.source import RunSource
 from pipetrace.schedule.ir import Plan
@@ -54,10 +56,13 @@ _TABLES: dict[str, Any] = {
     "p2p": P2PTable.empty(),
     "iterations": IterationTable.empty(),
 }
+_MEMORY = MemoryTable.empty()
+"""Its columns are kept flat (a per-stage grid's rows one after the other) with each rank's
+shapes in its record."""
 _CATALOG = {"catalog.kind": np.int8, "catalog.stage": np.int32, "catalog.microbatch": np.int32}
 _RANK_KEYS = (
     *("rank", "present", "status", "clock", "header", "stages", "config"),
-    *("lifecycle", "events", "path", "rows"),
+    *("lifecycle", "events", "path", "rows", "memory"),
 )
 _LOG = logging.getLogger(__name__)
 PlanOf = Callable[[dict[str, Any], StepCatalog], Plan | None]
@@ -177,12 +182,17 @@ def store(path: Path, key: str, run: Run, problems_from: int) -> None:
         for name in _columns(empty)
     }
     arrays["plan_codes"] = [r.plan_codes.astype(np.int32, copy=False) for r in ranks]
+    for name in _columns(_MEMORY):
+        arrays[f"memory.{name}"] = [
+            getattr(r.memory, name).astype(np.int64, copy=False).ravel() for r in ranks
+        ]
     catalog = run.catalog
     arrays |= dict(zip(_CATALOG, (catalog.kind, catalog.stage, catalog.microbatch)))
     index = {
         "key": key,
         "t0_ns": run.t0_ns,
         "clock_quality": run.clock_quality,
+        "pipelines": run.pipelines.groups,
         "problems": [[p.severity, p.message, p.rank] for p in run.problems[problems_from:]],
         "texts": catalog.texts,
         "threads": run.threads,
@@ -213,6 +223,7 @@ def _rank_fields(rank: RankTimeline) -> dict[str, Any]:
         "events": rank.events,
         "path": None if rank.path is None else str(rank.path),
         "rows": [len(rank.steps), len(rank.p2p), len(rank.iterations), len(rank.plan_codes)],
+        "memory": [list(getattr(rank.memory, name).shape) for name in _columns(_MEMORY)],
     }
 
 
@@ -234,8 +245,9 @@ def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of:
         for table, empty in _TABLES.items()
         for name in _columns(empty)
     }
+    memory = {f"memory.{name}": np.int64 for name in _columns(_MEMORY)}
     arrays = column_cache.entry_arrays(
-        index, data, {**expected, "plan_codes": np.int32, **_CATALOG}
+        index, data, {**expected, "plan_codes": np.int32, **_CATALOG, **memory}
     )
     texts = index["texts"]
     if type(texts) is not list or not set(map(type, texts)) <= {str}:
@@ -262,6 +274,7 @@ def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of:
         t0_ns=int(index["t0_ns"]),
         problems=[*source.problems, *(InputProblem(*p) for p in index["problems"])],
         clock_quality=dict(index["clock_quality"]),
+        pipelines=Pipelines(tuple(map(tuple, index["pipelines"]))),
     )
 
 
@@ -296,6 +309,7 @@ def _ranks(
     if type(records) is not list or len(records) != world_size:
         raise ValueError("not one record per rank")
     starts = np.zeros(4, np.int64)
+    memory_at = dict.fromkeys(_columns(_MEMORY), 0)
     ranks = []
     for number, record in enumerate(records):
         if type(record) is not dict or tuple(record) != _RANK_KEYS or record["rank"] != number:
@@ -307,16 +321,34 @@ def _ranks(
             for (table, empty), start, end in zip(_TABLES.items(), starts, ends)
         }
         codes = arrays["plan_codes"][starts[3] : ends[3]]
+        tables["memory"] = _memory(record["memory"], arrays, memory_at)
         ranks.append(_rank(record, tables, codes, texts))
         starts = ends
     if any(int(s) != len(arrays[f"{t}.it"]) for s, t in zip(starts, _TABLES)):
         raise ValueError("row counts do not add up")
-    if int(starts[3]) != len(arrays["plan_codes"]):
-        raise ValueError("plan row counts do not add up")
+    if int(starts[3]) != len(arrays["plan_codes"]) or any(
+        at != len(arrays[f"memory.{name}"]) for name, at in memory_at.items()
+    ):
+        raise ValueError("plan or memory row counts do not add up")
     match, widest = arrays["p2p.match_index"], max(len(rank.p2p) for rank in ranks)
     if len(match) and not -1 <= match.min() <= match.max() < widest:
         raise ValueError("p2p.match_index out of range")  # a row of the matched rank's ops
     return ranks
+
+
+def _memory(
+    shapes: list[list[int]], arrays: dict[str, np.ndarray], at: dict[str, int]
+) -> MemoryTable:
+    """A rank's memory samples, each column given back its shape (``at``: where the rank's
+    part of each flat column begins; moved past it)."""
+    columns = {}
+    for name, shape in zip(at, shapes, strict=True):
+        if not all(type(n) is int and n >= 0 for n in shape):
+            raise ValueError("bad memory shape")
+        size = int(np.prod(shape))
+        columns[name] = arrays[f"memory.{name}"][at[name] : at[name] + size].reshape(shape)
+        at[name] += size
+    return MemoryTable(**columns)
 
 
 def _rank(
@@ -339,4 +371,5 @@ def _rank(
         lifecycle=[LifecycleEvent(e, t, f) for e, t, f in record["lifecycle"]],
         events=record["events"],
         path=None if path is None else Path(path),
+        memory=tables["memory"],
     )

@@ -9,7 +9,7 @@ import sys
 import click
 
 from pipetrace import __version__
-from pipetrace.errors import PipetraceError
+from pipetrace.errors import EXIT_INTERRUPTED, PipetraceError
 from pipetrace.schedule.ir import ScheduleError
 
 # verb -> (module, attribute, one-line help shown by `pipetrace --help`)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.Abort:
         click.echo("Aborted.", err=True)
-        return 130
+        return EXIT_INTERRUPTED
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

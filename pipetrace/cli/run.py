@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from pipetrace.cli.run_options import run_options
-from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
+from pipetrace.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS
 from pipetrace.recorder import run_dir
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.fault_spec import FAULT_HELP
@@ -26,7 +26,9 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     Starts P x D processes joined by a gloo group on 127.0.0.1 (with --backend mindspore:
     a MindSpore scheduler and P workers), trains the built-in demo model (a float64 MLP on
     synthetic data, SGD) for --steps iterations and prints the loss after each. Flags and
-    the schedule are checked before any process starts.
+    the schedule are checked before any process starts. With --runtime torch the schedule's
+    torch.distributed.pipelining class runs it instead of pipetrace's runtime, recorded by
+    the adapter (docs/torch-pipelining.md).
 
     \b
     Examples:
@@ -37,6 +39,8 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
       pipetrace run -s 1f1b -p 4 -m 8 --swap stage=0 --check-parity
       pipetrace run -s interleaved-1f1b -p 2 -m 4 --overlap-bf --check-parity
       pipetrace run -s zbv -p 4 -m 8 --inject hang:rank=2 --out run/; pipetrace analyze run/
+      pipetrace run -s interleaved-1f1b -p 2 -m 4 --runtime torch --out torch_run/
+      pipetrace diff run/ torch_run/      # the same model, data and schedule on both runtimes
     """
     config = make_config(2)
     config.check_local_processes()
@@ -50,7 +54,7 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     click.echo(
         f"{plan.name}: {config.ranks} ranks, {plan.num_stages} stages on ranks "
         f"{','.join(map(str, plan.placement))}, {config.microbatches} micro-batches, "
-        f"{'overlapped' if config.overlap_p2p else 'plain'} P2P"
+        + _executed_by(config)
         + (f", FSDP over {config.data_parallel} replica(s)" if config.fsdp else "")
     )
     for fault in config.faults:
@@ -64,6 +68,14 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     result = launch(
         [config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}")
     )
+    if result.interrupted is not None:
+        kept = (
+            f"; recording kept in {config.out}"
+            if recorded and _holds_a_recording(Path(config.out))
+            else ""
+        )
+        click.echo(f"interrupted: {result.interrupted} ranks stopped{kept}", err=True)
+        return EXIT_INTERRUPTED
     if result.failures:
         first, *others = result.failures
         click.echo(f"pipetrace: error: rank {first.rank} failed: {first.error}", err=True)
@@ -80,6 +92,15 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     if recorded:
         click.echo(f"recorded to {config.out}; next: pipetrace analyze {config.out}")
     return code
+
+
+def _executed_by(config: RunConfig) -> str:
+    """Which runtime runs the plan, as the run's first line says it."""
+    if config.runtime == "torch":
+        from pipetrace.torch_pipelining.demo import torch_class
+
+        return f"run by torch.distributed.pipelining's {torch_class(config.schedule)}"
+    return f"{'overlapped' if config.overlap_p2p else 'plain'} P2P"
 
 
 def _report_parity(reports: list[ParityReport]) -> int:

@@ -92,6 +92,11 @@ FLAGS = (
     Flag("steps", "Training iterations.", short="-n"),
     Flag("backend", "Framework that runs the plan."),
     Flag(
+        "runtime",
+        "pipetrace: pipetrace's own runtime; torch: torch.distributed.pipelining's schedule "
+        "class for the schedule (same model, data and seed), recorded by the adapter.",
+    ),
+    Flag(
         "out",
         "Run directory for the recording.",
         short="-o",
@@ -113,6 +118,10 @@ FLAGS = (
         "abort_timeout",
         "Further seconds after a stall before the watchdog ends the rank (0: never).",
         shown_default=_hang_default("abort_timeout"),
+    ),
+    Flag(
+        "tie_weights",
+        "Tie the demo's first and last Linear weights; TIED_REDUCE sums their gradients.",
     ),
     Flag("torch_profiler", "Also capture a torch.profiler trace per rank into OUT/profiler/."),
     Flag("seed", "Seed for the model and the synthetic data."),

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
 
 # Tuple tags on the hot path; `_encode` turns each into its documented JSON event.
-_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER = range(5)
+_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER, _MEMORY = range(6)
 
 
 class ProfilerRanges(Protocol):
@@ -57,6 +57,8 @@ class ProfilerRanges(Protocol):
 
 class Recorder:
     """Implements `pipetrace.recorder.hooks.RecorderHooks` for one rank."""
+
+    records_memory = True
 
     def __init__(
         self,
@@ -117,6 +119,7 @@ class Recorder:
             )
         )
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
+        self._last_memory: tuple = ()  # the last memory sample written (only changes are)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -336,6 +339,22 @@ class Recorder:
         self.inflight.pop(token, None)
         self._writer.append((_P2P_DONE, t, token))
 
+    def memory_sample(
+        self,
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: tuple[int, int] | None,
+        swapped: list[int] | None = None,
+    ) -> None:
+        """A ``memory`` event, when a value differs from the previous sample's."""
+        sample = (saved, inflight, allocator, swapped)
+        if sample == self._last_memory:
+            return
+        self._last_memory = sample
+        sid = token[0] if type(token) is tuple else token
+        self._writer.append((_MEMORY, self._monotonic_ns(), sid, saved, inflight, *sample[2:]))
+
     # -- device timing ---------------------------------------------------------------------
 
     def _device_header(self) -> dict[str, Any]:
@@ -481,6 +500,15 @@ class Recorder:
             if stack is None:
                 return line
             return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
+        if tag == _MEMORY:
+            _, _, sid, saved, inflight, allocator, swapped = record
+            line = _MEMORY_LINE % (t, sid, orjson.dumps(saved), orjson.dumps(inflight))
+            if allocator is None and swapped is None:
+                return line
+            extra = b"" if swapped is None else b',"swapped":' + orjson.dumps(swapped)
+            if allocator is not None:
+                extra += b',"allocated":%d,"reserved":%d' % allocator
+            return line[:-2] + extra + b"}\n"
         _, _, event_name, fields = record
         return orjson.dumps({"e": event_name, "t": t, **fields}, option=_DUMP_OPTIONS)
 
@@ -489,6 +517,7 @@ _STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
 _STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
 _P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
 _P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
+_MEMORY_LINE = fmt.line_template(fmt.EVENTS[fmt.MEMORY])  # without the CUDA allocator's
 _DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 

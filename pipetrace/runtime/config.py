@@ -39,6 +39,9 @@ CustomFunction = Callable[[Step, "StepContext"], None]
 LossCallback = Callable[[int, int, float], None]  # (case index, step, loss)
 
 BACKENDS = ("torch", "mindspore")
+RUNTIMES = ("pipetrace", "torch")
+"""What executes the schedule: pipetrace's runtime (on ``--backend``), or torch's own
+torch.distributed.pipelining (`pipetrace.torch_pipelining.demo`), recorded by the adapter."""
 
 RANK_MEMORY_BYTES = 300 << 20
 """What one local torch rank needs at least (measured ~300 MB RSS)."""
@@ -69,6 +72,12 @@ class DemoConfig:
     """Samples per micro-batch; a global batch is ``microbatches * microbatch_size`` samples
     per data-parallel replica."""
 
+    def tied_names(self, num_stages: int) -> tuple[str, str]:
+        """The weight that ``--tie-weights`` shares: the first block's Linear weight (the
+        "input embedding") and the last block's (the "output projection"), by their names
+        in the full model and in the stages."""
+        return ("0.0.weight", f"{num_stages * self.blocks_per_stage - 1}.0.weight")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -91,6 +100,9 @@ class RunConfig:
     backend: str = setting("torch", choices=BACKENDS, flag="--backend")
     """The framework that executes the plan: "torch" or "mindspore"
     (`pipetrace.runtime.mindspore`)."""
+    runtime: str = setting("pipetrace", choices=RUNTIMES, flag="--runtime")
+    """"pipetrace" or "torch": the same model, data and schedule run by torch's
+    torch.distributed.pipelining classes (one per built-in schedule), recorded."""
     out: str | None = setting(None, flag="--out")
     """The run directory for recordings, passed through to the recorder factory."""
     overwrite: bool = setting(False, flag="--overwrite")
@@ -122,6 +134,9 @@ class RunConfig:
     """Seconds without progress before a rank's watchdog records a stall (0: no watchdog)."""
     abort_timeout: float = ABORT_TIMEOUT.field()
     """Further seconds after a stall before the watchdog ends the rank (0: never)."""
+    tie_weights: bool = setting(False, flag="--tie-weights")
+    """Tie the demo's first and last Linear weights (`DemoConfig.tied_names`); the plan gets
+    a TIED_REDUCE step on both stages' ranks, which sums the two gradients."""
     torch_profiler: bool = setting(False, flag="--torch-profiler")
     """Also capture a torch.profiler trace per rank into ``out/profiler/``."""
     demo: DemoConfig = DemoConfig()
@@ -149,8 +164,29 @@ class RunConfig:
                 RunConfig,
                 "{torch_profiler} writes into the run directory: it needs recording on",
             )
+        if self.runtime == "torch":
+            self._check_torch_runtime()
         if self.faults:  # last: the check builds the plan from the fields above
             object.__setattr__(self, "faults", fault_spec.resolve_faults(tuple(self.faults), self))
+
+    def _check_torch_runtime(self) -> None:
+        """What torch's runtime cannot be asked for: pipetrace's own P2P mode, step kinds and
+        swap steps (torch's loop runs its own actions)."""
+        if self.backend != "torch":
+            raise SettingsError(
+                RunConfig, "{runtime} torch runs on torch only, not {backend} " + self.backend
+            )
+        for name, given in (
+            ("overlap_p2p", self.overlap_p2p),
+            ("overlap_bf", self.overlap_bf),
+            ("swap", self.swap is not None),
+        ):
+            if given:
+                raise SettingsError(
+                    RunConfig,
+                    f"{{{name}}} is a feature of pipetrace's runtime; {{runtime}} torch runs "
+                    "torch's schedule classes as they are",
+                )
 
     def check_local_processes(self, environ: Mapping[str, str] = os.environ) -> None:
         """Refuse, before any process starts, more local processes than this machine can
@@ -175,11 +211,17 @@ class RunConfig:
 
     def plan(self) -> Plan:
         """The lowered plan (with messages, FSDP steps with ``fsdp``, activation swap steps
-        with ``swap``); a schedule that cannot be built raises PipetraceError (exit 2)."""
+        with ``swap``, TIED_REDUCE with ``tie_weights``); a schedule that cannot be built
+        raises PipetraceError (exit 2)."""
         from pipetrace.schedule.builders import build_plan, resolve_schedule_name
 
         try:
-            steps = {"comms": True, "fsdp": self.fsdp, "overlap_bf": self.overlap_bf}
+            steps = {
+                "comms": True,
+                "fsdp": self.fsdp,
+                "overlap_bf": self.overlap_bf,
+                "tie_weights": self.tie_weights,
+            }
             plan = build_plan(
                 resolve_schedule_name(self.schedule),
                 num_ranks=self.ranks,

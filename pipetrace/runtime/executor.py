@@ -53,6 +53,12 @@ class FrameworkOps(Protocol):
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         """The handlers of UNSHARD / RESHARD / REDUCE_GRAD (no-ops without sharded stages)."""
 
+    def sum_with_peer(self, param: Any, peer: int) -> None:
+        """TIED_REDUCE: sum ``param``'s gradient with rank ``peer``'s copy of it."""
+
+    def allocator_bytes(self) -> tuple[int, int] | None:
+        """(allocated, reserved) bytes of the device allocator; None without one (CPU)."""
+
     def swap_steps(self) -> SwapSteps:
         """The handlers of the activation swap steps (asked for only by plans that hold
         them; `pipetrace.runtime.activation_swap`)."""
@@ -90,7 +96,8 @@ class Executor:
 
     ``p2p`` may be None when the plan holds no messages for this rank (e.g. one rank).
     ``ops`` are the framework's few operations the executor needs (default: the torch
-    backend's).
+    backend's). ``tied`` maps the first and the last stage, those of them this rank holds, to
+    the parameter they share (needed when the plan has TIED_REDUCE steps).
     """
 
     def __init__(
@@ -102,6 +109,7 @@ class Executor:
         p2p: P2P | None,
         recorder: RecorderHooks | None = None,
         ops: FrameworkOps | None = None,
+        tied: dict[int, Any] | None = None,
     ) -> None:
         expected = set(plan.stages_of(rank))
         if set(stages) != expected:
@@ -135,6 +143,7 @@ class Executor:
             StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
             StepKind.OVERLAP_F_B: self._overlap,
             StepKind.OVERLAP_B_F: self._overlap,
+            StepKind.TIED_REDUCE: self._tied_reduce,
         }
         self._steps = plan.steps(rank)
         self._swap: SwapSteps | None = None
@@ -149,6 +158,10 @@ class Executor:
             self.context.losses = stages[self._last_stage].losses
         if p2p is None and any(step.is_comm for step in self._steps):
             raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
+        self._tied = tied or {}
+        untied = {s.stage for s in self._steps if s.kind is StepKind.TIED_REDUCE} - set(self._tied)
+        if untied:
+            raise ValueError(f"rank {rank}'s plan has TIED_REDUCE for stages {sorted(untied)}")
         self._program: list[tuple[int, Step, Handler]] = []
         self._compile()
         self._step_order: Callable[[int], Sequence[int] | None] | None = None
@@ -160,6 +173,12 @@ class Executor:
         self._act_out: dict[tuple[int, int], torch.Tensor] = {}
         self._grad_in: dict[tuple[int, int], Any] = {}
         self._grad_out: dict[tuple[int, int], torch.Tensor] = {}
+        # stage index -> its slot in a memory sample (plan order); empty: no sampling
+        self._memory_slots: dict[int, int] = {}
+        if getattr(self.recorder, "records_memory", False):
+            self._memory_slots = {s: i for i, s in enumerate(plan.stages_of(rank))}
+            for stage in stages.values():
+                stage.count_saved = True
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -223,6 +242,7 @@ class Executor:
         if self.p2p is not None:
             self.p2p.begin_iteration()
         begin, end = recorder.begin_step, recorder.end_step
+        sample = self._sample_memory if self._memory_slots else None
         program = self._program
         if (
             self._step_order is not None
@@ -237,6 +257,8 @@ class Executor:
                     end(token)
                 else:  # an activation swap launch: the bytes it copies go with the step
                     end(token, moved)
+                if sample is not None:
+                    sample(token)
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -275,6 +297,24 @@ class Executor:
             self._pool = None
         if self._swap is not None:
             self._swap.close()
+
+    def _sample_memory(self, token: Any) -> None:
+        """The recorder's ``memory`` sample after the step of ``token``: per stage, the
+        activations kept for backward on the device, the received tensors not yet consumed,
+        and with swap steps the activations offloaded to the host (taken out of the first)."""
+        slots = self._memory_slots
+        inflight = [0] * len(slots)
+        for box in (self._act_in, self._grad_in):
+            for (stage, _), value in list(box.items()):
+                inflight[slots[stage]] += 0 if value is None else value.nbytes
+        saved = [self.stages[stage].saved_bytes() for stage in slots]
+        swapped = None
+        if self._swap is not None:
+            on_host = self._swap.swapped_bytes()
+            swapped = [on_host.get(stage, 0) for stage in slots]
+            saved = [kept - away for kept, away in zip(saved, swapped)]
+        allocator = self._ops.allocator_bytes()
+        self.recorder.memory_sample(token, saved, inflight, allocator, swapped)
 
     # -- compute ---------------------------------------------------------------------------
 
@@ -377,6 +417,17 @@ class Executor:
         token = self.recorder.begin_step(position, step, thread)
         self._handlers[step.kind](position, step)
         self.recorder.end_step(token)
+
+    def _tied_reduce(self, position: int, step: Step) -> None:
+        """Sum the tied parameter's gradient with the other tied stage's rank. Sends still in
+        flight are waited first: the peer may need them to reach its own TIED_REDUCE."""
+        partner = self._last_stage if step.stage == 0 else 0
+        peer = self._placement[partner]
+        if peer == self.rank:
+            return  # both stages here: they share one parameter, autograd summed it
+        if self.p2p is not None:
+            self.p2p.drain()
+        self._ops.sum_with_peer(self._tied[step.stage], peer)  # type: ignore[index]
 
     # -- messages --------------------------------------------------------------------------
 

@@ -34,8 +34,8 @@ counted from 0 (straggler and slow-link: 0, and every step after); microbatch = 
 fault that hangs (hang, deadlock, drop-recv, drop-send), --stall-timeout, --abort-timeout and
 --timeout default to 3, 2 and 20 s. With --data-parallel D every fault also takes
 replica=0..D-1 (default 0): rank is then the pipeline rank within that replica.
-Details: docs/runtime.md, "Fault injection".
-"""
+--runtime torch takes {torch}. Details: docs/runtime.md, "Fault injection".
+""".format(torch=", ".join(kind for kind, cls in FAULT_KINDS.items() if "torch" in cls.RUNTIMES))
 
 
 # -- parsing -----------------------------------------------------------------------------
@@ -117,6 +117,13 @@ def resolve_faults(faults: tuple[Fault | str, ...], config: RunConfig) -> tuple[
         return ()
     if config.backend != "torch":
         raise PipetraceError(f"--inject works with --backend torch only, not {config.backend}")
+    for fault in parsed:
+        if config.runtime not in fault.RUNTIMES:
+            takes = [kind for kind, cls in FAULT_KINDS.items() if config.runtime in cls.RUNTIMES]
+            raise PipetraceError(
+                f"--inject {fault.KIND}: not on --runtime {config.runtime}, which takes "
+                f"{', '.join(takes)}"
+            )
     where = FaultTarget(
         config.plan(),
         config.steps,

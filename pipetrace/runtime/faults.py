@@ -55,6 +55,9 @@ class Fault:
     """True when the run fails (hangs or crashes): `launch` stops at such a case, so run it
     alone rather than with other cases in one launch."""
     DEFAULT_STEP: ClassVar[int] = 1
+    RUNTIMES: ClassVar[tuple[str, ...]] = ("pipetrace",)
+    """The ``--runtime`` values it can be injected on (`pipetrace.torch_pipelining.faults`
+    applies it on torch's runtime, which has no executor to reorder nor wire to tamper with)."""
 
     rank: int | None = None
     """The pipeline rank that misbehaves (default: the middle rank, P // 2)."""
@@ -162,6 +165,7 @@ class _AtComputeStep(Fault):
 @dataclass(frozen=True)
 class Crash(_AtComputeStep):
     KIND = "crash"
+    RUNTIMES = ("pipetrace", "torch")
     ENDS_RUN = True
 
     def describe(self, plan: Plan, *, overlap: bool = False) -> str:
@@ -172,6 +176,7 @@ class Crash(_AtComputeStep):
 @dataclass(frozen=True)
 class Hang(_AtComputeStep):
     KIND = "hang"
+    RUNTIMES = ("pipetrace", "torch")
     HANGS = True
     ENDS_RUN = True
 
@@ -190,6 +195,7 @@ _STRAGGLER_PHASES = {
 @dataclass(frozen=True)
 class Straggler(Fault):
     KIND = "straggler"
+    RUNTIMES = ("pipetrace", "torch")
     DEFAULT_STEP = 0
 
     factor: float | None = None
@@ -327,6 +333,7 @@ class DropRecv(_OneMessage):
 @dataclass(frozen=True)
 class DropSend(_OneMessage):
     KIND = "drop-send"
+    RUNTIMES = ("pipetrace", "torch")
     HANGS = True
     ENDS_RUN = True
     SAYS = "rank {rank} skips {message} at step {step} (posts nothing); rank {peer} waits for it"

@@ -126,11 +126,11 @@ class _Strike:
             raise RuntimeError(
                 f"injected crash (--inject {self.fault.spec}) in {step} at step {ctx.iteration}"
             )
-        injected_hang(step)
+        injected_hang()
         return True  # never reached
 
 
-def injected_hang(step: Step) -> None:
+def injected_hang() -> None:
     """Block the calling thread forever (--inject hang): only the watchdog, a signal or the
     launcher ends the process. Sleeps in slices so that Python signal handlers still run."""
     while True:

@@ -13,11 +13,19 @@ Failure handling: when a rank fails, its peers usually fail within a second (glo
 "connection closed" to anyone waiting on it); a peer blocked elsewhere fails at the
 process-group timeout at the latest. The launcher gives survivors ``kill_grace`` seconds
 after the first failure to exit on their own (so their recorders can log the error), then
-terminates and kills them. Ranks also ask Linux to kill them if the launcher dies.
+terminates and kills them. Ranks also ask Linux to kill them if the launcher dies. A rank
+its watchdog ended is described by its last stall in the run directory (`watchdog_ends`), so
+the rank stuck in a step heads the failures, not the first that waited for it.
+
+Ctrl-C: the ranks get the interrupt (from the terminal, and passed on from here), record
+where they were and end within `INTERRUPT_GRACE` seconds, or are terminated; the result then
+says how many were still running (`LaunchResult.interrupted`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import pickle
 import signal
@@ -40,6 +48,7 @@ from pipetrace.runtime.config import (
     WorkerSpec,
 )
 from pipetrace.runtime.results import LaunchResult, RankFailure, describe_error
+from pipetrace.runtime.watchdog_ends import WAITING, last_stall
 from pipetrace.schedule.ir import StepKind
 
 _POLL_SECONDS = 0.1
@@ -114,7 +123,27 @@ def launch(
         run_workers(cases, payload, result, on_loss, kill_grace)
     else:
         _run_ranks(payload, result, on_loss, kill_grace)
+    _name_the_hang(result, {case.out for case in cases if case.out and case.record != "off"})
     return result
+
+
+def _name_the_hang(result: LaunchResult, run_dirs: set[str]) -> None:
+    """Describe each rank that its watchdog ended, or that was killed still running, by where
+    its last stall found it (in the recording in ``run_dirs``), so that the rank stuck in a
+    step comes first and those that waited for a peer follow it."""
+    watchdog_end = describe_exit(WATCHDOG_EXIT_CODE)
+    for i, failure in enumerate(result.failures):
+        if failure.error == watchdog_end:
+            ended = "its watchdog ended it"
+        elif failure.error.startswith(_KILLED):
+            ended = f"then {failure.error}"
+        else:
+            continue
+        stalls = (last_stall(d, failure.rank) for d in sorted(run_dirs))
+        stuck = next(filter(None, stalls), None)
+        if stuck is not None:
+            result.failures[i] = dataclasses.replace(failure, error=stuck.describe(ended))
+    _order(result.failures)
 
 
 def _run_ranks(
@@ -152,13 +181,17 @@ def _torch_rank_env(rank: int, world_size: int) -> dict[str, str]:
     }
 
 
-# Errors a rank gets because a peer died: they say little about the cause, so a rank
-# that failed any other way is named first even if its failure was noticed a moment later.
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "killed: still running")
+# Errors a rank gets because a peer died: they say little about the cause, so a rank that
+# failed any other way is named first even if its failure was noticed a moment later. So are
+# ranks killed while still running, or stalled waiting for a peer (how their error begins).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
+_KILLED = "killed: still running"
 
 
 def _is_consequence(failure: RankFailure) -> bool:
-    return any(marker in failure.error for marker in _PEER_LOST)
+    return failure.error.startswith((_KILLED, WAITING)) or any(
+        marker in failure.error for marker in _PEER_LOST
+    )
 
 
 class RankProcess:
@@ -193,58 +226,124 @@ class RankProcess:
         self.process.stdin.close()
 
 
+INTERRUPT_GRACE = 3.0
+"""Seconds ranks get after a Ctrl-C to record where they were and end on their own, before
+they are terminated."""
+
+
+class _Supervisor:
+    """The reports and exits of a launch's ranks, collected as they come (`supervise`)."""
+
+    def __init__(self, ranks: list[RankProcess], on_loss: LossCallback | None) -> None:
+        self.ranks = ranks
+        self.on_loss = on_loss
+        self.results: dict[int, list] = {}
+        self.failed: dict[int, RankFailure] = {}
+        self.open_pipes = {rank.reports: rank for rank in ranks}
+
+    def running(self) -> list[RankProcess]:
+        return [rank for rank in self.ranks if rank.process.poll() is None]
+
+    def watch(self, kill_grace: float) -> None:
+        """Until every rank has ended; ``kill_grace`` seconds after the first failure, stop
+        the rest."""
+        first_failure_at: float | None = None
+        while self.open_pipes or self.running():
+            self.read_reports()
+            self.note_exits()
+            if self.failed and first_failure_at is None:
+                first_failure_at = time.monotonic()
+            if first_failure_at is not None and time.monotonic() - first_failure_at > kill_grace:
+                self.stop_survivors(kill_grace)
+
+    def read_reports(self) -> None:
+        """What the ranks said in the last poll interval."""
+        if not self.open_pipes:
+            time.sleep(_POLL_SECONDS)
+            return
+        for pipe in cast("list[Connection]", wait(list(self.open_pipes), timeout=_POLL_SECONDS)):
+            rank = self.open_pipes[pipe]
+            try:
+                kind, payload = pipe.recv()
+            except (EOFError, OSError):  # the rank closed its pipe: it has said all it will
+                del self.open_pipes[pipe]
+                pipe.close()
+                continue
+            if kind == "loss":
+                if self.on_loss is not None:
+                    self.on_loss(*payload)
+            elif kind == "done":
+                self.results[rank.rank] = payload
+            elif kind == "error":
+                self.failed[rank.rank] = payload
+
+    def note_exits(self) -> None:
+        """A rank that ended badly without reporting why fails with its exit status."""
+        now = time.time()
+        for rank in self.ranks:
+            code = rank.process.poll()
+            silent = rank.rank not in self.failed and rank.reports not in self.open_pipes
+            if code not in (None, 0) and silent:
+                self.failed[rank.rank] = RankFailure(rank.rank, describe_exit(code), at=now)
+
+    def stop_survivors(self, kill_grace: float) -> None:
+        first = min(self.failed.values(), key=lambda f: f.at)
+        now = time.time()
+        for rank in self.running():
+            if rank.rank not in self.failed:
+                self.failed[rank.rank] = RankFailure(
+                    rank.rank,
+                    f"{_KILLED} {kill_grace:g} s after rank {first.rank} failed",
+                    at=now,
+                )
+        self.close()
+
+    def wind_down(self, grace: float) -> int:
+        """After a Ctrl-C: pass the interrupt on to the ranks still running (those in this
+        process group had it too; a rank takes the first and ignores repeats), give them
+        ``grace`` seconds to record where they were and end, then stop the rest. A second
+        Ctrl-C stops them at once. Returns how many ranks were running."""
+        running = self.running()
+        for rank in running:
+            rank.process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + grace
+        try:
+            while self.running() and time.monotonic() < deadline:
+                time.sleep(_POLL_SECONDS)
+        except KeyboardInterrupt:
+            pass
+        self.close()
+        return len(running)
+
+    def close(self) -> None:
+        """Stop every rank still running, then stop listening (a rank never writes to a
+        closed pipe: it is gone first)."""
+        stop(self.ranks)
+        for pipe in self.open_pipes:
+            pipe.close()
+        self.open_pipes.clear()
+
+
 def supervise(
     ranks: list[RankProcess], result: LaunchResult, on_loss: LossCallback | None, kill_grace: float
 ) -> None:
     """Collect the ranks' reports into ``result`` until every rank has ended; ``kill_grace``
     seconds after the first failure, stop the rest. Failures end up earliest first, those
-    caused by a lost peer last."""
-    failed: dict[int, RankFailure] = {}
-    first_failure_at: float | None = None
-    open_pipes = {rank.reports: rank for rank in ranks}
-    while open_pipes or any(rank.process.poll() is None for rank in ranks):
-        ready: list[Connection] = []
-        if open_pipes:
-            ready = cast("list[Connection]", wait(list(open_pipes), timeout=_POLL_SECONDS))
-        else:
-            time.sleep(_POLL_SECONDS)
-        for pipe in ready:
-            rank = open_pipes[pipe]
-            try:
-                kind, payload = pipe.recv()
-            except (EOFError, OSError):  # the rank closed its pipe: it has said all it will
-                del open_pipes[pipe]
-                pipe.close()
-                continue
-            if kind == "loss":
-                if on_loss is not None:
-                    on_loss(*payload)
-            elif kind == "done":
-                result.results[rank.rank] = payload
-            elif kind == "error":
-                failed[rank.rank] = payload
-        now = time.time()
-        for rank in ranks:
-            code = rank.process.poll()
-            if code not in (None, 0) and rank.rank not in failed and rank.reports not in open_pipes:
-                failed[rank.rank] = RankFailure(rank.rank, describe_exit(code), at=now)
-        if failed and first_failure_at is None:
-            first_failure_at = time.monotonic()
-        if first_failure_at is not None and time.monotonic() - first_failure_at > kill_grace:
-            first = min(failed.values(), key=lambda f: f.at)
-            for rank in ranks:
-                if rank.process.poll() is None and rank.rank not in failed:
-                    failed[rank.rank] = RankFailure(
-                        rank.rank,
-                        f"killed: still running {kill_grace:g} s after rank {first.rank} failed",
-                        at=now,
-                    )
-            stop(ranks)
-            for pipe in open_pipes:
-                pipe.close()
-            open_pipes.clear()
-    result.failures.extend(failed.values())
-    result.failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
+    caused by a lost peer last. A Ctrl-C (KeyboardInterrupt here) winds the ranks down and
+    sets ``result.interrupted``."""
+    supervisor = _Supervisor(ranks, on_loss)
+    try:
+        supervisor.watch(kill_grace)
+    except KeyboardInterrupt:
+        result.interrupted = supervisor.wind_down(INTERRUPT_GRACE)
+    result.results.update(supervisor.results)
+    result.failures.extend(supervisor.failed.values())
+    _order(result.failures)
+
+
+def _order(failures: list[RankFailure]) -> None:
+    """Earliest first, those that follow from another rank's failure or hang last."""
+    failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
 
 
 def describe_exit(code: int) -> str:
@@ -310,7 +409,20 @@ def rank_main() -> None:
     """Entry point of a rank process started by `launch`."""
     die_with_parent()
     if not run_reported(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])):
-        sys.exit(1)
+        # Leave at once: the failure is recorded and reported, and the interpreter's
+        # finalisation would wait for P2P work that no peer will complete (a rank
+        # interrupted inside a send stays alive until it is killed).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _interrupt_once(signum: int, frame: object) -> None:
+    """A rank's SIGINT handler: the first Ctrl-C interrupts it (KeyboardInterrupt, which its
+    recorder logs where it stopped); the launcher passes the same Ctrl-C on, and that repeat
+    must not interrupt the rank's report of the first."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def run_reported(rank: int, world_size: int) -> bool:
@@ -318,15 +430,16 @@ def run_reported(rank: int, world_size: int) -> bool:
     demo worker (`pipetrace.runtime.worker`), and report over the launcher's pipe: each loss,
     then the results or the failure. Returns whether the rank succeeded."""
     reports = Connection(int(os.environ.pop(_REPORT_FD_ENV)), readable=False)
+    signal.signal(signal.SIGINT, _interrupt_once)
     try:
         spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
         from pipetrace.runtime.worker import run_rank
 
         results = run_rank(rank, world_size, spec, lambda *loss: reports.send(("loss", loss)))
     except BaseException as exc:
-        reports.send(
-            ("error", RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time()))
-        )
+        failure = RankFailure(rank, describe_error(exc), traceback.format_exc(), time.time())
+        with contextlib.suppress(OSError):  # the launcher is gone: nobody to tell
+            reports.send(("error", failure))
         return False
     else:
         reports.send(("done", results))

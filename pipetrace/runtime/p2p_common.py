@@ -129,6 +129,11 @@ class PendingRecv:
         self._owner.complete(self._work, self._token)
         return self._buffer
 
+    @property
+    def nbytes(self) -> int:
+        """The size of the buffer the recv fills (the memory it holds already)."""
+        return self._buffer.nbytes
+
 
 class P2PBookkeeping:
     """Stream metadata, sequence numbers, recorder reports and the sends in flight."""

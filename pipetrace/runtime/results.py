@@ -85,10 +85,15 @@ class LaunchResult:
     """Failed ranks, earliest first: the first is the likely cause, the others followed."""
     pids: list[int] = field(default_factory=list)
     """The rank processes' ids (all reaped when `launch` returns)."""
+    interrupted: int | None = None
+    """How many ranks were still running when the user interrupted the launch (Ctrl-C);
+    None when nobody did."""
 
     @property
     def ok(self) -> bool:
-        return not self.failures and len(self.results) == self.world_size
+        return (
+            not self.failures and len(self.results) == self.world_size and self.interrupted is None
+        )
 
 
 def describe_error(exc: BaseException) -> str:

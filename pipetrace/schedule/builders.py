@@ -32,7 +32,7 @@ from .ir import (
     overlap_bf,
     stage_to_rank,
 )
-from .lowering import add_fsdp_steps, layout_bubbles, lower
+from .lowering import add_fsdp_steps, add_tied_reduce, layout_bubbles, lower
 
 SCHEDULE_NAMES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv", "dualpipev")
 
@@ -442,13 +442,18 @@ def build_plan(
     comms: bool = False,
     fsdp: bool = False,
     overlap_bf: bool = False,
+    tie_weights: bool = False,
 ) -> Plan:
     """A built-in schedule: compute-only with bubbles (as `build_compute_plan`), or lowered
     with its messages (and FSDP steps when ``fsdp``), ready for a runtime. ``overlap_bf``
-    pairs each steady-state backward with the next forward in one OVERLAP_B_F step."""
+    pairs each steady-state backward with the next forward in one OVERLAP_B_F step;
+    ``tie_weights`` adds the first and the last stage's ``TIED_REDUCE``
+    (`lowering.add_tied_reduce`)."""
     with gc_paused():
         order = _build_order(name, num_ranks, num_microbatches, stages_per_rank, overlap_bf)
         if comms:
-            return lower(order, fsdp=fsdp)
-        plan = layout_bubbles(order)
-    return add_fsdp_steps(plan) if fsdp else plan
+            plan = lower(order, fsdp=fsdp)
+        else:
+            plan = layout_bubbles(order)
+            plan = add_fsdp_steps(plan) if fsdp else plan
+    return add_tied_reduce(plan) if tie_weights else plan

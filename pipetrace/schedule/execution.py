@@ -32,7 +32,7 @@ from operator import attrgetter
 import numpy as np
 
 from . import waitfor
-from .ir import FSDP_KINDS, Plan, Step, StepKind, format_step
+from .ir import COLLECTIVE_KINDS, Plan, Step, StepKind, format_step
 
 SEMANTICS = ("eager", "rendezvous", "fifo")
 
@@ -307,16 +307,16 @@ def _remember(plan: Plan, program: Program) -> None:
 def with_messages(plan: Plan) -> Plan:
     """A compute-only plan lowered to compute+comms by :func:`.lowering.lower`, for running.
 
-    FSDP steps are dropped first (lowering expects pure compute, and here they neither
-    block nor cost anything), so the result carries no FSDP steps.
+    Collective steps (FSDP, TIED_REDUCE) are dropped first (lowering expects pure compute, and
+    here they neither block nor cost anything), so the result carries none.
     """
     from .lowering import lower  # lazy: only compute-only plans need it
 
-    if any(s is not None and s.kind in FSDP_KINDS for row in plan.ranks for s in row):
+    if any(s is not None and s.kind in COLLECTIVE_KINDS for row in plan.ranks for s in row):
         plan = Plan(
             plan.num_microbatches,
             plan.placement,
-            [[s for s in row if s is None or s.kind not in FSDP_KINDS] for row in plan.ranks],
+            [[s for s in row if s is None or s.kind not in COLLECTIVE_KINDS] for row in plan.ranks],
             plan.name,
             dict(plan.params),
         )

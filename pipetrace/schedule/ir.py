@@ -11,10 +11,11 @@ Vocabulary (used everywhere in pipetrace):
 - *channel*: the messages of one kind (activations ``F`` or gradients ``B``) between two ranks.
 
 A step's canonical text is torch.distributed.pipelining's action string: ``{stage}{KIND}{mb}``
-(``2F0``, ``1I3``, ``3SEND_F1``), ``{stage}{KIND}`` for the FSDP steps (``0UNSHARD``), and
-``({sub};{sub})OVERLAP_F_B`` or ``({sub};{sub})OVERLAP_B_F`` for a composite. Activation
-swap steps use the simple form: ``0SWAP_GROUP3``, ``0OFFLOAD3``, ``0OFFLOAD_WAIT3``,
-``0LOAD3``, ``0LOAD_WAIT3`` (see ``SWAP_KINDS``). This module imports nothing heavy.
+(``2F0``, ``1I3``, ``3SEND_F1``), ``{stage}{KIND}`` for the collective steps (``0UNSHARD``,
+``0TIED_REDUCE``), and ``({sub};{sub})OVERLAP_F_B`` or ``({sub};{sub})OVERLAP_B_F`` for a
+composite. Activation swap steps use the simple form: ``0SWAP_GROUP3``, ``0OFFLOAD3``,
+``0OFFLOAD_WAIT3``, ``0LOAD3``, ``0LOAD_WAIT3`` (see ``SWAP_KINDS``). This module imports
+nothing heavy.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class StepKind(str, Enum):
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
     REDUCE_GRAD = "REDUCE_GRAD"
+    TIED_REDUCE = "TIED_REDUCE"  # sum a tied parameter's gradient with the stage sharing it
     # Activation swap of one (stage, micro-batch), in this order on its rank:
     SWAP_GROUP = "SWAP_GROUP"  # its next forward saves its activations into a swap group
     OFFLOAD = "OFFLOAD"  # launch the copy of the group's saved activations to host memory
@@ -56,6 +58,9 @@ SEND_KINDS = frozenset({StepKind.SEND_F, StepKind.SEND_B})
 RECV_KINDS = frozenset({StepKind.RECV_F, StepKind.RECV_B})
 COMM_KINDS = SEND_KINDS | RECV_KINDS
 FSDP_KINDS = frozenset({StepKind.UNSHARD, StepKind.RESHARD, StepKind.REDUCE_GRAD})
+COLLECTIVE_KINDS = FSDP_KINDS | {StepKind.TIED_REDUCE}
+"""Steps that take one stage and no micro-batch and synchronise with other ranks outside the
+plan's messages (FSDP's gathers and reductions, the tied-weight reduction)."""
 COMPOSITE_KINDS = frozenset({StepKind.OVERLAP_F_B, StepKind.OVERLAP_B_F})
 SWAP_ORDER = (
     StepKind.SWAP_GROUP,
@@ -79,7 +84,7 @@ class ScheduleError(ValueError):
 class Step:
     """One step of a rank's plan.
 
-    ``microbatch`` is None only for the FSDP kinds; ``stage`` is None only for a composite,
+    ``microbatch`` is None only for the `COLLECTIVE_KINDS`; ``stage`` is None only for a composite,
     whose work is in ``sub_steps``.
     """
 
@@ -199,7 +204,7 @@ def parse_step(text: str) -> Step | None:
         )
     stage, kind_text, mb_text = match.groups()
     kind = StepKind(kind_text)
-    if kind in FSDP_KINDS:
+    if kind in COLLECTIVE_KINDS:
         if mb_text:
             raise ScheduleError(f"bad action {text!r}: {kind} takes no micro-batch")
         return Step(kind, int(stage), None)

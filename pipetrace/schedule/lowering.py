@@ -526,3 +526,22 @@ def add_fsdp_steps(plan: Plan) -> Plan:
             new_row.extend(after.get(index, ()))
         rows.append(new_row)
     return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+
+
+# ---------------------------------------------------------------------------------------
+# Tied weights
+# ---------------------------------------------------------------------------------------
+
+
+def add_tied_reduce(plan: Plan) -> Plan:
+    """Append ``TIED_REDUCE`` to the first and the last stage's ranks (a parameter such as an
+    input embedding tied to the output projection lives on both): their gradients are summed
+    there, after every step of the iteration, so that no message of the plan waits on the
+    reduction. A one-stage plan needs none (the parameter is used twice in one module)."""
+    last = plan.num_stages - 1
+    if last == 0:
+        return plan
+    rows = [list(row) for row in plan.ranks]
+    for stage in (0, last):
+        rows[plan.placement[stage]].append(Step(StepKind.TIED_REDUCE, stage))
+    return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))

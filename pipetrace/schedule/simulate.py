@@ -35,7 +35,7 @@ from .execution import (
 from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
 from .swap_timing import has_swap_waits, settle_swap_waits
 
-__all__ = ["Costs", "RankStats", "SimResult", "SimStep", "simulate"]
+__all__ = ["Costs", "RankStats", "SimResult", "SimStep", "peak_inflight_by_stage", "simulate"]
 
 _COMPUTE_NAMES = ("F", "B", "I", "W")
 _SCALARS = ("F", "B", "I", "W", "comm", "bandwidth", "message_bytes")
@@ -269,19 +269,37 @@ def _durations(program: Program, costs: Costs) -> list[list[float]]:
 _ACTIVATIONS = (1, -1, 0, -1, 0, 0, 0, 0)  # by step code: F holds one, B or W frees it
 
 
+def _held_changes(steps: list[Step]) -> list[tuple[int, int]]:
+    """(stage, +1 / -1 / 0) per compute leaf in order; an overlap's forward counts first."""
+    return [
+        (leaf.stage, _ACTIVATIONS[CODES[leaf.kind]])  # type: ignore[misc]
+        for s in steps
+        for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
+        if leaf.kind in CODES
+    ]
+
+
 def _peak_inflight(program: Program, rank: int) -> int:
     """Running maximum of +1 per F end and -1 per B or W end, in the rank's order."""
     ids = program.ids[rank]
     if -1 in ids and any(s.sub_steps for s in program.steps[rank]):
-        changes = [
-            _ACTIVATIONS[CODES[leaf.kind]]
-            for s in program.steps[rank]
-            for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
-            if leaf.kind in CODES
-        ]  # an overlap's forward counts first
+        changes = [change for _, change in _held_changes(program.steps[rank])]
     else:
         changes = [_ACTIVATIONS[k & 7] for k in ids]  # -1 & 7 is 7: FSDP steps count 0
     return max(accumulate(changes, initial=0))
+
+
+def peak_inflight_by_stage(plan: Plan) -> dict[int, int]:
+    """The memory proxy above per stage: the most micro-batches whose activations a stage
+    holds at once, following its rank's step order (no timing needed). 1F1B's stage s of P
+    holds P - s, GPipe's every stage M."""
+    held: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for rank in range(plan.num_ranks):
+        for stage, change in _held_changes(plan.steps(rank)):
+            held[stage] = held.get(stage, 0) + change
+            peak[stage] = max(peak.get(stage, 0), held[stage])
+    return peak
 
 
 def _result(

@@ -44,7 +44,7 @@ from .execution import (
     stalls,
     with_messages,
 )
-from .ir import Plan, ScheduleError, format_step
+from .ir import COMPUTE_KINDS, Plan, ScheduleError, StepKind, format_step
 
 __all__ = [
     "FINDING_KINDS",
@@ -76,6 +76,7 @@ FINDING_KINDS = (  # every Finding.kind, documented in docs/schedules.md
     "deadlock",
     "stuck",
     "deadlock_unchecked",
+    "tied_reduce",
     # activation swap groups (`verify_swap.check_swaps`)
     "swap_without_activations",
     "swap_incomplete",
@@ -212,6 +213,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
             *_check_placement(program, raw_stages),
             *_check_dependencies(program, checked, comms),
             *_check_coverage(program, checked),
+            *_check_tied(program),
             *_check_swaps(program),
         ]
         report = VerifyReport(plan, semantics, findings, None, None)
@@ -554,6 +556,52 @@ def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _check_tied(program: Program) -> list[Finding]:
+    """With a TIED_REDUCE anywhere, the first and the last stage each have exactly one, on
+    their own rank, after every step of that stage there (its gradients are complete); no
+    other stage has one. A reduction on one side only would wait for its partner forever."""
+    plan = program.plan
+    found: dict[int, list[tuple[int, int]]] = {}
+    for rank, steps in enumerate(program.steps):
+        for index, step in enumerate(steps):
+            if step.kind is StepKind.TIED_REDUCE:
+                found.setdefault(step.stage, []).append((rank, index))  # type: ignore[arg-type]
+    if not found:
+        return []
+    tied = {0, plan.num_stages - 1}
+    problems = [
+        (f"stage {stage} holds no tied parameter: only stages {sorted(tied)} do", where)
+        for stage, where in found.items()
+        if stage not in tied
+    ]
+    for stage in sorted(tied):
+        where = found.get(stage, [])
+        owner = plan.placement[stage]
+        if len(where) != 1 or where[0][0] != owner:
+            problems.append((f"stage {stage} needs one {stage}TIED_REDUCE on rank {owner}", where))
+        elif _later_step_of(program, owner, stage, where[0][1]):
+            problems.append((f"{stage}TIED_REDUCE comes before stage {stage}'s last step", where))
+    return [
+        Finding(
+            "tied_reduce",
+            "error",
+            message,
+            tuple(sorted({rank for rank, _ in where})),
+            tuple(_ref(program, rank, index) for rank, index in where),
+        )
+        for message, where in problems
+    ]
+
+
+def _later_step_of(program: Program, rank: int, stage: int, index: int) -> bool:
+    """Whether a compute step of ``stage`` follows position ``index`` on ``rank``."""
+    return any(
+        leaf.stage == stage and leaf.kind in COMPUTE_KINDS
+        for step in program.steps[rank][index + 1 :]
+        for leaf in step.leaves()
+    )
 
 
 def _covered_once(program: Program, checked: Checked) -> bool:

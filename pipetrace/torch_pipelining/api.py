@@ -99,7 +99,8 @@ def record(
 
     ``run_dir`` overrides ``PIPETRACE_DIR``; the other ``PIPETRACE_*`` variables (or
     ``settings``) tune the recorder as for pipetrace's own runtime. ``config`` is added to
-    the run configuration in meta.json.
+    the run configuration in meta.json (its ``runtime``, ``schedule_class`` and ``record``
+    keys are the adapter's).
     """
     settings = settings if settings is not None else RecordSettings.from_env()
     if run_dir is not None:
@@ -120,10 +121,10 @@ def record(
         instrumentation = Instrumentation(schedule, plan, rank, recorder)
         instrumentation.install()
         run_config = {
+            **(config or {}),
             "runtime": "torch.distributed.pipelining",
             "schedule_class": type(schedule).__name__,
             "record": settings.mode,
-            **(config or {}),
         }
         recorder.begin_run(
             rank=rank, world_size=world_size, plan=plan, config=run_config, place=place_of(schedule)

@@ -1,48 +1,45 @@
 """pipetrace's demo model trained by torch.distributed.pipelining's own runtime, recorded.
 
-`run_torch_demo` starts the ranks on this machine (gloo on 127.0.0.1) and runs one or more
-`TorchCase` one after the other in the same process group, each into its own run directory.
-It is what the tests use, and what ``pipetrace run --runtime torch`` can call: the model,
-data and loss are `pipetrace.runtime.demo`'s, so a run of pipetrace's runtime and one of
-torch's on the same schedule can be compared with ``pipetrace diff``.
+Two ways in, one training loop (`train`):
 
-Faults (`TorchFault`) make the failures the analyzers must name: a forward that never
-returns, a backward that raises, a send that is never posted. A CSV plan with two actions
-swapped is a `TorchCase` with ``swap``.
+- ``pipetrace run --runtime torch`` (`run_config`, called by the demo worker on every rank
+  the launcher in `pipetrace.runtime.launch` started): the built-in schedule's torch class on
+  the same model, data, seed and loss as pipetrace's runtime (`pipetrace.runtime.demo`), so
+  ``pipetrace diff`` compares the two runtimes; ``--inject``, ``--check-parity``,
+  ``--fsdp -d D`` and ``--torch-profiler`` as there.
+- `run_torch_demo` (the tests): one or more `TorchCase` one after the other in one process
+  group, including what the CLI cannot ask for: every torch class (ScheduleLoopedBFS), a plan
+  loaded from a CSV file through `_PipelineScheduleRuntime`, with two actions swapped.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
+import pickle
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from pipetrace.recorder.setup import RecordSettings
+from pipetrace.runtime.config import DemoConfig, LossCallback, RunConfig
+from pipetrace.runtime.faults import Fault
 from pipetrace.runtime.launch import free_port
+from pipetrace.runtime.results import CaseResult
+
+if TYPE_CHECKING:
+    from pipetrace.runtime.backend import DemoKit, Replicas
+    from pipetrace.runtime.results import ParityReport
 
 CASES_ENV = "PIPETRACE_TORCH_DEMO_CASES"
-SEED = 1234
 V_SHAPED = ("ScheduleZBVZeroBubble", "ScheduleDualPipeV")
 SINGLE_STAGE = ("ScheduleGPipe", "Schedule1F1B")
 CSV_RUNTIME = "csv"
-
-
-@dataclass(frozen=True)
-class TorchFault:
-    """One fault on one rank, in iteration ``iteration`` at micro-batch ``microbatch``."""
-
-    kind: str
-    """"hang_forward" (the stage's forward never returns), "fail_backward" (its backward
-    raises) or "drop_send" (its forward send of that micro-batch is never posted)."""
-    rank: int
-    iteration: int = 1
-    microbatch: int = 0
+SMALL_DEMO = DemoConfig(width=32, blocks_per_stage=1, microbatch_size=4)
+"""The tests' model: small, so that a rank's step is cheap."""
 
 
 @dataclass(frozen=True)
@@ -52,28 +49,89 @@ class TorchCase:
     schedule: str
     """A class name of torch.distributed.pipelining.schedules, or "csv": a
     `_PipelineScheduleRuntime` loading the ``csv_from`` class's plan from a CSV file."""
-    run_dir: str
+    run_dir: str | None
+    """Where it is recorded (None: not recorded)."""
     microbatches: int = 4
     stages_per_rank: int = 1
     steps: int = 2
     csv_from: str = "ScheduleInterleaved1F1B"
     swap: tuple[int, int, int] | None = None
     """(rank, i, j): swap the rank's actions i and j in the CSV."""
-    fault: TorchFault | None = None
+    faults: tuple[Fault, ...] = ()
+    """Resolved faults (`pipetrace.runtime.faults`) of the kinds torch's runtime takes."""
     stall_timeout: float = 30.0
     abort_timeout: float = 30.0
-    width: int = 32
-    microbatch_size: int = 4
+    demo: DemoConfig = SMALL_DEMO
+    seed: int = 1234
+    learning_rate: float = 0.05
+    check_parity: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
+    """Added to the run configuration in meta.json."""
+
+    def record_settings(self) -> RecordSettings:
+        if self.run_dir is None:
+            return RecordSettings(run_dir=None)
+        return RecordSettings(
+            run_dir=self.run_dir,
+            stall_timeout=self.stall_timeout,
+            abort_timeout=self.abort_timeout,
+        )
+
+
+_FROM_RUN_CONFIG = (
+    "microbatches",
+    "steps",
+    "faults",
+    "stall_timeout",
+    "abort_timeout",
+    "demo",
+    "seed",
+    "learning_rate",
+    "check_parity",
+)
+"""The `TorchCase` fields a `RunConfig` field of the same name sets."""
+
+
+def torch_class(schedule: str) -> str:
+    """The torch.distributed.pipelining class of a built-in schedule (name or alias)."""
+    from pipetrace.schedule.builders import describe_schedules, resolve_schedule_name
+
+    name = resolve_schedule_name(schedule)
+    info = next(info for info in describe_schedules() if info.name == name)
+    return next(alias for alias in info.aliases if alias.startswith("Schedule"))
+
+
+def case_of(config: RunConfig) -> TorchCase:
+    """The `TorchCase` of a ``pipetrace run --runtime torch``: the built-in schedule's torch
+    class with pipetrace's plan's stage count, model, data and seed."""
+    plan = config.plan()
+    return TorchCase(
+        schedule=torch_class(config.schedule),
+        run_dir=config.out,
+        stages_per_rank=plan.num_stages // plan.num_ranks,
+        config=config.to_dict(),
+        **{name: getattr(config, name) for name in _FROM_RUN_CONFIG},
+    )
+
+
+def run_config(
+    kit: DemoKit, index: int, config: RunConfig, rank: int, on_loss: LossCallback | None
+) -> CaseResult:
+    """One rank of ``pipetrace run --runtime torch`` (the demo worker calls it)."""
+    replicas = kit.replicas(config, rank)
+    with kit.profiled(config, rank):
+        return train(
+            case_of(config), replicas, config.ranks, config.record_settings(), index, on_loss
+        )
 
 
 def run_torch_demo(cases: list[TorchCase], world_size: int, *, timeout: float = 120.0) -> list[int]:
     """Run ``cases`` on ``world_size`` local ranks; returns each rank's exit code (ranks
     still running after ``timeout`` seconds are killed, -9)."""
-    payload = json.dumps([dataclasses.asdict(case) for case in cases])
     return launch_local_ranks(
         [sys.executable, "-m", "pipetrace.torch_pipelining.demo"],
         world_size,
-        env={CASES_ENV: payload},
+        env={CASES_ENV: pickle.dumps(cases).hex()},
         timeout=timeout,
     )
 
@@ -108,21 +166,6 @@ def launch_local_ranks(
     return codes
 
 
-def _load_cases(text: str) -> list[TorchCase]:
-    cases = []
-    for raw in json.loads(text):
-        fault = raw.pop("fault")
-        swap = raw.pop("swap")
-        cases.append(
-            TorchCase(
-                **raw,
-                fault=TorchFault(**fault) if fault else None,
-                swap=tuple(swap) if swap else None,
-            )
-        )
-    return cases
-
-
 def _placement(schedule: str, world_size: int, num_stages: int) -> tuple[int, ...]:
     from pipetrace.schedule.ir import Placement, stage_to_rank
 
@@ -130,35 +173,49 @@ def _placement(schedule: str, world_size: int, num_stages: int) -> tuple[int, ..
     return stage_to_rank(shape, world_size, num_stages)
 
 
-def build_schedule(case: TorchCase, rank: int, world_size: int) -> Any:
-    """The case's torch schedule over this rank's stages of the demo model."""
-    import torch
+def build_schedule(case: TorchCase, replicas: Replicas, num_ranks: int) -> Any:
+    """The case's torch schedule over this process's stages of the demo model (sharded over
+    the replicas with FSDP2 when there are several), with its faults armed."""
     from torch.distributed.pipelining import PipelineStage, schedules
 
-    from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import build_demo_model, demo_loss
     from pipetrace.runtime.torch_backend import split_sequential
+    from pipetrace.torch_pipelining.faults import arm_faults
+    from pipetrace.torch_pipelining.plan import plan_of
 
     source = case.csv_from if case.schedule == CSV_RUNTIME else case.schedule
     per_rank = 1 if source in SINGLE_STAGE else case.stages_per_rank
-    num_stages = per_rank * world_size
-    demo = DemoConfig(width=case.width, blocks_per_stage=1, microbatch_size=case.microbatch_size)
-    chunks = split_sequential(build_demo_model(num_stages, demo, seed=SEED), num_stages)
-    placement = _placement(source, world_size, num_stages)
+    num_stages = per_rank * num_ranks
+    chunks = split_sequential(build_demo_model(num_stages, case.demo, seed=case.seed), num_stages)
+    placement = _placement(source, num_ranks, num_stages)
+    mine = {s: chunks[s] for s in range(num_stages) if placement[s] == replicas.pp_rank}
+    replicas.shard(mine)
+    backend = replicas.backend
     stages = [
-        PipelineStage(chunks[s], s, num_stages, torch.device("cpu"))
-        for s in range(num_stages)
-        if placement[s] == rank
+        PipelineStage(module, s, num_stages, backend.device, group=backend.group)
+        for s, module in mine.items()
     ]
-    if case.fault is not None and case.fault.rank == rank:
-        _inject(case.fault, stages)
     cls = getattr(schedules, source)
     if source in SINGLE_STAGE:
-        return cls(stages[0], n_microbatches=case.microbatches, loss_fn=demo_loss)
-    schedule = cls(stages, n_microbatches=case.microbatches, loss_fn=demo_loss)
-    if case.schedule != CSV_RUNTIME:
-        return schedule
-    path = Path(case.run_dir).with_suffix(f".rank{rank}.csv")
+        schedule = cls(stages[0], n_microbatches=case.microbatches, loss_fn=demo_loss)
+    else:
+        schedule = cls(stages, n_microbatches=case.microbatches, loss_fn=demo_loss)
+    if case.schedule == CSV_RUNTIME:
+        schedule = _through_csv(case, schedule, stages, replicas.pp_rank)
+    faults = tuple(f for f in case.faults if (f.replica or 0) == replicas.replica)
+    if faults:  # a fault strikes one pipeline rank of one replica
+        arm_faults(faults, schedule, plan_of(schedule), replicas.pp_rank)
+    return schedule
+
+
+def _through_csv(case: TorchCase, schedule: Any, stages: list[Any], rank: int) -> Any:
+    """A `_PipelineScheduleRuntime` that loads ``schedule``'s plan (``case.swap`` applied)
+    from a CSV file written beside the run directory."""
+    from torch.distributed.pipelining import schedules
+
+    from pipetrace.runtime.demo import demo_loss
+
+    path = Path(case.run_dir or "torch-demo").with_suffix(f".rank{rank}.csv")
     order = {r: list(actions) for r, actions in schedule.pipeline_order_with_comms.items()}
     if case.swap is not None:
         swap_rank, i, j = case.swap
@@ -173,84 +230,103 @@ def build_schedule(case: TorchCase, rank: int, world_size: int) -> Any:
     return runtime
 
 
-def _inject(fault: TorchFault, stages: list[Any]) -> None:
-    """Arm ``fault`` on this rank's first stage (before recording wraps it)."""
-    stage = stages[0]
-    state = {"iteration": -1}
-    forward = stage.forward_one_chunk
-
-    def counted_forward(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-        if chunk_id == 0:
-            state["iteration"] += 1
-        hit = state["iteration"] == fault.iteration and chunk_id == fault.microbatch
-        if hit and fault.kind == "hang_forward":
-            while True:
-                time.sleep(1.0)
-        return forward(chunk_id, *args, **kwargs)
-
-    stage.forward_one_chunk = counted_forward
-    if fault.kind == "fail_backward":
-        backward = stage.backward_one_chunk
-
-        def failing_backward(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-            if state["iteration"] == fault.iteration and chunk_id == fault.microbatch:
-                raise RuntimeError(f"injected failure in the backward of micro-batch {chunk_id}")
-            return backward(chunk_id, *args, **kwargs)
-
-        stage.backward_one_chunk = failing_backward
-    if fault.kind == "drop_send":
-        sends = stage.get_fwd_send_ops
-
-        def dropping_sends(chunk_id: int) -> list[Any]:
-            ops = sends(chunk_id)
-            if state["iteration"] == fault.iteration and chunk_id == fault.microbatch:
-                return []
-            return ops
-
-        stage.get_fwd_send_ops = dropping_sends
-
-
-def run_case(case: TorchCase, rank: int, world_size: int) -> None:
-    """Train the demo for ``case.steps`` iterations, recorded into ``case.run_dir``."""
+def train(
+    case: TorchCase,
+    replicas: Replicas,
+    num_ranks: int,
+    settings: RecordSettings,
+    index: int = 0,
+    on_loss: LossCallback | None = None,
+) -> CaseResult:
+    """Train the demo for ``case.steps`` iterations (SGD after each), every replica recorded
+    with ``settings``; ``on_loss(index, step, loss)`` where the loss is (first replica)."""
     import torch
 
-    from pipetrace.runtime.config import DemoConfig
-    from pipetrace.runtime.demo import demo_batch
+    from pipetrace.runtime.demo import build_demo_model
     from pipetrace.torch_pipelining.api import record
+    from pipetrace.torch_pipelining.instrument import stages_of
 
-    schedule = build_schedule(case, rank, world_size)
-    settings = RecordSettings(
-        run_dir=case.run_dir,
-        stall_timeout=case.stall_timeout,
-        abort_timeout=case.abort_timeout,
-    )
-    demo = DemoConfig(width=case.width, blocks_per_stage=1, microbatch_size=case.microbatch_size)
-    stages = schedule._stages if hasattr(schedule, "_stages") else [schedule._stage]
+    schedule = build_schedule(case, replicas, num_ranks)
+    stages = stages_of(schedule)
+    params = [p for stage in stages for p in stage.submod.parameters()]
+    optimizer = torch.optim.SGD(params, lr=case.learning_rate)
+    reference = None
+    if case.check_parity:  # the same weights, built again from the seed
+        num_stages = stages[0].num_stages
+        reference = build_demo_model(num_stages, case.demo, seed=case.seed)
+    losses: list[float] = []
+    report = None
+    with record(schedule, settings=settings, config=case.config):
+        for step in range(case.steps):
+            loss, parity_report = _train_step(case, schedule, replicas, step, reference)
+            if parity_report is not None:
+                report, reference = parity_report, None
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if loss is not None and replicas.replica == 0:
+                losses.append(loss)
+                if on_loss is not None:
+                    on_loss(index, step, loss)
+    return CaseResult(losses or None, report)
+
+
+def _train_step(
+    case: TorchCase, schedule: Any, replicas: Replicas, step: int, reference: Any
+) -> tuple[float | None, ParityReport | None]:
+    """One ``schedule.step`` on this replica's share of the batch: (the loss averaged over
+    the replicas, on the last stage's rank; the parity check against ``reference``)."""
+    import torch
+
+    from pipetrace.runtime import parity
+    from pipetrace.runtime.demo import demo_batch, demo_loss
+    from pipetrace.torch_pipelining.instrument import stages_of
+
+    stages = stages_of(schedule)
     first = any(stage.is_first for stage in stages)
     last = any(stage.is_last for stage in stages)
-    params = [p for stage in stages for p in stage.submod.parameters()]
-    optimizer = torch.optim.SGD(params, lr=0.05)
-    with record(schedule, settings=settings, config={"demo": dataclasses.asdict(case)}):
-        for step in range(case.steps):
-            inputs, targets = demo_batch(
-                step, case.microbatches * case.microbatch_size, demo, seed=SEED
-            )
-            args = (inputs,) if first else ()
-            schedule.step(*args, target=targets if last else None)
-            optimizer.step()
-            optimizer.zero_grad()
+    batch = case.microbatches * case.demo.microbatch_size
+    inputs, targets = demo_batch(step, batch * replicas.count, case.demo, seed=case.seed)
+    mine = slice(replicas.replica * batch, (replicas.replica + 1) * batch)
+    losses: list[Any] = []
+    schedule.step(
+        *((inputs[mine],) if first else ()),
+        target=targets[mine] if last else None,
+        losses=losses if last else None,
+    )
+    loss = replicas.average(float(torch.stack(losses).detach().mean()) if last else None)
+    if reference is None:
+        return loss, None
+    backend = replicas.backend
+    reference_loss, reference_grads = backend.reference_gradients(
+        reference, inputs, targets, demo_loss
+    )
+    held = {stage.stage_index: SimpleNamespace(module=stage.submod) for stage in stages}
+    report = parity.compare(
+        rank=replicas.pp_rank + replicas.replica * stages[0].group_size,
+        gradients=backend.stage_gradients(held),
+        loss=loss,
+        reference_loss=reference_loss,
+        reference_grads=reference_grads,
+    )
+    return loss, report
 
 
 def main() -> None:
+    """A rank of `run_torch_demo`: every case, one pipeline over the whole world."""
     import torch
     import torch.distributed as dist
 
+    from pipetrace.runtime.backend import Replicas
+    from pipetrace.runtime.torch_backend import TorchBackend
+
     torch.set_num_threads(1)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    cases: list[TorchCase] = pickle.loads(bytes.fromhex(os.environ[CASES_ENV]))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
-        for case in _load_cases(os.environ[CASES_ENV]):
-            run_case(case, rank, world_size)
+        replicas = Replicas(TorchBackend(torch.device("cpu")), rank)
+        for case in cases:
+            train(case, replicas, world_size, case.record_settings())
             dist.barrier()
     finally:
         dist.destroy_process_group()

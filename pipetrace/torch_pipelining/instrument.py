@@ -10,7 +10,8 @@ What is patched, and only while recording:
   schedules and the sub-steps of an ``OVERLAP_F_B`` action.
 - ``schedules._batch_p2p``: the ops a batch carries are posted; its works report completion.
 - ``schedules.record_function``: `_PipelineScheduleRuntime` wraps every action it performs in
-  ``record_function("PP:<action>")``; the same range is kept, and it is the action's step.
+  ``record_function("PP:<action>")``; the same range is kept (through the fast C++
+  RecordFunction), and it is the action's step.
 
 Undo restores every original: a schedule that is no longer recorded runs torch's own code.
 """
@@ -166,21 +167,24 @@ class Instrumentation:
     # -- steps -----------------------------------------------------------------------------
 
     def _action_ranges(self, record_function: Callable[[str], Any]) -> Callable[[str], Any]:
-        """`_PipelineScheduleRuntime`'s per-action profiler range, also the action's step."""
-        by_text = self.index.by_text
+        """`_PipelineScheduleRuntime`'s per-action profiler range, also the action's step.
+
+        The range is opened through torch's fast C++ RecordFunction: the same ``PP:<action>``
+        range for a profiler, at ~0.3 µs instead of `record_function`'s ~8.5 µs (field
+        notes), which pays for recording the step."""
+        import torch
+
+        fast_range = torch._C._profiler._RecordFunctionFast
+        by_name = {_ACTION_PREFIX + text: entry for text, entry in self.index.by_text.items()}
         recorder = self.recorder
         owner = self
 
         class ActionRange:
             __slots__ = ("_entry", "_range", "_token")
 
-            def __init__(self, name: str) -> None:
-                self._range = record_function(name)
-                self._entry = (
-                    by_text.get(name[len(_ACTION_PREFIX) :])
-                    if name.startswith(_ACTION_PREFIX)
-                    else None
-                )
+            def __init__(self, name: str, args: str | None = None) -> None:
+                self._range = fast_range(name) if args is None else record_function(name, args)
+                self._entry = by_name.get(name)
 
             def __enter__(self) -> Any:
                 handle = self._range.__enter__()

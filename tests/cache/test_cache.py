@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import orjson
 import pytest
 
 from pipetrace.analyze import cache
@@ -248,3 +252,35 @@ def test_analyzing_an_unchanged_run_again_is_a_read(run, capsys, monkeypatch, fl
     os.utime(log, ns=(os.stat(log).st_atime_ns, os.stat(log).st_mtime_ns - 10**9))
     with pytest.raises(AssertionError, match="loaded again"):  # a log touched: analyzed again
         main(["analyze", str(run), *flags])
+
+
+def _assert_same(a: Any, b: Any, where: str = "run") -> None:
+    """Field by field, arrays by dtype, shape and values (private fields are caches)."""
+    if is_dataclass(a):
+        assert type(a) is type(b), where
+        for f in fields(a):
+            if not f.name.startswith("_"):
+                _assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, np.ndarray):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_the_run_entry_holds_the_whole_model(tmp_path, monkeypatch):
+    """Every field of the model (memory samples, two pipelines, a hang) reads back as built."""
+    path = tmp_path / "run"
+    hang = Hang(rank=3, step=0, microbatch=1, phase="B")
+    FakeCluster.of(faults=[hang], activation_bytes=1 << 20).record(path)
+    meta = orjson.loads((path / fmt.META_FILE).read_bytes())
+    (path / fmt.META_FILE).write_bytes(orjson.dumps({**meta, "pipelines": [[0, 1], [2, 3]]}))
+    _age(path)
+    built = load_run(path)
+    assert len(built.ranks[0].memory) and built.pipelines.several
+    _from_run_entry_only(monkeypatch)
+    _assert_same(built, load_run(path))

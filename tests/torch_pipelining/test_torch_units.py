@@ -1,5 +1,6 @@
-"""Without ranks: the version gate, recording off, a schedule that cannot be recorded, and
-the single-stage orders against torch's own description of them."""
+"""Without ranks: the version gate, recording off, a schedule that cannot be recorded, the
+single-stage orders against torch's own description of them, and what ``pipetrace run
+--runtime torch`` refuses."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+import pipetrace.runtime.launch
+from pipetrace.cli import main
 from pipetrace.schedule.ir import StepKind, format_step
 from pipetrace.torch_pipelining import SUPPORTED_TORCH_VERSIONS, record
 from pipetrace.torch_pipelining.plan import gpipe_order, one_f_one_b_order
@@ -95,3 +98,28 @@ def test_single_stage_orders_send_and_receive_in_the_same_order(order):
         assert mbs(plans[stage], StepKind.SEND_F) == mbs(plans[stage + 1], StepKind.RECV_F)
         assert mbs(plans[stage + 1], StepKind.SEND_B) == mbs(plans[stage], StepKind.RECV_B)
         assert len(mbs(plans[stage], StepKind.SEND_F)) == microbatches
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--backend", "mindspore"], "--runtime torch runs on torch only, not --backend mindspore"),
+        (["--overlap-p2p"], "--overlap-p2p is a feature of pipetrace's runtime"),
+        (["--swap", "all"], "--swap is a feature of pipetrace's runtime"),
+        (
+            ["--inject", "deadlock"],
+            "--inject deadlock: not on --runtime torch, which takes crash, hang, drop-send, "
+            "straggler",
+        ),
+    ],
+)
+def test_what_torchs_runtime_cannot_do_is_refused_before_any_rank_starts(
+    capsys, monkeypatch, args, message
+):
+    def refuse(*args, **kwargs):
+        raise AssertionError("ranks were started")
+
+    monkeypatch.setattr(pipetrace.runtime.launch, "launch", refuse)
+    assert main(["run", "-s", "1f1b", "--runtime", "torch", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pipetrace: error: {message}") and err.count("\n") == 1, err

@@ -1,5 +1,5 @@
-"""Helpers for the torch.distributed.pipelining tests: analyze a recorded run through the CLI
-(the public interface) and read its logs."""
+"""Helpers for the torch.distributed.pipelining tests: run and analyze through the CLI (the
+public interface) and read the logs."""
 
 from __future__ import annotations
 
@@ -10,15 +10,20 @@ from pathlib import Path
 from typing import Any
 
 
-def analyze_json(run_dir: Path) -> tuple[int, dict[str, Any]]:
-    """``pipetrace analyze --json``'s exit code and output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pipetrace", "analyze", "--json", str(run_dir)],
+def pipetrace(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``pipetrace ARGS...`` in a fresh process (its exit code, stdout and stderr)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pipetrace", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
+
+
+def analyze_json(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """``pipetrace analyze --json``'s exit code and output."""
+    done = pipetrace("analyze", "--json", str(run_dir), timeout=120)
     assert done.stdout, done.stderr
     return done.returncode, json.loads(done.stdout)
 

@@ -1,0 +1,139 @@
+"""Ctrl-C of `pipetrace run` and the launcher's headline after a hang: what the user sees, and
+what the recording then tells `pipetrace analyze` (real ranks, a real SIGINT to the process
+group, as a terminal sends it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from pipetrace.cli import main
+from pipetrace.runtime import faults as ft
+from pipetrace.runtime.watchdog_ends import WAITING, last_stall
+from pipetrace.testing.cluster import FakeCluster
+
+
+def _start_run(args: list[str], out: Path) -> subprocess.Popen:
+    """`pipetrace run ARGS` in a process group of its own, with Ctrl-C at its default
+    (a background job of a non-interactive shell would ignore it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipetrace", "run", *args, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def _wait_for_line(stream, marker: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        if marker in line:
+            return
+    raise AssertionError(f"no {marker!r} before the run ended or {timeout} s passed")
+
+
+def _interrupt(launcher: subprocess.Popen, stream, marker: str) -> str:
+    """Ctrl-C once ``marker`` shows in ``stream``; the rest of stderr."""
+    try:
+        _wait_for_line(stream, marker)
+        os.killpg(launcher.pid, signal.SIGINT)
+        return launcher.communicate(timeout=60)[1]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
+def _analysis(run_dir: Path, capsys) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = main(["analyze", str(run_dir), "--json"])
+    return code, orjson.loads(capsys.readouterr().out)
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_stops_the_ranks_keeps_the_recording_and_analyze_says_interrupted(tmp_path, capsys):
+    out = tmp_path / "run"
+    launcher = _start_run(["-s", "1f1b", "-p", "3", "-m", "4", "-n", "100000"], out)
+    err = _interrupt(launcher, launcher.stdout, "step 3 ")
+    assert launcher.returncode == 130
+    assert err == f"interrupted: 3 ranks stopped; recording kept in {out}\n"
+
+    code, analysis = _analysis(out, capsys)
+    (interrupted,) = [f for f in analysis["findings"] if f["kind"] == "interrupted"]
+    assert interrupted["severity"] == "warning"
+    assert "interrupted by the user (Ctrl-C)" in interrupted["message"]
+    assert [r["rank"] for r in interrupted["details"]["ranks"]] == [0, 1, 2]
+    assert all(r["step"] for r in interrupted["details"]["ranks"])  # where each rank was
+    kinds = {f["kind"] for f in analysis["findings"]}
+    assert not kinds & {"rank_failed", "rank_stalled", "deadlock"}, analysis["findings"]
+    assert code == 0
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_after_a_hang_keeps_the_hang_as_its_cause(tmp_path, capsys):
+    out = tmp_path / "run"
+    hang = ["-s", "1f1b", "-p", "3", "-m", "4", "-n", "2", "--inject", "hang:rank=1"]
+    launcher = _start_run([*hang, "--abort-timeout", "0"], out)
+    err = _interrupt(launcher, launcher.stderr, "rank 1: no progress")
+    assert launcher.returncode == 130 and "Traceback" not in err
+
+    code, analysis = _analysis(out, capsys)
+    errors = [f for f in analysis["findings"] if f["severity"] == "error"]
+    assert [f["kind"] for f in errors] == ["rank_stalled"], errors
+    assert errors[0]["details"]["terminal_rank"] == 1
+    assert errors[0]["details"]["terminal_state"] == "computing"
+    (interrupted,) = [f for f in analysis["findings"] if f["kind"] == "interrupted"]
+    assert "had stalled before it" in interrupted["message"]
+    assert code == 1
+
+
+@pytest.mark.multiproc
+def test_the_hang_headline_names_the_rank_stuck_in_a_step(tmp_path):
+    out = tmp_path / "run"
+    launcher = _start_run(
+        ["-s", "1f1b", "-p", "3", "-m", "4", "-n", "2", "--inject", "hang:rank=1"], out
+    )
+    try:
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 1
+    (headline,) = [line for line in err.splitlines() if line.startswith("pipetrace: error:")]
+    assert headline.startswith("pipetrace: error: rank 1 failed: hung in step 1F1 (iteration 1)"), (
+        err
+    )
+    assert "Traceback" not in err
+
+
+def test_a_stall_says_which_rank_is_stuck_and_which_wait_for_it(tmp_path):
+    FakeCluster.of(
+        "1f1b",
+        ranks=3,
+        faults=[ft.Hang(rank=1, step=1, microbatch=1, phase="F")],
+        stall_after_ns=2_000_000_000,
+    ).record(tmp_path)
+    stuck = last_stall(tmp_path, 1)
+    assert stuck is not None and (stuck.step, stuck.peer) == ("1F1", None)
+    assert stuck.describe("its watchdog ended it") == (
+        "hung in step 1F1 (iteration 1): no progress for 2 s (its watchdog ended it; stall and "
+        "stacks in the trace)"
+    )
+    waiting = last_stall(tmp_path, 0)
+    assert waiting is not None and waiting.peer == 1
+    assert waiting.describe("its watchdog ended it").startswith(f"{WAITING}rank 1 in step 0")
+    assert last_stall(tmp_path / "nowhere", 0) is None
