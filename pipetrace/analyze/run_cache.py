@@ -31,19 +31,7 @@ import numpy as np
 import orjson
 
 from pipetrace.analyze import cache as column_cache
-from pipetrace.analyze.model import (
-    ClockInfo,
-    InputProblem,
-    IterationTable,
-    LifecycleEvent,
-    MemoryTable,
-    P2PTable,
-    RankStatus,
-    RankTimeline,
-    Run,
-    StepCatalog,
-    StepTable,
-)
+from pipetrace.analyze import model
 from pipetrace.analyze.pipelines import Pipelines
 from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.source import RunSource
@@ -52,11 +40,11 @@ from pipetrace.schedule.ir import Plan
 RUN_CACHE_VERSION = 1
 """Bump when the entry's layout changes (changed analyze sources make entries stale anyway)."""
 _TABLES: dict[str, Any] = {
-    "steps": StepTable.empty(),
-    "p2p": P2PTable.empty(),
-    "iterations": IterationTable.empty(),
+    "steps": model.StepTable.empty(),
+    "p2p": model.P2PTable.empty(),
+    "iterations": model.IterationTable.empty(),
 }
-_MEMORY = MemoryTable.empty()
+_MEMORY = model.MemoryTable.empty()
 """Its columns are kept flat (a per-stage grid's rows one after the other) with each rank's
 shapes in its record."""
 _CATALOG = {"catalog.kind": np.int8, "catalog.stage": np.int32, "catalog.microbatch": np.int32}
@@ -65,7 +53,7 @@ _RANK_KEYS = (
     *("lifecycle", "events", "path", "rows", "memory"),
 )
 _LOG = logging.getLogger(__name__)
-PlanOf = Callable[[dict[str, Any], StepCatalog], Plan | None]
+PlanOf = Callable[[dict[str, Any], model.StepCatalog], Plan | None]
 """meta.json's plan with its steps from the catalog (`load`'s, which notes its problems)."""
 
 
@@ -124,11 +112,11 @@ class RunEntry:
         self.path = entry_path(source, wanted)
         self.key = run_key(source, wanted, self.selection)
 
-    def load(self, plan_of: PlanOf) -> Run | None:
+    def load(self, plan_of: PlanOf) -> model.Run | None:
         """The cached run, or None when there is no fresh, whole entry."""
         return None if self.key is None else load(self.path, self.key, self.source, plan_of)
 
-    def store(self, run: Run, problems_from: int) -> None:
+    def store(self, run: model.Run, problems_from: int) -> None:
         """Cache ``run`` when the logs held still while it was loaded (`store`)."""
         if self._still():
             store(self.path, self.key, run, problems_from)
@@ -169,7 +157,7 @@ class RunEntry:
         return self.path.with_suffix(f".{variant}.report")
 
 
-def store(path: Path, key: str, run: Run, problems_from: int) -> None:
+def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
     """Write the run's entry; ``problems_from``: the first of ``run.problems`` found while
     loading (the ones before come from the source, gathered again on every load)."""
     ranks = run.ranks
@@ -207,7 +195,7 @@ def _columns(table: Any) -> list[str]:
     return [f.name for f in fields(table)]
 
 
-def _rank_fields(rank: RankTimeline) -> dict[str, Any]:
+def _rank_fields(rank: model.RankTimeline) -> dict[str, Any]:
     """A rank's fields other than its columns (its plan is its plan codes' texts)."""
     status = rank.status
     return {
@@ -227,7 +215,7 @@ def _rank_fields(rank: RankTimeline) -> dict[str, Any]:
     }
 
 
-def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> Run | None:
+def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> model.Run | None:
     """The cached run, or None when there is no fresh, whole entry under ``key``."""
     try:
         found = column_cache.read_entry(path, lambda index: index["key"] == key)
@@ -239,7 +227,9 @@ def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> Run | None
         return None
 
 
-def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of: PlanOf) -> Run:
+def _decode(
+    index: dict[str, Any], data: memoryview, source: RunSource, plan_of: PlanOf
+) -> model.Run:
     expected = {
         f"{table}.{name}": getattr(empty, name).dtype
         for table, empty in _TABLES.items()
@@ -252,7 +242,7 @@ def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of:
     texts = index["texts"]
     if type(texts) is not list or not set(map(type, texts)) <= {str}:
         raise ValueError("bad texts")
-    catalog = StepCatalog(
+    catalog = model.StepCatalog(
         texts,
         *(arrays[name] for name in _CATALOG),
         dict(zip(texts, range(len(texts)))),
@@ -260,7 +250,7 @@ def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of:
     lists = {"threads": index["threads"], "shapes": index["shapes"], "dtypes": index["dtypes"]}
     _check_codes(arrays, len(texts), {k: len(v) for k, v in lists.items()}, source.world_size)
     ranks = _ranks(index["ranks"], arrays, texts, source.world_size)
-    return Run(
+    return model.Run(
         path=source.path,
         directories=source.directories,
         meta=source.meta,
@@ -272,7 +262,7 @@ def _decode(index: dict[str, Any], data: memoryview, source: RunSource, plan_of:
         dtypes=lists["dtypes"],
         threads=lists["threads"],
         t0_ns=int(index["t0_ns"]),
-        problems=[*source.problems, *(InputProblem(*p) for p in index["problems"])],
+        problems=[*source.problems, *(model.InputProblem(*p) for p in index["problems"])],
         clock_quality=dict(index["clock_quality"]),
         pipelines=Pipelines(tuple(map(tuple, index["pipelines"]))),
     )
@@ -304,7 +294,7 @@ def _ranks(
     arrays: dict[str, np.ndarray],
     texts: list[str],
     world_size: int,
-) -> list[RankTimeline]:
+) -> list[model.RankTimeline]:
     """Each rank's timeline, its columns slices of the entry's."""
     if type(records) is not list or len(records) != world_size:
         raise ValueError("not one record per rank")
@@ -338,7 +328,7 @@ def _ranks(
 
 def _memory(
     shapes: list[list[int]], arrays: dict[str, np.ndarray], at: dict[str, int]
-) -> MemoryTable:
+) -> model.MemoryTable:
     """A rank's memory samples, each column given back its shape (``at``: where the rank's
     part of each flat column begins; moved past it)."""
     columns = {}
@@ -348,27 +338,27 @@ def _memory(
         size = int(np.prod(shape))
         columns[name] = arrays[f"memory.{name}"][at[name] : at[name] + size].reshape(shape)
         at[name] += size
-    return MemoryTable(**columns)
+    return model.MemoryTable(**columns)
 
 
 def _rank(
     record: dict[str, Any], tables: dict[str, Any], codes: np.ndarray, texts: list[str]
-) -> RankTimeline:
+) -> model.RankTimeline:
     path = record["path"]
-    return RankTimeline(
+    return model.RankTimeline(
         rank=record["rank"],
         present=bool(record["present"]),
         steps=tables["steps"],
         p2p=tables["p2p"],
         iterations=tables["iterations"],
-        status=RankStatus(*record["status"]),
-        clock=ClockInfo(**record["clock"]),
+        status=model.RankStatus(*record["status"]),
+        clock=model.ClockInfo(**record["clock"]),
         header=record["header"],
         plan=list(map(texts.__getitem__, codes.tolist())),
         plan_codes=codes,
         stages=record["stages"],
         config=record["config"],
-        lifecycle=[LifecycleEvent(e, t, f) for e, t, f in record["lifecycle"]],
+        lifecycle=[model.LifecycleEvent(e, t, f) for e, t, f in record["lifecycle"]],
         events=record["events"],
         path=None if path is None else Path(path),
         memory=tables["memory"],
