@@ -220,7 +220,8 @@ def _stage_lines(stages: list[StageCost]) -> list[Line]:
         shown = sorted(stages, key=lambda s: -(s.stats.mean_ns or 0))[:10]
         return [(title, None), (header, None)] + [(_stage_row(s), None) for s in shown]
     return [("  per stage step time:", None), (header, None)] + [
-        (_stage_row(s) + ("  (inside OVERLAP_F_B)" if s.overlapped else ""), None) for s in stages
+        (_stage_row(s) + ("  (inside overlapped pairs)" if s.overlapped else ""), None)
+        for s in stages
     ]
 
 

@@ -75,7 +75,8 @@ class RankBubble(JsonRecord):
 
 @dataclass
 class StageCost:
-    """The cost of one stage's steps of one kind; ``overlapped``: run inside OVERLAP_F_B."""
+    """The cost of one stage's steps of one kind; ``overlapped``: run inside an overlapped
+    pair (OVERLAP_F_B or OVERLAP_B_F)."""
 
     stage: int
     kind: str

@@ -143,6 +143,11 @@ FLAGS = (
         "1f1b and interleaved-1f1b).",
     ),
     Flag(
+        "overlap_bf_split",
+        "As --overlap-bf, with each pair's backward split into I (dx) then W (dw) on the "
+        "pair's backward thread.",
+    ),
+    Flag(
         "swap",
         "Offload these activations to host memory between forward and backward, with "
         f"overlapped swap steps: {SWAP_EXAMPLES}.",

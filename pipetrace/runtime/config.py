@@ -122,6 +122,9 @@ class RunConfig:
     overlap_bf: bool = setting(False, flag="--overlap-bf")
     """Pair each steady-state backward with the next forward in one OVERLAP_B_F step, run on
     two threads (1f1b and interleaved-1f1b)."""
+    overlap_bf_split: bool = setting(False, flag="--overlap-bf-split")
+    """As ``overlap_bf``, with each pair's backward split into I (dx) then W (dw), both run on
+    the pair's worker thread: ``(0I3;0W3;0F7)OVERLAP_B_F``."""
     swap: str | None = setting(None, _swap_policy, flag="--swap")
     """Offload these activations to host memory between forward and backward: a swap policy
     (`pipetrace.schedule.swap.SwapPolicy`), e.g. "all", "stage=0", "microbatches=0-3";
@@ -179,6 +182,7 @@ class RunConfig:
         for name, given in (
             ("overlap_p2p", self.overlap_p2p),
             ("overlap_bf", self.overlap_bf),
+            ("overlap_bf_split", self.overlap_bf_split),
             ("swap", self.swap is not None),
         ):
             if given:
@@ -220,6 +224,7 @@ class RunConfig:
                 "comms": True,
                 "fsdp": self.fsdp,
                 "overlap_bf": self.overlap_bf,
+                "overlap_bf_split": self.overlap_bf_split,
                 "tie_weights": self.tie_weights,
             }
             plan = build_plan(

@@ -396,22 +396,26 @@ class Executor:
 
     def _overlap(self, position: int, step: Step) -> None:
         """OVERLAP_F_B and OVERLAP_B_F: the forward on this thread, the backward on a worker
-        thread, joined."""
+        thread (B, or an OVERLAP_B_F's I then W, one after the other), joined."""
         forward = next(sub for sub in step.sub_steps if sub.kind is StepKind.F)
-        backward = next(sub for sub in step.sub_steps if sub is not forward)
+        backward = tuple(sub for sub in step.sub_steps if sub is not forward)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 1,
                 thread_name_prefix=f"pipetrace-overlap-r{self.rank}",
                 initializer=self._ops.thread_initializer(),
             )
-        future = self._pool.submit(self._sub_step, position, backward, "overlap")
+        future = self._pool.submit(self._sub_steps, position, backward, "overlap")
         try:
             self._sub_step(position, forward, "main")
         finally:
             backward_error = future.exception()
         if backward_error is not None:
             raise backward_error
+
+    def _sub_steps(self, position: int, steps: tuple[Step, ...], thread: str) -> None:
+        for step in steps:
+            self._sub_step(position, step, thread)
 
     def _sub_step(self, position: int, step: Step, thread: str) -> None:
         token = self.recorder.begin_step(position, step, thread)

@@ -17,7 +17,7 @@ import numpy as np
 from pipetrace.gc_pause import gc_paused
 
 from .execution import CODE_RECV_F, CODE_SEND_F, program_of
-from .ir import Plan, ScheduleError, Step, StepKind, format_step
+from .ir import Plan, ScheduleError, Step, StepKind, format_step, thread_parts
 
 # Step costs. The unit grid draws the classic staircase; the timed costs (a full backward
 # costs two forwards) give ``lower`` a realistic order in which to post messages.
@@ -148,7 +148,7 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
         )
     )
     if len(leaves) != len(steps):
-        ops = _merged(ops, owner.tolist(), len(steps))
+        ops = _merged(ops, owner.tolist(), steps)
     bounds = list(accumulate(map(len, rows), initial=0))
     per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
     leaf_table = _Leaves(owner, ranks, kind, stage, microbatch)
@@ -211,13 +211,14 @@ def _microbatches(mb: list[int]) -> np.ndarray:
     return array if np.abs(array).max(initial=0) < 1 << 29 else np.array(mb, dtype=object)
 
 
-def _merged(ops: list[Op], owner: list[int], num_steps: int) -> list[Op]:
-    """Per step, its leaves' ops merged: a composite waits for every part's inputs, makes
-    every part's outputs and lasts as long as its longest part."""
-    parts: list[list[Op]] = [[] for _ in range(num_steps)]
+def _merged(ops: list[Op], owner: list[int], steps: list[Step]) -> list[Op]:
+    """Per step, its leaves' ops merged (`_merge_ops`)."""
+    parts: list[list[Op]] = [[] for _ in steps]
     for op, step in zip(ops, owner):
         parts[step].append(op)
-    return [part[0] if len(part) == 1 else _merge_ops(part) for part in parts]
+    return [
+        part[0] if len(part) == 1 else _merge_ops(part, step) for part, step in zip(parts, steps)
+    ]
 
 
 def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
@@ -226,11 +227,18 @@ def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
     _reject(plan, rank, position, step, leaf)
 
 
-def _merge_ops(parts: list[Op]) -> Op:
-    """A composite waits for every part's inputs and lasts as long as its longest part."""
+def _merge_ops(parts: list[Op], composite: Step) -> Op:
+    """A composite waits for every part's inputs but those an earlier part on the same
+    thread makes (an OVERLAP_B_F's I before its W, `thread_parts`), makes every part's
+    outputs and lasts as long as its longest part (one slot on the unit grid)."""
+    threads = [t for t, group in enumerate(thread_parts(composite)) for _ in group]
+    made: set[tuple[int, int]] = set()
+    needs: dict[int, None] = {}
+    for (part_needs, part_makes, _), thread in zip(parts, threads):
+        needs.update((k, None) for k in part_needs if (k, thread) not in made)
+        made.update((k, thread) for k in part_makes)
     makes = tuple(k for _, part_makes, _ in parts for k in part_makes)
-    needs = tuple(dict.fromkeys(k for part_needs, _, _ in parts for k in part_needs))
-    return needs, makes, max(cost for _, _, cost in parts)
+    return tuple(needs), makes, max(cost for _, _, cost in parts)
 
 
 def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:

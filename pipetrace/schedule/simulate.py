@@ -32,7 +32,7 @@ from .execution import (
     stalls,
     with_messages,
 )
-from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
+from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step, thread_parts
 from .swap_timing import has_swap_waits, settle_swap_waits
 
 __all__ = ["Costs", "RankStats", "SimResult", "SimStep", "peak_inflight_by_stage", "simulate"]
@@ -103,9 +103,10 @@ class Costs:
         return self.swap_bytes / self.swap_bandwidth
 
     def cost_of(self, step: Step) -> float:
-        """CPU time of one step: a composite takes its longest part, FSDP and comm steps 0."""
+        """CPU time of one step, FSDP and comm steps 0. A composite takes its longest
+        thread: the parts one thread runs one after another add up (`thread_parts`)."""
         if step.sub_steps:
-            return max(self.cost_of(sub) for sub in step.sub_steps)
+            return max(sum(map(self.cost_of, group)) for group in thread_parts(step))
         if step.kind not in COMPUTE_KINDS:
             return 0.0
         kind = step.kind.value
@@ -243,7 +244,7 @@ def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager"
 
 
 def _durations(program: Program, costs: Costs) -> list[list[float]]:
-    """Per rank, each step's CPU time, looked up by step id (a composite takes its max)."""
+    """Per rank, each step's CPU time, looked up by step id (a composite by `cost_of`)."""
     table = [costs.F, costs.B, costs.I, costs.W, 0.0, 0.0, 0.0, 0.0]  # by id & 7 (-1 & 7 = 7)
     one_stage = 8 * program.mb_stride
     per_stage = {

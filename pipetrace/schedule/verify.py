@@ -44,7 +44,7 @@ from .execution import (
     stalls,
     with_messages,
 )
-from .ir import COMPUTE_KINDS, Plan, ScheduleError, StepKind, format_step
+from .ir import COMPUTE_KINDS, Plan, ScheduleError, StepKind, format_step, thread_parts
 
 __all__ = [
     "FINDING_KINDS",
@@ -392,7 +392,7 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
                 ):
                     findings.append(_dependency(program, rank, i, k, "forward_before_input"))
             elif code == CODE_W:
-                if i <= get(k - 1, -1):
+                if _weight_too_early(program, rank, i, k, get(k - 1, -1)):
                     findings.append(_dependency(program, rank, i, k, "weight_before_input"))
             elif i <= get(k - code, -1):  # B or I, and its F is not before it
                 findings.append(_dependency(program, rank, i, k, "backward_before_forward"))
@@ -407,6 +407,24 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
             ):
                 findings.append(_dependency(program, rank, i, k, "backward_before_grad"))
     return findings
+
+
+def _weight_too_early(program: Program, rank: int, index: int, step_id: int, at: int) -> bool:
+    """Whether the W ``step_id`` at ``index`` runs before its I, first at ``at`` (-1: none).
+
+    A W in the same composite as its I runs after it only in an OVERLAP_B_F that writes the
+    I first: its backward parts share one thread (`thread_parts`). The parts of an
+    OVERLAP_F_B run concurrently, so there a W never waits for its I.
+    """
+    if index != at:
+        return index < at
+    stage, mb = step_id // (8 * program.mb_stride), (step_id >> 3) % program.mb_stride
+    weight, need = (StepKind.W, stage, mb), (StepKind.I, stage, mb)
+    for group in thread_parts(program.steps[rank][index]):
+        work = [(leaf.kind, leaf.stage, leaf.microbatch) for leaf in group]
+        if weight in work:
+            return need not in work[: work.index(weight)]
+    return True
 
 
 def _dependencies_met(program: Program, checked: Checked, comms: bool) -> bool:
