@@ -21,8 +21,13 @@ def use_color(stream: Any = None) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
+def json_text(data: Any) -> str:
+    """The commands' JSON output: indented, keys that are not strings written as strings."""
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+
+
 def echo_json(data: Any) -> None:
-    click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+    click.echo(json_text(data))
 
 
 def plan_source(func: Callable) -> Callable:
