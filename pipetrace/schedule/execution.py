@@ -25,9 +25,11 @@ where, and every step's start and end time) does not depend on the worklist orde
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter
+from typing import TypeVar
 
 import numpy as np
 
@@ -55,6 +57,8 @@ CODES = {
 _CODE_OF = {kind: CODES.get(kind, -1) for kind in StepKind}  # -1: FSDP and composite steps
 # by code: stage offset from a comm step to the stage at the other end of its message
 _OTHER_STAGE = np.array([0, 0, 0, 0, -1, 1, 1, -1])
+
+T = TypeVar("T")
 
 _KIND = attrgetter("kind")
 _STAGE = attrgetter("stage")
@@ -109,6 +113,10 @@ class Program:
     """Made by :func:`.lowering.lower` for the plan it made: its rows are projections of
     one global order in which every send directly precedes its recv, so every rank runs to
     the end under every semantics, with no untagged mix-up (see `_runs_through`)."""
+
+    def rank_slices(self, flat: list[T]) -> Iterator[list[T]]:
+        """A list over every step of every rank (as in ``arrays``) cut into per-rank lists."""
+        return _slices(flat, list(accumulate(map(len, self.ids), initial=0)))
 
     def stages_named(self) -> list[set[int | None]]:
         """Per rank, every stage index its steps and composite leaves name (as written)."""
@@ -217,8 +225,7 @@ def program_of(
     bounds = list(accumulate(map(len, rows), initial=0))
 
     def per_rank(values: np.ndarray) -> list[list[int]]:
-        flat = values.tolist()
-        return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+        return list(_slices(values.tolist(), bounds))
 
     positions = [
         list(range(len(row)))
@@ -240,6 +247,11 @@ def program_of(
     )
     _remember(plan, program)
     return program
+
+
+def _slices(flat: list[T], bounds: list[int]) -> Iterator[list[T]]:
+    """``flat`` cut at consecutive ``bounds`` (from 0 to its length)."""
+    return (flat[a:b] for a, b in zip(bounds, bounds[1:]))
 
 
 # Python ints this large or larger may overflow int64 in the id and key arithmetic.
@@ -469,14 +481,15 @@ def _run_eager(s: _State) -> None:
     message was sent and has spent ``transfer`` on the wire. Compute and FSDP steps never
     block. The comm steps are handled inline rather than by a per-step function: this loop
     runs once per step of the plan (~4e5), and a call per comm step costs about a quarter of
-    the run.
+    the run. A step starts when the one before it on its rank ended (at 0 for the first),
+    so start times are copied from the end times after the run rather than stored per step.
     """
-    keys, durations, start, end = s.keys, s.durations, s.start, s.end
+    keys, durations, end = s.keys, s.durations, s.end
     cursor, clock, work = s.cursor, s.clock, s.work
     in_flight, extra, waiting, transfer = s.in_flight, s.extra, s.waiting, s.transfer
     while work:
         rank = work.pop()
-        keys_r, dur_r, start_r, end_r = keys[rank], durations[rank], start[rank], end[rank]
+        keys_r, dur_r, end_r = keys[rank], durations[rank], end[rank]
         t, n = clock[rank], len(keys_r)
         for i in range(cursor[rank], n):
             key = keys_r[i]
@@ -488,14 +501,11 @@ def _run_eager(s: _State) -> None:
                 in_flight[key - 1] = None
                 if extra and key - 1 in extra:
                     _next_copy(in_flight, extra, key - 1)
-                start_r[i] = t
                 if ready > t:
                     t = ready
             elif key < 0:  # compute or FSDP
-                start_r[i] = t
                 t += dur_r[i]
             else:  # a send
-                start_r[i] = t
                 ready = t + transfer
                 if in_flight[key] is None:
                     in_flight[key] = ready
@@ -509,6 +519,8 @@ def _run_eager(s: _State) -> None:
         else:
             i = n  # ran to the end of its plan
         cursor[rank], clock[rank] = i, t
+    for start_r, end_r, done in zip(s.start, end, cursor):
+        start_r[1:done] = end_r[: max(done - 1, 0)]
 
 
 def _run_paired(s: _State) -> None:

@@ -253,15 +253,18 @@ def _durations(program: Program, costs: Costs) -> list[list[float]]:
         stage * 8 + _COMPUTE_NAMES.index(kind): cost
         for (stage, kind), cost in costs.per_stage.items()
     }  # codes 0..3 are F, B, I, W
+    if not per_stage:  # one table lookup over every step (object array: costs keep their type)
+        flat = np.array(table, dtype=object)[(program.arrays.ids & 7).astype(np.int64)].tolist()
+        rows = list(program.rank_slices(flat))
     result = []
-    for steps, ids in zip(program.steps, program.ids):
+    for rank, (steps, ids) in enumerate(zip(program.steps, program.ids)):
         if per_stage:
             row = [
                 per_stage.get((k // one_stage) * 8 + (k & 7), table[k & 7]) if k >= 0 else 0.0
                 for k in ids
             ]
         else:
-            row = [table[k & 7] for k in ids]
+            row = rows[rank]
         if -1 in ids:  # FSDP or composite steps
             for i in [i for i, step in enumerate(steps) if step.sub_steps]:
                 row[i] = costs.cost_of(steps[i])
