@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from itertools import chain
+from itertools import accumulate, chain
 
 import numpy as np
 
@@ -581,11 +581,7 @@ def _check_tied(program: Program) -> list[Finding]:
     their own rank, after every step of that stage there (its gradients are complete); no
     other stage has one. A reduction on one side only would wait for its partner forever."""
     plan = program.plan
-    found: dict[int, list[tuple[int, int]]] = {}
-    for rank, steps in enumerate(program.steps):
-        for index, step in enumerate(steps):
-            if step.kind is StepKind.TIED_REDUCE:
-                found.setdefault(step.stage, []).append((rank, index))  # type: ignore[arg-type]
+    found = _tied_reduces(program)
     if not found:
         return []
     tied = {0, plan.num_stages - 1}
@@ -611,6 +607,22 @@ def _check_tied(program: Program) -> list[Finding]:
         )
         for message, where in problems
     ]
+
+
+def _tied_reduces(program: Program) -> dict[int, list[tuple[int, int]]]:
+    """Stage -> (rank, index) of each TIED_REDUCE, in plan order. A collective step has
+    id -1 (no simple id), so only those steps are read: a plan without any reads none."""
+    found: dict[int, list[tuple[int, int]]] = {}
+    candidates = np.flatnonzero(program.arrays.ids == -1)
+    if not candidates.size:
+        return found
+    starts = list(accumulate(map(len, program.ids), initial=0))
+    for at, rank in zip(candidates.tolist(), program.arrays.ranks[candidates].tolist()):
+        index = at - starts[rank]
+        step = program.steps[rank][index]
+        if step.kind is StepKind.TIED_REDUCE:
+            found.setdefault(step.stage, []).append((rank, index))  # type: ignore[arg-type]
+    return found
 
 
 def _later_step_of(program: Program, rank: int, stage: int, index: int) -> bool:

@@ -233,6 +233,20 @@ def test_removing_any_compute_step_of_a_built_plan_is_caught() -> None:
             assert "missing_step" in kinds(report), (rank, position, step)
 
 
+def test_tied_reductions_are_found_wherever_they_are() -> None:
+    plan = build_plan("1f1b", num_ranks=3, num_microbatches=4, comms=True, tie_weights=True)
+    assert verify(plan).findings == []
+    last_rank = plan.placement[-1]
+    moved = [list(row) for row in plan.ranks]
+    moved[last_rank].insert(0, moved[last_rank].pop())  # the last stage's TIED_REDUCE, first
+    finding = only(verify(Plan(plan.num_microbatches, plan.placement, moved)), "tied_reduce")
+    assert "comes before stage 2's last step" in finding.message
+    assert [(s.rank, s.text) for s in finding.steps] == [(last_rank, "2TIED_REDUCE")]
+    dropped = [row[:-1] if rank == 0 else row for rank, row in enumerate(plan.ranks)]
+    finding = only(verify(Plan(plan.num_microbatches, plan.placement, dropped)), "tied_reduce")
+    assert finding.message == "stage 0 needs one 0TIED_REDUCE on rank 0" and finding.steps == ()
+
+
 def test_removing_any_comm_step_of_a_built_plan_is_caught() -> None:
     plan = build_plan("interleaved-1f1b", num_ranks=2, num_microbatches=2, comms=True)
     for rank, row in enumerate(plan.ranks):
