@@ -493,18 +493,19 @@ def _run_eager(s: _State) -> None:
         t, n = clock[rank], len(keys_r)
         for i in range(cursor[rank], n):
             key = keys_r[i]
-            if key >= 0 and key & 1:  # a recv
-                ready = in_flight[key - 1]
+            if key < 0:  # compute or FSDP
+                t += dur_r[i]
+            elif key & 1:  # a recv
+                key -= 1  # its send's key
+                ready = in_flight[key]
                 if ready is None:
-                    waiting[key - 1] = rank
+                    waiting[key] = rank
                     break
-                in_flight[key - 1] = None
-                if extra and key - 1 in extra:
-                    _next_copy(in_flight, extra, key - 1)
+                in_flight[key] = None
+                if extra and key in extra:
+                    _next_copy(in_flight, extra, key)
                 if ready > t:
                     t = ready
-            elif key < 0:  # compute or FSDP
-                t += dur_r[i]
             else:  # a send
                 ready = t + transfer
                 if in_flight[key] is None:
