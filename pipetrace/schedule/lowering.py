@@ -8,6 +8,7 @@ the makespan, which keeps plans of ~10^5 steps well inside the CLI's time budget
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import accumulate, chain, repeat
 from operator import attrgetter
@@ -439,6 +440,22 @@ def _neighbour_ranks(placement: tuple[int, ...]) -> np.ndarray:
     return np.stack([to_next, to_prev])
 
 
+def _sorted_order(*columns: np.ndarray) -> np.ndarray:
+    """``np.lexsort`` of ``columns`` with the first as the primary key. Non-negative int64
+    columns whose combined range fits in int64 are sorted as one combined key by a stable
+    argsort instead: the same order, ~3x faster than a pass per column at ~4e5 entries."""
+    spans = [int(column.max(initial=0)) + 1 for column in columns]
+    if (
+        any(column.dtype != np.int64 or column.min(initial=0) < 0 for column in columns)
+        or math.prod(spans) >= 1 << 62
+    ):
+        return np.lexsort(columns[::-1])
+    key = np.zeros(len(columns[0]), np.int64)
+    for column, span in zip(columns, spans):
+        key = key * span + column
+    return np.argsort(key, kind="stable")
+
+
 def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     """Simulate the compute plan, then place every message and compute step by its stamp.
 
@@ -475,7 +492,7 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     )
     entry_kind = np.concatenate([np.ones(len(steps), np.int64), np.zeros(2 * len(sent), np.int64)])
     entry_number = np.concatenate([np.zeros(len(steps), np.int64), number, number])
-    order = np.lexsort((entry_number, entry_kind, entry_time, entry_rank))
+    order = _sorted_order(entry_rank, entry_time, entry_kind, entry_number)
     items = list(map((steps + sends + recvs).__getitem__, order.tolist()))
     bounds = np.cumsum(np.bincount(entry_rank, minlength=plan.num_ranks)).tolist()
     rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
