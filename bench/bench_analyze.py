@@ -12,9 +12,10 @@ process (interpreter start, imports, parallel loading, every analyzer, JSON outp
 reports wall time, events per second, and peak memory: the child's own peak RSS and the peak
 of the sum over the child and its worker processes (sampled from /proc every 10 ms), each
 against the run's size on disk. The first analysis starts without a columnar cache (and
-writes it); then the run is reopened from the cache, end to end and `load_run` alone.
-Targets (issue 15): first analysis >= 2M events/s with peak RSS <= the logs' size; reopen
-from the cache >= 20M events/s.
+writes it); then the run is reopened from the cache, end to end (`analyze` reads the output
+it kept) and `load_run` alone (from the run-level entry: `analyze/run_cache.py`).
+Targets (issue 15): first analysis >= 2M events/s with peak RSS <= the logs' size; a second
+`analyze` in under 1 s; reopen from the cache >= 20M events/s.
 """
 
 from __future__ import annotations
@@ -213,12 +214,16 @@ def _report_reopen(run_dir: Path, arguments: list[str], events: int, repeat: int
     """This tree's second analysis (the cache written by the first), end to end and the
     load alone (in a child process: `load_run` timed after the imports)."""
     root = Path(__file__).resolve().parents[1]
-    cached = sum(p.stat().st_size for p in (run_dir / CACHE_DIR).glob("*.cols"))
-    print(f"cache: {cached / 2**20:.1f} MiB ({cached / max(events, 1):.1f} bytes per event)")
+    for kind, pattern in (("per-log entries", "*.cols"), ("run entry", "*.model")):
+        size = sum(p.stat().st_size for p in (run_dir / CACHE_DIR).glob(pattern))
+        print(
+            f"cache, {kind}: {size / 2**20:.1f} MiB ({size / max(events, 1):.1f} bytes per event)"
+        )
     wall, _, _, cpu = min(_measure(_command(root, arguments)) for _ in range(repeat))
     print(
-        f"reopen: analyze {wall:.2f} s wall ({cpu:.2f} s CPU) end to end, "
-        f"{events / wall / 1e6:.2f} M events/s"
+        f"reopen: analyze {wall:.2f} s wall ({cpu:.2f} s CPU) end to end (its output kept), "
+        f"{events / wall / 1e6:.2f} M events/s (target: under 1 s: "
+        f"{'met' if wall < 1 else 'MISSED'})"
     )
     load, load_cpu = min(_timed_load(root, run_dir) for _ in range(repeat))
     rate = events / load / 1e6

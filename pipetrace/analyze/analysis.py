@@ -27,6 +27,7 @@ from pipetrace.analyze.failures import find_failures
 from pipetrace.analyze.findings import DEADLOCK, ERROR, RANK_STALLED, Finding, counts, sort_findings
 from pipetrace.analyze.ideal import ideal_timeline
 from pipetrace.analyze.interrupts import find_interrupt
+from pipetrace.analyze.memory import memory_report
 from pipetrace.analyze.messages import find_message_problems
 from pipetrace.analyze.metrics import Metrics, compute_metrics
 from pipetrace.analyze.model import RankTimeline, Run
@@ -84,7 +85,7 @@ def analyze(run: Run) -> Analysis:
     findings = replica_findings(run, findings)
     which = _path_iteration(metrics)
     critical = critical_path(timed, which) if which is not None else None
-    summary = summarize(run, metrics, ideal, critical, device_timing(run))
+    summary = summarize(run, metrics, ideal, critical, device_timing(run), memory_report(run))
     return Analysis(run, sort_findings(findings), metrics, summary, replica_summary(run))
 
 

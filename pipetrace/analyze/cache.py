@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -34,7 +35,14 @@ import orjson
 
 from pipetrace import __version__, interning
 from pipetrace.analyze import model, parse, reader
-from pipetrace.analyze.parse import P2P_COLUMNS, STEP_COLUMNS, RawRank, parse_rank_file
+from pipetrace.analyze.parse import (
+    MEMORY_COLUMNS,
+    MEMORY_GRIDS,
+    P2P_COLUMNS,
+    STEP_COLUMNS,
+    RawRank,
+    parse_rank_file,
+)
 from pipetrace.analyze.reader import LogProblems, TraceFormatError, open_regular
 from pipetrace.recorder import format as fmt
 
@@ -80,10 +88,16 @@ def _format_version() -> str:
     """The cache version and a hash of the source of every module that decides what a log
     parses to: any change to the parser (a new pipetrace, or a developer's edit) makes older
     entries stale by itself, so no entry outlives the code that made it."""
-    digest = hashlib.blake2b(f"{CACHE_VERSION}/{__version__}".encode(), digest_size=16)
-    for module in _PARSER_MODULES:
-        with contextlib.suppress(OSError, TypeError):  # no source (a frozen install): version only
-            digest.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]
+    return source_digest(f"{CACHE_VERSION}", [Path(str(m.__file__)) for m in _PARSER_MODULES])
+
+
+def source_digest(label: str, sources: Iterable[Path]) -> str:
+    """A hash of ``label``, pipetrace's version and these source files (a file that cannot
+    be read, as in a frozen install, counts by the version alone)."""
+    digest = hashlib.blake2b(f"{label}/{__version__}".encode(), digest_size=16)
+    for source in sources:
+        with contextlib.suppress(OSError):
+            digest.update(source.read_bytes())
     return digest.hexdigest()
 
 
@@ -94,21 +108,32 @@ def cache_path(log: Path) -> Path:
 def load(log: Path) -> RawRank | None:
     """The cached columns of a log, or None when there is no fresh, whole entry."""
     try:
-        with open_regular(cache_path(log)) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            index, start = _read_index(handle)
-            if index["key"] != asdict(LogKey.of(log)):
-                return None
-            buffer = bytearray(size)
-            handle.seek(0)
-            if handle.readinto(buffer) != size:
-                raise ValueError("short read")
-        return _decode(log, index, memoryview(buffer)[start:])
+        found = read_entry(cache_path(log), lambda index: index["key"] == asdict(LogKey.of(log)))
+        return None if found is None else _decode(log, *found)
     except (FileNotFoundError, TraceFormatError):
         return None  # no entry, or no log to check it against (the parser says why)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         _LOG.debug("%s: cache entry ignored (%s)", log, exc)
         return None
+
+
+def read_entry(
+    path: Path, fresh: Callable[[dict[str, Any]], bool]
+) -> tuple[dict[str, Any], memoryview] | None:
+    """An entry's index and its arrays' bytes, read whole in one go, or None when ``fresh``
+    says the index's key no longer describes its source (checked before the big read).
+    Raises OSError, ValueError (not an entry, cut short) or TraceFormatError (not a
+    regular file)."""
+    with open_regular(path) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        index, start = _read_index(handle)
+        if not fresh(index):
+            return None
+        buffer = bytearray(size)
+        handle.seek(0)
+        if handle.readinto(buffer) != size:
+            raise ValueError("short read")
+    return index, memoryview(buffer)[start:]
 
 
 def parse_and_store(log: Path) -> RawRank:
@@ -126,35 +151,45 @@ def parse_and_store(log: Path) -> RawRank:
 
 
 def store(log: Path, key: LogKey, raw: RawRank) -> None:
-    """Write the entry (a new temporary file renamed into place, so readers see all or
-    nothing, and no planted link is followed); a directory that cannot be written is skipped
-    with a debug note."""
-    arrays = _arrays(raw)
+    """Write the log's entry (`write_entry`)."""
+    write_entry(cache_path(log), {"key": asdict(key), "fields": _fields(raw)}, _arrays(raw))
+
+
+Column = np.ndarray | list[np.ndarray]
+"""An array, or the parts of one (of one dtype) written one after the other: the run-level
+entry writes each rank's slice of a column without joining them in memory first."""
+
+
+def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) -> None:
+    """Write an entry: ``index`` (JSON) with each array's spec added, then the arrays. A new
+    temporary file is renamed into place, so readers see all or nothing, and no planted
+    link is followed; a directory that cannot be written is skipped with a debug note."""
+    columns = {name: a if isinstance(a, list) else [a] for name, a in arrays.items()}
     specs, offset = [], 0
-    for name, array in arrays.items():
-        specs.append([name, array.dtype.str, len(array), offset])
-        offset += -(-array.nbytes // _ALIGN) * _ALIGN
+    for name, parts in columns.items():
+        specs.append([name, parts[0].dtype.str, sum(map(len, parts)), offset])
+        offset += -(-sum(part.nbytes for part in parts) // _ALIGN) * _ALIGN
     try:
-        index = orjson.dumps({"key": asdict(key), "fields": _fields(raw), "arrays": specs})
+        head = orjson.dumps({**index, "arrays": specs})
     except orjson.JSONEncodeError as exc:  # cannot happen for decoded JSON; never fail a load
-        _LOG.debug("%s: not cached (%s)", log, exc)
+        _LOG.debug("%s: not cached (%s)", target, exc)
         return
-    start = _data_start(len(index))
-    target = cache_path(log)
+    start = _data_start(len(head))
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(exist_ok=True)
         if target.parent.is_symlink():
             raise OSError(f"{target.parent} is a symbolic link")
         with os.fdopen(os.open(temporary, _NEW_FILE, 0o644), "wb") as handle:
-            handle.write(_MAGIC + len(index).to_bytes(8, "little") + index)
-            for (_, _, _, at), array in zip(specs, arrays.values()):
+            handle.write(_MAGIC + len(head).to_bytes(8, "little") + head)
+            for (_, _, _, at), parts in zip(specs, columns.values()):
                 handle.seek(start + at)
-                handle.write(array.tobytes())
+                for part in parts:
+                    handle.write(np.ascontiguousarray(part).data)
             handle.truncate(start + offset)
         os.replace(temporary, target)
     except OSError as exc:
-        _LOG.debug("%s: not cached (%s)", log, exc)
+        _LOG.debug("%s: not cached (%s)", target, exc)
         with contextlib.suppress(OSError):
             temporary.unlink()
 
@@ -164,6 +199,7 @@ def _arrays(raw: RawRank) -> dict[str, np.ndarray]:
         **{f"steps.{name}": raw.steps[name] for name in STEP_COLUMNS},
         **{f"p2p.{name}": raw.p2p[name] for name in P2P_COLUMNS},
         **{f"text_parts.{i}": part for i, part in enumerate(raw.text_parts)},
+        **{f"memory.{name}": column.reshape(-1) for name, column in raw.memory.items()},
     }
 
 
@@ -211,17 +247,9 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         **{f"steps.{name}": dtype for name, dtype in STEP_COLUMNS.items()},
         **{f"p2p.{name}": dtype for name, dtype in P2P_COLUMNS.items()},
         **{f"text_parts.{i}": dtype for i, dtype in enumerate(_TEXT_PARTS)},
+        **{f"memory.{name}": np.int64 for name in (*MEMORY_COLUMNS, *MEMORY_GRIDS)},
     }
-    arrays = {}
-    for name, dtype, count, offset in index["arrays"]:
-        want = np.dtype(expected[name])
-        if dtype != want.str or count < 0 or offset < 0:
-            raise ValueError(f"bad array {name}")
-        if offset + count * want.itemsize > len(data_bytes):
-            raise ValueError("cut short")
-        arrays[name] = np.frombuffer(data_bytes, want, count, offset)
-    if arrays.keys() != expected.keys():
-        raise ValueError("missing arrays")
+    arrays = entry_arrays(index, data_bytes, expected)
     raw = RawRank(
         str(log),
         header=data["header"],
@@ -238,9 +266,41 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         iterations={it: row for it, *row in data["iterations"]},
         lifecycle=[(e, t, f) for e, t, f in data["lifecycle"]],
         run_start=data["run_start"],
+        memory=_memory(arrays, data["run_start"]),
     )
     _check_columns(raw)
     return raw
+
+
+def entry_arrays(
+    index: dict[str, Any], data_bytes: memoryview, expected: dict[str, Any]
+) -> dict[str, np.ndarray]:
+    """The entry's arrays as writable views of ``data_bytes``, by name; ValueError unless
+    they are exactly ``expected`` (name -> dtype) and inside the entry."""
+    arrays = {}
+    for name, dtype, count, offset in index["arrays"]:
+        want = np.dtype(expected[name])
+        if dtype != want.str or count < 0 or offset < 0:
+            raise ValueError(f"bad array {name}")
+        if offset + count * want.itemsize > len(data_bytes):
+            raise ValueError("cut short")
+        arrays[name] = np.frombuffer(data_bytes, want, count, offset)
+    if arrays.keys() != expected.keys():
+        raise ValueError("missing arrays")
+    return arrays
+
+
+def _memory(arrays: dict[str, np.ndarray], run_start: Any) -> dict[str, np.ndarray]:
+    """The memory columns, per-stage grids given back their shape (ValueError if the sizes
+    do not fit the rank's stages)."""
+    stages = len((run_start or {}).get("stages") or ())
+    count = len(arrays["memory.t"])
+    memory = {name: arrays[f"memory.{name}"] for name in MEMORY_COLUMNS}
+    for name in MEMORY_GRIDS:
+        memory[name] = arrays[f"memory.{name}"].reshape(count, stages)
+    if len({len(column) for column in memory.values()}) > 1:
+        raise ValueError("memory columns of unequal length")
+    return memory
 
 
 def _is_int(value: Any) -> bool:

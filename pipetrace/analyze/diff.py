@@ -183,7 +183,7 @@ def render(d: dict[str, Any], out: IO[str]) -> None:
             f"{_change(p)}"
         )
     if any(s["overlapped"] for s in d["stages"]):
-        lines.append("  (* inside OVERLAP_F_B composites)")
+        lines.append("  (* inside overlapped pairs: OVERLAP_F_B or OVERLAP_B_F)")
     lines += ["", "per rank bubble (mean per steady iteration):"]
     for r in d["ranks"][:64]:
         p = r["bubble_ns"]

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze import cache as column_cache
-from pipetrace.analyze import clocks
+from pipetrace.analyze import clocks, run_cache
 from pipetrace.analyze.host_clocks import align_hosts, host_groups, one_host
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
@@ -38,6 +38,7 @@ from pipetrace.analyze.model import (
     InputProblem,
     IterationTable,
     LifecycleEvent,
+    MemoryTable,
     P2PTable,
     RankState,
     RankStatus,
@@ -84,18 +85,46 @@ def load_run(
     source = path if isinstance(path, RunSource) else open_source(path)
     problems = list(source.problems)
     wanted = _selected(select, source.meta, source.world_size, problems)
-    assembly = _Assembly(source.meta, source.world_size, problems)
     # Loading makes a million small acyclic objects for a big run (unpickled results, texts,
     # plan Steps): the cyclic collector would walk them again and again for nothing.
     with gc_paused():
-        with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
-            parsed = parsing.in_rank_order()
-            for rank, log in enumerate(source.logs):
-                if rank in wanted:
-                    assembly.add(rank, next(parsed))
-                else:
-                    assembly.ranks.append(_not_loaded(rank, log, select))
-        return assembly.finish(source)
+        entry = (
+            run_cache.RunEntry(source, wanted, select.describe() if select else None)
+            if cache
+            else None
+        )
+        run = entry.load(_plan_of) if entry else None
+        if run is None:
+            with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
+                run = _assemble(source, wanted, problems, select, parsing)
+            if entry:
+                entry.store(run, len(source.problems))
+        return run
+
+
+def _assemble(
+    source: RunSource,
+    wanted: frozenset[int] | range,
+    problems: list[InputProblem],
+    select: RankSelection | None,
+    parsing: _Parsing,
+) -> Run:
+    """The run model, each wanted rank assembled as its parsed log arrives."""
+    assembly = _Assembly(source.meta, source.world_size, problems)
+    parsed = parsing.in_rank_order()
+    for rank, log in enumerate(source.logs):
+        if rank in wanted:
+            assembly.add(rank, next(parsed))
+        else:
+            assembly.ranks.append(_not_loaded(rank, log, select))
+    return assembly.finish(source)
+
+
+def run_entry(source: RunSource, select: RankSelection | None) -> run_cache.RunEntry:
+    """The cache entry of the run (of the ranks ``select`` picks) as its files are now: a
+    command keeps its output there (`RunEntry.report`)."""
+    wanted = select.resolve(source.meta, source.world_size) if select else range(source.world_size)
+    return run_cache.RunEntry(source, wanted, select.describe() if select else None)
 
 
 def _selected(
@@ -263,6 +292,12 @@ def _short(message: str, path: str) -> str:
 
 PlannedRow = tuple[list[str], np.ndarray]
 """A row of meta.json's plan without its bubbles: its step texts and their codes."""
+
+
+def _plan_of(meta: dict[str, Any], catalog: StepCatalog) -> Plan | None:
+    """meta.json's plan alone (for a run read from its cache entry: its problems, if any,
+    were noted when the entry was made)."""
+    return _meta_plan(meta, catalog, [])[0]
 
 
 def _meta_plan(
@@ -526,6 +561,7 @@ def _timeline(
         lifecycle=lifecycle,
         events=raw.events,
         path=Path(raw.path),
+        memory=MemoryTable(**raw.memory) if raw.memory else MemoryTable.empty(),
     ), models
 
 
@@ -542,13 +578,12 @@ def _not_loaded(rank: int, path: Path, select: RankSelection | None) -> RankTime
 
 def _absent(rank: int, path: Path, status: RankStatus) -> RankTimeline:
     """A rank without a timeline: no usable log, or not loaded."""
-    empty = np.empty(0, np.int64)
     return RankTimeline(
         rank=rank,
         present=False,
         steps=StepTable.empty(),
         p2p=P2PTable.empty(),
-        iterations=IterationTable(np.empty(0, np.int32), empty, empty, np.empty(0)),
+        iterations=IterationTable.empty(),
         status=status,
         clock=ClockInfo(None, None, None, 0),
         path=path,

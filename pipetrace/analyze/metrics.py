@@ -230,7 +230,7 @@ def _p2p_waits(
     in-step input waits from ``busy`` to ``wait``)."""
     n, p2p = len(its), rank.p2p
     waits = _Waits(np.zeros(n), np.zeros(n), np.zeros(len(rank.steps), np.int64))
-    if not (len(p2p) and n):
+    if not (len(p2p) and n and len(t.begin)):  # no ops, or (a damaged log) no step to own them
         return waits
     done = p2p.done
     ok = done != OPEN

@@ -58,6 +58,10 @@ P2P_COLUMNS: dict[str, type[np.integer]] = {
     **dict.fromkeys(("dbegin", "dend"), _I64),
 }
 """`RawRank.p2p`: each column and its dtype."""
+MEMORY_COLUMNS = ("t", "step", "allocated", "reserved")
+MEMORY_GRIDS = ("saved", "inflight", "swapped")
+"""`RawRank.memory` (`pipetrace.analyze.model.MemoryTable`), all int64: one value per
+sample, and one row per sample with one column per stage of the rank."""
 
 
 @dataclass
@@ -81,6 +85,8 @@ class RawRank:
     lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     run_start: dict[str, Any] | None = None
     device: list[tuple[int, int, int]] = field(default_factory=list)  # (id, db, de) per event
+    memory_events: list[tuple] = field(default_factory=list)  # (t, id, saved, inflight, a, r, s)
+    memory: dict[str, np.ndarray] = field(default_factory=dict)  # MEMORY_COLUMNS + _GRIDS
 
 
 class _Columns:
@@ -363,6 +369,10 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
         )
     elif e == fmt.DEVICE:
         raw.device.append((d["id"], d["db"], d["de"]))
+    elif e == fmt.MEMORY:
+        swapped = d.get("swapped")
+        sample = (t, d["id"], d["saved"], d["inflight"], d.get("allocated"), d.get("reserved"))
+        raw.memory_events.append((*sample, swapped))
     elif e in _LIFECYCLE:
         fields = {k: v for k, v in d.items() if k not in ("e", "t")}
         if e == fmt.RUN_START and raw.run_start is None:
@@ -398,21 +408,59 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         name: steps[name].astype(dtype, copy=False) for name, dtype in STEP_COLUMNS.items()
     }
     raw.p2p = {name: p2p[name].astype(dtype, copy=False) for name, dtype in P2P_COLUMNS.items()}
+    raw.memory = _memory_columns(raw, sb["id"])
+
+
+def _rows_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The row of each id in ``wanted`` among the rows ``ids``, -1 where none has it."""
+    if not len(ids) or not len(wanted):
+        return np.full(len(wanted), -1, _I64)
+    order = np.argsort(ids, kind="stable")
+    found = np.minimum(np.searchsorted(ids[order], wanted), len(ids) - 1)
+    return np.where(ids[order][found] == wanted, order[found], -1)
 
 
 def _device_columns(device: list[tuple[int, int, int]], ids: np.ndarray) -> dict[str, np.ndarray]:
     """``dbegin``/``dend`` of the rows ``ids``: their `device` event's times, joined by id
     (the event comes later in the log than the row's end), OPEN for a row without one."""
     dbegin, dend = np.full(len(ids), OPEN, _I64), np.full(len(ids), OPEN, _I64)
-    if device and len(ids):
+    if device:
         events = np.array(device, _I64)
-        order = np.argsort(ids, kind="stable")
-        found = np.searchsorted(ids[order], events[:, 0])
-        found_c = np.minimum(found, len(ids) - 1)
-        hit = ids[order][found_c] == events[:, 0]
-        rows = order[found_c[hit]]
-        dbegin[rows], dend[rows] = events[hit, 1], events[hit, 2]
+        rows = _rows_of(ids, events[:, 0])
+        hit = rows >= 0
+        dbegin[rows[hit]], dend[rows[hit]] = events[hit, 1], events[hit, 2]
     return {"dbegin": dbegin, "dend": dend}
+
+
+def _memory_columns(raw: RawRank, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """The `memory` samples as columns (see `pipetrace.analyze.model.MemoryTable`), their
+    steps joined by id. A sample whose lists do not have one entry per stage of the rank
+    counts as a bad value and is dropped (so does a ``swapped`` that is not a list of ints)."""
+    stages = len((raw.run_start or {}).get("stages") or ())
+    events = raw.memory_events
+    nothing = [0] * stages
+    kept = [
+        e[:6] + (nothing if e[6] is None else e[6],)
+        for e in events
+        if len(e[2]) == stages
+        and len(e[3]) == stages
+        and (e[6] is None or (fmt.INTS.check(e[6]) and len(e[6]) == stages))
+    ]
+    raw.problems.bad_values += len(events) - len(kept)
+    raw.memory_events = []
+
+    def ints(column: int) -> np.ndarray:
+        return np.array([-1 if e[column] is None else e[column] for e in kept], _I64)
+
+    return {
+        "t": ints(0),
+        "step": _rows_of(ids, ints(1)),
+        "saved": np.array([e[2] for e in kept], _I64).reshape(len(kept), stages),
+        "inflight": np.array([e[3] for e in kept], _I64).reshape(len(kept), stages),
+        "allocated": ints(4),
+        "reserved": ints(5),
+        "swapped": np.array([e[6] for e in kept], _I64).reshape(len(kept), stages),
+    }
 
 
 def _check_ids(problems: LogProblems, begun: np.ndarray, ended: np.ndarray) -> None:

@@ -12,6 +12,7 @@ from pipetrace.analyze.analysis import Analysis, run_summary
 from pipetrace.analyze.critical import CriticalPath
 from pipetrace.analyze.device_times import DEVICE, DeviceTiming
 from pipetrace.analyze.findings import ERROR, WARNING, Finding, counts
+from pipetrace.analyze.memory import MemoryReport, StageMemory
 from pipetrace.analyze.model import Run
 from pipetrace.analyze.replicas import ReplicaSummary
 from pipetrace.analyze.summary import Bubble, MetricsSummary, RankBubble, StageCost
@@ -144,6 +145,8 @@ def _metric_lines(m: MetricsSummary) -> list[Line]:
     ]
     lines += _rank_lines(m.ranks)
     lines += _stage_lines(m.stages)
+    if m.memory is not None:
+        lines += _memory_lines(m.memory)
     if m.critical_path:
         lines.append(_critical_line(m.critical_path))
     lines.append(_clock_line(m.clocks))
@@ -217,7 +220,8 @@ def _stage_lines(stages: list[StageCost]) -> list[Line]:
         shown = sorted(stages, key=lambda s: -(s.stats.mean_ns or 0))[:10]
         return [(title, None), (header, None)] + [(_stage_row(s), None) for s in shown]
     return [("  per stage step time:", None), (header, None)] + [
-        (_stage_row(s) + ("  (inside OVERLAP_F_B)" if s.overlapped else ""), None) for s in stages
+        (_stage_row(s) + ("  (inside overlapped pairs)" if s.overlapped else ""), None)
+        for s in stages
     ]
 
 
@@ -227,6 +231,48 @@ def _stage_row(s: StageCost) -> str:
         f"    {s.stage:>5} {s.kind:>4} {st.count:>6} {ms(st.mean_ns):>12} "
         f"{ms(st.p50_ns):>12} {ms(st.p95_ns):>12}"
     )
+
+
+def _memory_lines(memory: MemoryReport) -> list[Line]:
+    """Each stage's peak against the plan's in-flight count, or the 10 largest of a big run."""
+    header = (
+        f"    {'rank':>4} {'stage':>5} {'peak':>10} {'after':>12} {'micro-batches':>13} "
+        f"{'plan':>4} {'swap saves':>10} {'on host':>10}"
+    )
+    stages = memory.stages
+    title = "  peak activation memory per stage (saved for backward + in flight, on the device):"
+    if len(stages) > 48:
+        title = (
+            f"  peak activation memory, the 10 largest of {len(stages)} stages (--json has all):"
+        )
+        stages = sorted(stages, key=lambda s: -s.peak_bytes)[:10]
+    lines: list[Line] = [(title, None), (header, None)]
+    lines += [(_memory_row(s), None) for s in stages]
+    for r in memory.ranks:
+        if r.peak_allocated_bytes is not None:
+            lines.append(
+                (
+                    f"    rank {r.rank}: device allocator peak {_mib(r.peak_allocated_bytes)} "
+                    f"allocated, {_mib(r.peak_reserved_bytes)} reserved",
+                    None,
+                )
+            )
+    return lines
+
+
+def _memory_row(s: StageMemory) -> str:
+    step = s.peak_step
+    after = "-" if step is None else f"{step.step}@{step.iteration}"
+    held = "-" if s.peak_microbatches is None else f"{s.peak_microbatches:g}"
+    plan = "-" if s.expected_microbatches is None else str(s.expected_microbatches)
+    return (
+        f"    {s.rank:>4} {s.stage:>5} {_mib(s.peak_bytes):>10} {after:>12} {held:>13} "
+        f"{plan:>4} {_mib(s.swap_would_save_bytes):>10} {_mib(s.swapped_bytes):>10}"
+    )
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f} MiB"
 
 
 def _critical_line(cp: CriticalPath) -> Line:

@@ -16,6 +16,7 @@ import numpy as np
 from pipetrace.analyze.critical import CriticalPath
 from pipetrace.analyze.device_times import DeviceTiming
 from pipetrace.analyze.ideal import IdealTimeline
+from pipetrace.analyze.memory import MemoryReport
 from pipetrace.analyze.metrics import OVERLAPPED, Metrics, reduce_groups
 from pipetrace.analyze.model import Run
 from pipetrace.records import JsonRecord, record_json
@@ -74,7 +75,8 @@ class RankBubble(JsonRecord):
 
 @dataclass
 class StageCost:
-    """The cost of one stage's steps of one kind; ``overlapped``: run inside OVERLAP_F_B."""
+    """The cost of one stage's steps of one kind; ``overlapped``: run inside an overlapped
+    pair (OVERLAP_F_B or OVERLAP_B_F)."""
 
     stage: int
     kind: str
@@ -118,6 +120,7 @@ class MetricsSummary:
     critical_path: CriticalPath | None
     clocks: dict[str, Any]  # the run's clock quality, plus each rank's `ClockInfo`
     timing: DeviceTiming  # host or device times, launch/device-bound steps, stuck device work
+    memory: MemoryReport | None = None  # peaks from the memory samples; None without any
 
     def to_json(self, *, segments: bool = True) -> dict[str, Any]:
         """``segments=False`` leaves the critical path's segments out (they can be many)."""
@@ -132,6 +135,7 @@ class MetricsSummary:
             "critical_path": cp.to_json(segments=segments) if cp is not None else None,
             "clocks": self.clocks,
             "timing": self.timing.to_json(),
+            "memory": self.memory.to_json() if self.memory is not None else None,
         }
 
 
@@ -141,6 +145,7 @@ def summarize(
     ideal: IdealTimeline,
     critical: CriticalPath | None,
     timing: DeviceTiming,
+    memory: MemoryReport | None = None,
 ) -> MetricsSummary:
     steady = m.steady()
     times = m.iteration_time
@@ -171,6 +176,7 @@ def summarize(
             "ranks": [{"rank": r.rank, **r.clock.to_json()} for r in run.ranks],
         },
         timing=timing,
+        memory=memory,
     )
 
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import sys
 import time
+from typing import IO, TYPE_CHECKING
 
 import click
 
 from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
+
+if TYPE_CHECKING:
+    from pipetrace.analyze.source import RunSource
 
 
 class _LazyProgress:
@@ -86,21 +91,52 @@ def analyze(
       pipetrace analyze runs/big --ranks 0-3,8    # only these ranks
       pipetrace analyze runs/big --replica 1      # only replica 1's pipeline
     """
+    from pipetrace.analyze.load import run_entry
+    from pipetrace.analyze.source import open_source
+    from pipetrace.cli.schedule import use_color
+
+    source = open_source(run_dirs)
+    if not as_json and use_color():  # rendered for the terminal, each time
+        return _analyze_into(sys.stdout, source, workers, loading, as_json, no_segments, color=True)
+    # the output is kept beside the run's cache entry: analyzing an unchanged run again is a read
+    entry = run_entry(source, loading.select) if loading.cache else None
+    variant = ("json-no-segments" if no_segments else "json") if as_json else "text"
+    kept = entry.report(variant) if entry else None
+    if kept is None:
+        out = io.StringIO()
+        kept = _analyze_into(out, source, workers, loading, as_json, no_segments), out.getvalue()
+        if entry:
+            entry.store_report(variant, *kept)
+    click.echo(kept[1], nl=False)
+    return kept[0]
+
+
+def _analyze_into(
+    out: IO[str],
+    source: RunSource,
+    workers: int | None,
+    loading: Loading,
+    as_json: bool,
+    no_segments: bool,
+    *,
+    color: bool = False,
+) -> int:
+    """Analyze the run, write the report or JSON to ``out``; returns the exit code."""
     from pipetrace.analyze.analysis import analyze as run_analysis
     from pipetrace.analyze.load import load_run
-    from pipetrace.cli.schedule import echo_json, use_color
+    from pipetrace.cli.schedule import json_text
 
     progress = _LazyProgress()
     try:
-        run = load_run(run_dirs, progress=progress, workers=workers, **loading.kwargs())
+        run = load_run(source, progress=progress, workers=workers, **loading.kwargs())
     finally:
         progress.close()
     result = run_analysis(run)
     if as_json:
-        echo_json(result.to_json(segments=not no_segments))
+        out.write(json_text(result.to_json(segments=not no_segments)) + "\n")
     else:
         from pipetrace.analyze.report import render
 
-        render(result, sys.stdout, color=use_color())
+        render(result, out, color=color)
     damaged = any(p.severity == "warning" for p in run.problems)  # never a clean exit
     return EXIT_PROBLEMS if result.has_errors or damaged else EXIT_OK

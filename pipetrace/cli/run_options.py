@@ -119,6 +119,10 @@ FLAGS = (
         "Further seconds after a stall before the watchdog ends the rank (0: never).",
         shown_default=_hang_default("abort_timeout"),
     ),
+    Flag(
+        "tie_weights",
+        "Tie the demo's first and last Linear weights; TIED_REDUCE sums their gradients.",
+    ),
     Flag("torch_profiler", "Also capture a torch.profiler trace per rank into OUT/profiler/."),
     Flag("seed", "Seed for the model and the synthetic data."),
     Flag(
@@ -137,6 +141,11 @@ FLAGS = (
         "overlap_bf",
         "Run each steady-state backward together with the next forward (OVERLAP_B_F steps; "
         "1f1b and interleaved-1f1b).",
+    ),
+    Flag(
+        "overlap_bf_split",
+        "As --overlap-bf, with each pair's backward split into I (dx) then W (dw) on the "
+        "pair's backward thread.",
     ),
     Flag(
         "swap",

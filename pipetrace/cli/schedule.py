@@ -21,8 +21,13 @@ def use_color(stream: Any = None) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR")
 
 
+def json_text(data: Any) -> str:
+    """The commands' JSON output: indented, keys that are not strings written as strings."""
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+
+
 def echo_json(data: Any) -> None:
-    click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+    click.echo(json_text(data))
 
 
 def plan_source(func: Callable) -> Callable:
@@ -52,13 +57,30 @@ def plan_source(func: Callable) -> Callable:
         "interleaved-1f1b).",
     )
     @click.option(
+        "--overlap-bf-split",
+        is_flag=True,
+        help="As --overlap-bf, with each pair's backward split into I then W: "
+        "(0I3;0W3;0F7)OVERLAP_B_F.",
+    )
+    @click.option(
         "--swap",
         metavar="POLICY",
         help=f"Insert activation swap steps for these activations: {SWAP_EXAMPLES}.",
     )
     @functools.wraps(func)
-    def wrapper(name, ranks, microbatches, stages_per_rank, csv_path, overlap_bf, swap, **kwargs):
-        plan = load_plan(name, ranks, microbatches, stages_per_rank, csv_path, overlap_bf)
+    def wrapper(
+        name,
+        ranks,
+        microbatches,
+        stages_per_rank,
+        csv_path,
+        overlap_bf,
+        overlap_bf_split,
+        swap,
+        **kwargs,
+    ):
+        pairs = {"overlap_bf": overlap_bf, "overlap_bf_split": overlap_bf_split}
+        plan = load_plan(name, ranks, microbatches, stages_per_rank, csv_path, **pairs)
         if swap is not None:
             plan = add_swap_steps(plan, SwapPolicy.parse(swap))
         return func(plan=plan, **kwargs)
@@ -73,12 +95,14 @@ def load_plan(
     stages_per_rank: int | None,
     csv_path: str | None,
     overlap_bf: bool = False,
+    overlap_bf_split: bool = False,
 ) -> Plan:
     if csv_path is not None:
         if name is not None:
             raise click.UsageError("give either a schedule NAME or --csv FILE, not both")
-        if overlap_bf:
-            raise click.UsageError("--overlap-bf builds a schedule: give a NAME, not --csv")
+        if overlap_bf or overlap_bf_split:
+            flag = "--overlap-bf-split" if overlap_bf_split else "--overlap-bf"
+            raise click.UsageError(f"{flag} builds a schedule: give a NAME, not --csv")
         from pipetrace.schedule.csvio import load_csv
 
         return load_csv(csv_path, num_microbatches=microbatches)
@@ -96,6 +120,7 @@ def load_plan(
         num_microbatches=microbatches,
         stages_per_rank=stages_per_rank,
         overlap_bf=overlap_bf,
+        overlap_bf_split=overlap_bf_split,
     )
 
 

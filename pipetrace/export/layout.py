@@ -16,7 +16,9 @@
 - ``bubbles``: idle gaps of the compute inside iterations (`derived.bubbles`);
 - ``p2p 0``, ``p2p 1``, ...: P2P ops from post to completion, one op per track at a time
   (slices of a track must nest), the lowest free track first;
-- counters ``activations in flight`` and ``messages in flight``.
+- counters ``activations in flight`` and ``messages in flight``; for a run with memory
+  samples also ``activation bytes`` (all stages of the rank: saved for backward plus
+  received and not yet consumed) and, on CUDA, ``device allocated bytes``.
 
 A flow goes from each send to the completion of the recv it matched: it starts on the send
 op's slice and ends on an ``arrived`` instant at the recv's completion inside the recv slice
@@ -110,6 +112,7 @@ def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
             ),
             *derived.messages_in_flight(rank),
         )
+        _memory_counters(b, rank, proc)
         marks.recorded_events(rank)
     slices = concat(Slices, b.slices, SLICE_TYPES)
     num_flows = _flows(b, run, slices, ops)
@@ -126,6 +129,20 @@ def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
         notes=marks.notes,
         num_flows=num_flows,
     )
+
+
+def _memory_counters(b: Builder, rank: RankTimeline, proc: int) -> None:
+    """The rank's memory samples as counters (nothing for a rank without samples)."""
+    memory = rank.memory
+    if not len(memory):
+        return
+    series = [("activation bytes", memory.saved.sum(axis=1) + memory.inflight.sum(axis=1))]
+    if (memory.allocated >= 0).any():
+        series.append(("device allocated bytes", memory.allocated))
+    for offset, (name, values) in enumerate(series, 2):
+        order = TRACK_ORDER["counters"] + offset
+        track = b.track(name, parent=proc, rank=rank.rank, order=order, counter=True)
+        b.add_counter(track, memory.t, values)
 
 
 def last_time(run: Run) -> int:

@@ -52,6 +52,7 @@ ABORT = "abort"
 RUN_END = "run_end"
 DEVICE = "device"
 DEVICE_ANCHOR = "device_anchor"
+MEMORY = "memory"
 
 DEVICE_TIMING_VERSION = 1
 """The version of the device-timing fields (the header's ``device.timing``); they are
@@ -414,6 +415,35 @@ EVENTS: dict[str, Record] = {
             index          | int   | always | 0 at start, then 1, 2, ... (every re-anchor)
             uncertainty_ns | int   | always | ± of the anchor's host time, which is `t`
             rate           | float | always | host ns per device ns since the previous anchor
+            """,
+        ),
+        record(
+            MEMORY,
+            """
+            id        | int         | required  | the `step_begin` whose step had just ended
+                                                  when the sample was taken; a sample is
+                                                  written only when a value changed since
+                                                  the rank's previous one, and holds until
+                                                  the next
+            saved     | list of int | required  | per stage of the rank (in `run_start`
+                                                  `stages` order): bytes of activations kept
+                                                  for the stage's pending backward steps
+                                                  (torch: what autograd saved in the
+                                                  forward, each tensor once, parameters
+                                                  left out; MindSpore: the stage input it
+                                                  keeps)
+            inflight  | list of int | required  | per stage: bytes of received activations
+                                                  and gradients no compute step has
+                                                  consumed yet
+            swapped   | list of int | sometimes | only when the plan has activation swap
+                                                  steps: per stage, bytes of saved
+                                                  activations offloaded to the host and not
+                                                  loaded back (waited); `saved` counts only
+                                                  what stayed on the device
+            allocated | int         | sometimes | only on CUDA: the caching allocator's
+                                                  allocated bytes (`memory_allocated`)
+            reserved  | int         | sometimes | only on CUDA: its reserved bytes
+                                                  (`memory_reserved`)
             """,
         ),
     )

@@ -94,6 +94,20 @@ class RecorderHooks(Protocol):
     def p2p_completed(self, token: Any) -> None:
         """The op completed (its wait returned)."""
 
+    records_memory: bool
+    """Whether the runtime should call `memory_sample` (and count what its stages keep)."""
+
+    def memory_sample(
+        self,
+        token: Any,  # from `begin_step`: the step that just ended
+        saved: list[int],  # per stage, in plan order: activations kept for backward
+        inflight: list[int],  # per stage: received tensors not yet consumed
+        allocator: tuple[int, int] | None,  # CUDA: (allocated, reserved); None on CPU
+        swapped: list[int] | None = None,  # per stage, with swap steps: offloaded to the host
+    ) -> None:
+        """The bytes a rank's stages hold after a step; ``saved`` counts what is on the
+        device (what activation swap offloaded is in ``swapped``)."""
+
     def exception(self, exc: BaseException) -> None:
         """The rank is about to fail with ``exc``."""
 
@@ -103,6 +117,8 @@ class RecorderHooks(Protocol):
 
 class NullRecorder:
     """Records nothing. Every hook is a no-op."""
+
+    records_memory = False
 
     def begin_run(self, **run: Any) -> None:
         pass
@@ -126,6 +142,11 @@ class NullRecorder:
         pass
 
     def p2p_completed(self, token: Any) -> None:
+        pass
+
+    def memory_sample(
+        self, token: Any, saved: list[int], inflight: list[int], allocator: Any, swapped: Any = None
+    ) -> None:
         pass
 
     def exception(self, exc: BaseException) -> None:

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
 
 # Tuple tags on the hot path; `_encode` turns each into its documented JSON event.
-_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER = range(5)
+_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER, _MEMORY = range(6)
 
 
 class ProfilerRanges(Protocol):
@@ -57,6 +58,8 @@ class ProfilerRanges(Protocol):
 
 class Recorder:
     """Implements `pipetrace.recorder.hooks.RecorderHooks` for one rank."""
+
+    records_memory = True
 
     def __init__(
         self,
@@ -89,6 +92,8 @@ class Recorder:
         """Pipeline rank -> global rank, when the job has several pipelines (the runtime
         names peers by pipeline rank; the trace by global rank)."""
         self._writer: EventWriter | None = None
+        # The writer's append, bound once for the hot path (None until begin_run).
+        self._append: Callable[[tuple], None] = _not_recording
         self._ids = itertools.count()
         self._iteration = -1
         self._in_iteration = False
@@ -117,6 +122,7 @@ class Recorder:
             )
         )
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
+        self._last_memory: tuple = ()  # the last memory sample written (only changes are)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -133,10 +139,11 @@ class Recorder:
         self._writer = EventWriter(
             fmt.rank_log_path(run_dir, self.rank),
             self._header(place),
-            self._encode,
+            self._encode_lines,
             flush_interval=self.config.flush_interval,
             capacity=self.config.buffer_events,
         )
+        self._append = self._writer.append
         if self.rank == 0:
             write_meta(
                 run_dir,
@@ -196,6 +203,7 @@ class Recorder:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._append = _not_recording
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -249,7 +257,7 @@ class Recorder:
         self.last_progress = t
         sid = next(self._ids)
         self.open_steps[sid] = (thread, position, step, self._iteration)
-        self._writer.append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
+        self._append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
         profiler = self._profiler
         if self._timer is None and (profiler is None or not profiler.active()):
             return sid
@@ -278,9 +286,9 @@ class Recorder:
                 self._profiler.end(handle)
         self.open_steps.pop(token, None)
         if nbytes is None:
-            self._writer.append((_STEP_END, t, token))
+            self._append((_STEP_END, t, token))
         else:
-            self._writer.append((_STEP_END, t, token, nbytes))
+            self._append((_STEP_END, t, token, nbytes))
 
     def p2p_posted(
         self,
@@ -319,7 +327,7 @@ class Recorder:
             stack,
         )
         self.inflight[pid] = record
-        self._writer.append(record)
+        self._append(record)
         return pid
 
     def p2p_enqueued(self, token: Any) -> None:
@@ -334,7 +342,23 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         self.inflight.pop(token, None)
-        self._writer.append((_P2P_DONE, t, token))
+        self._append((_P2P_DONE, t, token))
+
+    def memory_sample(
+        self,
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: tuple[int, int] | None,
+        swapped: list[int] | None = None,
+    ) -> None:
+        """A ``memory`` event, when a value differs from the previous sample's."""
+        sample = (saved, inflight, allocator, swapped)
+        if sample == self._last_memory:
+            return
+        self._last_memory = sample
+        sid = token[0] if type(token) is tuple else token
+        self._append((_MEMORY, self._monotonic_ns(), sid, saved, inflight, *sample[2:]))
 
     # -- device timing ---------------------------------------------------------------------
 
@@ -446,50 +470,83 @@ class Recorder:
         return text
 
     def _encode(self, record: tuple) -> bytes:
-        """One event line. The hot event types are formatted from the byte templates that
-        `fmt.line_template` derives from their declarations (about 3x cheaper than building a
-        dict for orjson, measured in bench/bench_recorder.py); their strings go in as cached
-        JSON literals, so the output is the JSON orjson would write."""
-        tag = record[0]
-        t = self._epoch_anchor + (record[1] - self._perf_anchor)
-        if tag == _STEP_BEGIN:
-            _, _, sid, it, pos, step, thread = record
-            return _STEP_BEGIN_LINE % (t, sid, it, pos, self._text(step), self._literals[thread])
-        if tag == _STEP_END:
-            line = _STEP_END_LINE % (t, record[2])
-            if len(record) == 3:
-                return line
-            return line[:-2] + b',"bytes":%d}\n' % record[3]  # a swap launch's bytes
-        if tag == _P2P_DONE:
-            return _P2P_DONE_LINE % (t, record[2])
-        if tag == _P2P_POST:
-            _, _, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
-            literal = self._literals
-            line = _P2P_POST_LINE % (
-                t,
-                pid,
-                it,
-                literal[op],
-                self._text(step),
-                peer if self._peers is None else self._peers[peer],
-                literal[channel],
-                seq,
-                nbytes,
-                literal[tuple(shape)],
-                literal[dtype],
-            )
-            if stack is None:
-                return line
-            return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
-        _, _, event_name, fields = record
-        return orjson.dumps({"e": event_name, "t": t, **fields}, option=_DUMP_OPTIONS)
+        """One event line (for stall dumps; the writer encodes whole batches)."""
+        return bytes(self._encode_lines([record]))
+
+    def _encode_lines(self, records: list[tuple]) -> bytearray:
+        """The event lines of a batch of records, in order. The hot event types are formatted
+        from the byte templates that `fmt.line_template` derives from their declarations
+        (about 3x cheaper than building a dict for orjson, measured in
+        bench/bench_recorder.py); their strings go in as cached JSON literals, so the output
+        is the JSON orjson would write. One loop over the batch with everything bound to
+        locals: a call and the attribute lookups per event cost as much as the formatting."""
+        offset = self._epoch_anchor - self._perf_anchor
+        texts, text, literal = self._texts, self._text, self._literals
+        step_begin, step_end, p2p_done = _STEP_BEGIN_LINE, _STEP_END_LINE, _P2P_DONE_LINE
+        begin_tag, end_tag, done_tag, post_tag = _STEP_BEGIN, _STEP_END, _P2P_DONE, _P2P_POST
+        out = bytearray()
+        for record in records:
+            tag = record[0]
+            if tag == end_tag:
+                if len(record) == 3:
+                    out += step_end % (record[1] + offset, record[2])
+                else:  # a swap launch's bytes
+                    out += (step_end % (record[1] + offset, record[2]))[:-2]
+                    out += b',"bytes":%d}\n' % record[3]
+            elif tag == begin_tag:
+                _, t, sid, it, pos, step, thread = record
+                step_text = texts.get(id(step)) or text(step)
+                out += step_begin % (t + offset, sid, it, pos, step_text, literal[thread])
+            elif tag == done_tag:
+                out += p2p_done % (record[1] + offset, record[2])
+            elif tag == post_tag:
+                out += self._p2p_post_line(record, offset)
+            elif tag == _MEMORY:
+                out += _memory_line(record, offset)
+            else:
+                _, t, event_name, fields = record
+                out += orjson.dumps({"e": event_name, "t": t + offset, **fields}, option=_DUMP)
+        return out
+
+    def _p2p_post_line(self, record: tuple, offset: int) -> bytes:
+        _, t, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
+        literal = self._literals
+        line = _P2P_POST_LINE % (
+            t + offset,
+            pid,
+            it,
+            literal[op],
+            self._text(step),
+            peer if self._peers is None else self._peers[peer],
+            literal[channel],
+            seq,
+            nbytes,
+            literal[tuple(shape)],
+            literal[dtype],
+        )
+        if stack is None:
+            return line
+        return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
 
 
 _STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
 _STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
 _P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
 _P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
-_DUMP_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_MEMORY_LINE = fmt.line_template(fmt.EVENTS[fmt.MEMORY])  # without the CUDA allocator's
+_DUMP = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def _memory_line(record: tuple, offset: int) -> bytes:
+    """A ``memory`` event's line; the CUDA allocator's and the swapped bytes when present."""
+    _, t, sid, saved, inflight, allocator, swapped = record
+    line = _MEMORY_LINE % (t + offset, sid, orjson.dumps(saved), orjson.dumps(inflight))
+    if allocator is None and swapped is None:
+        return line
+    extra = b"" if swapped is None else b',"swapped":' + orjson.dumps(swapped)
+    if allocator is not None:
+        extra += b',"allocated":%d,"reserved":%d' % allocator
+    return line[:-2] + extra + b"}\n"
 
 
 class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
@@ -499,6 +556,10 @@ class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
     def __missing__(self, value: str | tuple[int, ...]) -> bytes:
         literal = self[value] = orjson.dumps(value)
         return literal
+
+
+def _not_recording(record: tuple) -> None:
+    raise RuntimeError("the recorder is not recording: begin_run first, and not after close")
 
 
 def _short_stack(limit: int = 8) -> list[str]:

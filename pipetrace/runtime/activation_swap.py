@@ -120,6 +120,15 @@ class SwapSteps:
         self._groups.clear()
         self.capturing.clear()
 
+    def swapped_bytes(self) -> dict[int, int]:
+        """Per stage, the bytes of its groups that are on the host only (offloaded and
+        waited, not yet loaded back and waited): device memory the swap has freed."""
+        swapped: dict[int, int] = {}
+        for (stage, _), group in self._groups.items():
+            if group.device is None and group.host is not None:
+                swapped[stage] = swapped.get(stage, 0) + _nbytes(group.host)
+        return swapped
+
     def unfinished(self) -> list[str]:
         """The groups opened and not loaded back: problems at the end of an iteration."""
         return [group.name for group in self._groups.values()]

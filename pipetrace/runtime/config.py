@@ -72,6 +72,12 @@ class DemoConfig:
     """Samples per micro-batch; a global batch is ``microbatches * microbatch_size`` samples
     per data-parallel replica."""
 
+    def tied_names(self, num_stages: int) -> tuple[str, str]:
+        """The weight that ``--tie-weights`` shares: the first block's Linear weight (the
+        "input embedding") and the last block's (the "output projection"), by their names
+        in the full model and in the stages."""
+        return ("0.0.weight", f"{num_stages * self.blocks_per_stage - 1}.0.weight")
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -116,6 +122,9 @@ class RunConfig:
     overlap_bf: bool = setting(False, flag="--overlap-bf")
     """Pair each steady-state backward with the next forward in one OVERLAP_B_F step, run on
     two threads (1f1b and interleaved-1f1b)."""
+    overlap_bf_split: bool = setting(False, flag="--overlap-bf-split")
+    """As ``overlap_bf``, with each pair's backward split into I (dx) then W (dw), both run on
+    the pair's worker thread: ``(0I3;0W3;0F7)OVERLAP_B_F``."""
     swap: str | None = setting(None, _swap_policy, flag="--swap")
     """Offload these activations to host memory between forward and backward: a swap policy
     (`pipetrace.schedule.swap.SwapPolicy`), e.g. "all", "stage=0", "microbatches=0-3";
@@ -128,6 +137,9 @@ class RunConfig:
     """Seconds without progress before a rank's watchdog records a stall (0: no watchdog)."""
     abort_timeout: float = ABORT_TIMEOUT.field()
     """Further seconds after a stall before the watchdog ends the rank (0: never)."""
+    tie_weights: bool = setting(False, flag="--tie-weights")
+    """Tie the demo's first and last Linear weights (`DemoConfig.tied_names`); the plan gets
+    a TIED_REDUCE step on both stages' ranks, which sums the two gradients."""
     torch_profiler: bool = setting(False, flag="--torch-profiler")
     """Also capture a torch.profiler trace per rank into ``out/profiler/``."""
     demo: DemoConfig = DemoConfig()
@@ -170,6 +182,7 @@ class RunConfig:
         for name, given in (
             ("overlap_p2p", self.overlap_p2p),
             ("overlap_bf", self.overlap_bf),
+            ("overlap_bf_split", self.overlap_bf_split),
             ("swap", self.swap is not None),
         ):
             if given:
@@ -202,11 +215,18 @@ class RunConfig:
 
     def plan(self) -> Plan:
         """The lowered plan (with messages, FSDP steps with ``fsdp``, activation swap steps
-        with ``swap``); a schedule that cannot be built raises PipetraceError (exit 2)."""
+        with ``swap``, TIED_REDUCE with ``tie_weights``); a schedule that cannot be built
+        raises PipetraceError (exit 2)."""
         from pipetrace.schedule.builders import build_plan, resolve_schedule_name
 
         try:
-            steps = {"comms": True, "fsdp": self.fsdp, "overlap_bf": self.overlap_bf}
+            steps = {
+                "comms": True,
+                "fsdp": self.fsdp,
+                "overlap_bf": self.overlap_bf,
+                "overlap_bf_split": self.overlap_bf_split,
+                "tie_weights": self.tie_weights,
+            }
             plan = build_plan(
                 resolve_schedule_name(self.schedule),
                 num_ranks=self.ranks,

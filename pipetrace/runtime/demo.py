@@ -18,8 +18,13 @@ from pipetrace.runtime.config import DemoConfig
 DTYPE = torch.float64
 
 
-def build_demo_model(num_stages: int, demo: DemoConfig, *, seed: int) -> torch.nn.Sequential:
-    """The same model (same initial weights) on every rank and in the reference run."""
+def build_demo_model(
+    num_stages: int, demo: DemoConfig, *, seed: int, tie_weights: bool = False
+) -> torch.nn.Sequential:
+    """The same model (same initial weights) on every rank and in the reference run. With
+    ``tie_weights`` the last block's Linear uses the first block's weight (one Parameter in
+    this process, as an input embedding tied to the output projection; see
+    `DemoConfig.tied_names`)."""
     generator = torch.Generator().manual_seed(seed)
     blocks = []
     for _ in range(num_stages * demo.blocks_per_stage):
@@ -29,6 +34,8 @@ def build_demo_model(num_stages: int, demo: DemoConfig, *, seed: int) -> torch.n
             linear.weight.uniform_(-bound, bound, generator=generator)
             linear.bias.uniform_(-bound, bound, generator=generator)
         blocks.append(torch.nn.Sequential(linear, torch.nn.Tanh()))
+    if tie_weights:
+        blocks[-1][0].weight = blocks[0][0].weight
     return torch.nn.Sequential(*blocks)
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.runtime import fsdp
 from pipetrace.runtime.config import CustomFunction
+from pipetrace.runtime.recv_ahead import RecvAhead
 from pipetrace.schedule.ir import Plan, Step, StepKind
 
 if TYPE_CHECKING:
@@ -52,6 +53,12 @@ class FrameworkOps(Protocol):
 
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         """The handlers of UNSHARD / RESHARD / REDUCE_GRAD (no-ops without sharded stages)."""
+
+    def sum_with_peer(self, param: Any, peer: int) -> None:
+        """TIED_REDUCE: sum ``param``'s gradient with rank ``peer``'s copy of it."""
+
+    def allocator_bytes(self) -> tuple[int, int] | None:
+        """(allocated, reserved) bytes of the device allocator; None without one (CPU)."""
 
     def swap_steps(self) -> SwapSteps:
         """The handlers of the activation swap steps (asked for only by plans that hold
@@ -90,7 +97,8 @@ class Executor:
 
     ``p2p`` may be None when the plan holds no messages for this rank (e.g. one rank).
     ``ops`` are the framework's few operations the executor needs (default: the torch
-    backend's).
+    backend's). ``tied`` maps the first and the last stage, those of them this rank holds, to
+    the parameter they share (needed when the plan has TIED_REDUCE steps).
     """
 
     def __init__(
@@ -102,6 +110,7 @@ class Executor:
         p2p: P2P | None,
         recorder: RecorderHooks | None = None,
         ops: FrameworkOps | None = None,
+        tied: dict[int, Any] | None = None,
     ) -> None:
         expected = set(plan.stages_of(rank))
         if set(stages) != expected:
@@ -135,6 +144,7 @@ class Executor:
             StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
             StepKind.OVERLAP_F_B: self._overlap,
             StepKind.OVERLAP_B_F: self._overlap,
+            StepKind.TIED_REDUCE: self._tied_reduce,
         }
         self._steps = plan.steps(rank)
         self._swap: SwapSteps | None = None
@@ -149,8 +159,16 @@ class Executor:
             self.context.losses = stages[self._last_stage].losses
         if p2p is None and any(step.is_comm for step in self._steps):
             raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
+        self._tied = tied or {}
+        untied = {s.stage for s in self._steps if s.kind is StepKind.TIED_REDUCE} - set(self._tied)
+        if untied:
+            raise ValueError(f"rank {rank}'s plan has TIED_REDUCE for stages {sorted(untied)}")
         self._program: list[tuple[int, Step, Handler]] = []
         self._compile()
+        # Recvs posted one message ahead where the transport matches by tag (gloo).
+        self._ahead: RecvAhead | None = None
+        if getattr(p2p, "tag_matched", False):
+            self._ahead = RecvAhead.of(self._steps, plan.placement)
         self._step_order: Callable[[int], Sequence[int] | None] | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._iteration = -1
@@ -160,12 +178,20 @@ class Executor:
         self._act_out: dict[tuple[int, int], torch.Tensor] = {}
         self._grad_in: dict[tuple[int, int], Any] = {}
         self._grad_out: dict[tuple[int, int], torch.Tensor] = {}
+        # stage index -> its slot in a memory sample (plan order); empty: no sampling
+        self._memory_slots: dict[int, int] = {}
+        if getattr(self.recorder, "records_memory", False):
+            self._memory_slots = {s: i for i, s in enumerate(plan.stages_of(rank))}
+            for stage in stages.values():
+                stage.count_saved = True
 
     # -- configuration ---------------------------------------------------------------------
 
     def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
         """Run ``fn(step, context)`` instead of the built-in handler for every step of
-        ``kind`` (sub-steps of OVERLAP_F_B and OVERLAP_B_F composites included)."""
+        ``kind`` (sub-steps of OVERLAP_F_B and OVERLAP_B_F composites included). A function
+        for RECV_F or RECV_B turns off posting recvs ahead (`recv_ahead`): it may receive by
+        itself, so every recv is posted at its step."""
         context = self.context
 
         def handler(position: int, step: Step) -> None:
@@ -173,6 +199,8 @@ class Executor:
             fn(step, context)
 
         self._handlers[StepKind(kind)] = handler
+        if StepKind(kind) in (StepKind.RECV_F, StepKind.RECV_B):
+            self._ahead = None
         self._compile()
 
     def set_step_order(self, order: Callable[[int], Sequence[int] | None] | None) -> None:
@@ -180,6 +208,11 @@ class Executor:
         plan positions in the order to run them in that iteration, or None for the plan's
         order. The recorder sees each step with its plan position, as it ran."""
         self._step_order = order
+
+    def post_recvs_at_steps(self) -> None:
+        """Fault injection only: post every recv at its own step, none ahead, so that an
+        injected message fault blocks a send exactly as the plan's order makes it."""
+        self._ahead = None
 
     def _compile(self) -> None:
         handlers = self._handlers
@@ -222,7 +255,10 @@ class Executor:
             self._swap.begin_iteration()
         if self.p2p is not None:
             self.p2p.begin_iteration()
+        if self._ahead is not None:
+            self._ahead.begin_iteration(self.p2p)
         begin, end = recorder.begin_step, recorder.end_step
+        sample = self._sample_memory if self._memory_slots else None
         program = self._program
         if (
             self._step_order is not None
@@ -237,6 +273,8 @@ class Executor:
                     end(token)
                 else:  # an activation swap launch: the bytes it copies go with the step
                     end(token, moved)
+                if sample is not None:
+                    sample(token)
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -254,6 +292,7 @@ class Executor:
             "activations never sent": self._act_out,
             "received gradients never used": self._grad_in,
             "gradients never sent": self._grad_out,
+            "recvs posted ahead never used": {} if self._ahead is None else self._ahead.posted,
         }
         problems = [f"{what}: {sorted(box)}" for what, box in leftovers.items() if box]
         problems += [
@@ -275,6 +314,24 @@ class Executor:
             self._pool = None
         if self._swap is not None:
             self._swap.close()
+
+    def _sample_memory(self, token: Any) -> None:
+        """The recorder's ``memory`` sample after the step of ``token``: per stage, the
+        activations kept for backward on the device, the received tensors not yet consumed,
+        and with swap steps the activations offloaded to the host (taken out of the first)."""
+        slots = self._memory_slots
+        inflight = [0] * len(slots)
+        for box in (self._act_in, self._grad_in):
+            for (stage, _), value in list(box.items()):
+                inflight[slots[stage]] += 0 if value is None else value.nbytes
+        saved = [self.stages[stage].saved_bytes() for stage in slots]
+        swapped = None
+        if self._swap is not None:
+            on_host = self._swap.swapped_bytes()
+            swapped = [on_host.get(stage, 0) for stage in slots]
+            saved = [kept - away for kept, away in zip(saved, swapped)]
+        allocator = self._ops.allocator_bytes()
+        self.recorder.memory_sample(token, saved, inflight, allocator, swapped)
 
     # -- compute ---------------------------------------------------------------------------
 
@@ -356,16 +413,16 @@ class Executor:
 
     def _overlap(self, position: int, step: Step) -> None:
         """OVERLAP_F_B and OVERLAP_B_F: the forward on this thread, the backward on a worker
-        thread, joined."""
+        thread (B, or an OVERLAP_B_F's I then W, one after the other), joined."""
         forward = next(sub for sub in step.sub_steps if sub.kind is StepKind.F)
-        backward = next(sub for sub in step.sub_steps if sub is not forward)
+        backward = tuple(sub for sub in step.sub_steps if sub is not forward)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(
                 1,
                 thread_name_prefix=f"pipetrace-overlap-r{self.rank}",
                 initializer=self._ops.thread_initializer(),
             )
-        future = self._pool.submit(self._sub_step, position, backward, "overlap")
+        future = self._pool.submit(self._sub_steps, position, backward, "overlap")
         try:
             self._sub_step(position, forward, "main")
         finally:
@@ -373,10 +430,25 @@ class Executor:
         if backward_error is not None:
             raise backward_error
 
+    def _sub_steps(self, position: int, steps: tuple[Step, ...], thread: str) -> None:
+        for step in steps:
+            self._sub_step(position, step, thread)
+
     def _sub_step(self, position: int, step: Step, thread: str) -> None:
         token = self.recorder.begin_step(position, step, thread)
         self._handlers[step.kind](position, step)
         self.recorder.end_step(token)
+
+    def _tied_reduce(self, position: int, step: Step) -> None:
+        """Sum the tied parameter's gradient with the other tied stage's rank. Sends still in
+        flight are waited first: the peer may need them to reach its own TIED_REDUCE."""
+        partner = self._last_stage if step.stage == 0 else 0
+        peer = self._placement[partner]
+        if peer == self.rank:
+            return  # both stages here: they share one parameter, autograd summed it
+        if self.p2p is not None:
+            self.p2p.drain()
+        self._ops.sum_with_peer(self._tied[step.stage], peer)  # type: ignore[index]
 
     # -- messages --------------------------------------------------------------------------
 
@@ -392,12 +464,28 @@ class Executor:
 
     def _recv_f(self, position: int, step: Step) -> None:
         s = step.stage
-        self._act_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
-            step, peer=self._placement[s - 1], channel="F", src_stage=s - 1
-        )
+        peer = self._placement[s - 1]
+        self._act_in[(s, step.microbatch)] = self._receive(position, step, peer, "F", s - 1)
 
     def _recv_b(self, position: int, step: Step) -> None:
         s = step.stage
-        self._grad_in[(s, step.microbatch)] = self.p2p.recv(  # type: ignore[union-attr]
-            step, peer=self._placement[s + 1], channel="B", src_stage=s + 1
-        )
+        peer = self._placement[s + 1]
+        self._grad_in[(s, step.microbatch)] = self._receive(position, step, peer, "B", s + 1)
+
+    def _receive(self, position: int, step: Step, peer: int, channel: str, src: int) -> Any:
+        """The message of a RECV step: the tensor (plain mode, waited here) or a pending recv
+        (overlap mode, waited by its consumer). With `RecvAhead`, the recv was posted one
+        message earlier, or is posted here before the next one of its (peer, channel)."""
+        p2p = self.p2p
+        ahead = self._ahead
+        if ahead is None:
+            return p2p.recv(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+        early = ahead.take(position, p2p)
+        if early is None:
+            early = p2p.recv_early(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+            if early is None:  # the stream's first message: its shape comes first
+                received = p2p.recv(step, peer=peer, channel=channel, src_stage=src)  # type: ignore[union-attr]
+                ahead.posted_at_step(position, p2p)
+                return received
+            ahead.posted_at_step(position, p2p)
+        return p2p.received_early(early, step, peer, channel)  # type: ignore[union-attr]

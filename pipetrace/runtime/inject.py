@@ -52,6 +52,9 @@ def install_faults(runner: PipelineRunner, faults: tuple[Fault, ...], *, overlap
     Step-kind handlers registered here replace custom functions of the same kinds.
     """
     rank, plan = runner.rank, runner.plan
+    # Every rank of a run with faults posts its recvs at their steps (none ahead): a fault
+    # then blocks the peers' sends exactly where the plan's order makes it block them.
+    runner.executor.post_recvs_at_steps()
     mine = [f for f in faults if f.rank == rank]
     if not mine:
         return

@@ -15,6 +15,10 @@ Two modes:
   the end of the iteration. gloo sends complete only once the peer has posted the matching
   recv, so this is what lets a rank compute while its outgoing messages are in flight.
 
+In both modes on gloo the executor posts each recv one message ahead (`recv_early`,
+`pipetrace.runtime.recv_ahead`), so that a peer's send need not wait for this rank to reach
+the RECV step; the recorder is told of it at its step (`received_early`).
+
 Every data message is reported to the recorder when posted and when its wait returns; the
 metadata messages are not (they exist only in the first iteration).
 
@@ -42,6 +46,7 @@ import torch.distributed as dist
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.runtime.p2p_common import (
     HEADER_LEN,
+    EarlyRecv,
     P2PBookkeeping,
     P2PStreams,
     PendingRecv,
@@ -136,6 +141,7 @@ class P2P(P2PBookkeeping):
         )
         self.device = device
         self.group = group
+        self.tag_matched = self.streams is None  # gloo matches by tag; NCCL in posting order
         self._detached: list[tuple[Any, torch.Tensor, Any]] = []  # kept alive, never waited
 
     def _tag(self, channel: str, src_stage: int, mb: int, meta: bool = False) -> int:
@@ -205,7 +211,25 @@ class P2P(P2PBookkeeping):
             meta = self._meta[key] = TensorMeta.from_header(header.tolist())
         buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
         token = self._posted("recv", step, peer, channel, meta)
-        tag = self._tag(channel, src_stage, mb)
+        return self._received(
+            self._post_recv(buffer, peer, channel, src_stage, step), buffer, token
+        )
+
+    def recv_early(
+        self, step: Step, *, peer: int, channel: str, src_stage: int
+    ) -> EarlyRecv | None:
+        """Post the recv for ``step`` now, ahead of its step, for `received_early`; None
+        while its stream's shape is not known yet (the first iteration). Only where messages
+        are matched by tag (`tag_matched`): posting ahead reorders posts across streams."""
+        meta = self._meta.get((channel, src_stage))
+        if meta is None:
+            return None
+        buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.device)
+        return EarlyRecv(self._post_recv(buffer, peer, channel, src_stage, step), buffer, meta)
+
+    def _post_recv(
+        self, buffer: torch.Tensor, peer: int, channel: str, src_stage: int, step: Step
+    ) -> Any:
+        tag = self._tag(channel, src_stage, step.microbatch)
         with self.posting():
-            work = dist.irecv(buffer, group=self.group, group_src=peer, tag=tag)
-        return self._received(work, buffer, token)
+            return dist.irecv(buffer, group=self.group, group_src=peer, tag=tag)

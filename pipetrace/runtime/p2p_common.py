@@ -113,6 +113,16 @@ class P2PStreams(Protocol):
         or a sent one is released)."""
 
 
+@dataclass(frozen=True, slots=True)
+class EarlyRecv:
+    """A data recv posted ahead of its step (`pipetrace.runtime.recv_ahead`), not yet told
+    to the recorder: `P2PBookkeeping.received_early` reports it when its step takes it."""
+
+    work: Work
+    buffer: Any
+    meta: StreamMeta
+
+
 class PendingRecv:
     """A posted recv (overlap mode); `wait` returns the received tensor (once) and reports
     completion."""
@@ -129,9 +139,19 @@ class PendingRecv:
         self._owner.complete(self._work, self._token)
         return self._buffer
 
+    @property
+    def nbytes(self) -> int:
+        """The size of the buffer the recv fills (the memory it holds already)."""
+        return self._buffer.nbytes
+
 
 class P2PBookkeeping:
     """Stream metadata, sequence numbers, recorder reports and the sends in flight."""
+
+    tag_matched = False
+    """Whether the transport matches each recv to its send by tag, whatever the posting
+    order (gloo), so that recvs may be posted ahead of their steps (`recv_early`); False
+    where ops between two ranks match in posting order (NCCL, MindSpore's mccl)."""
 
     def __init__(
         self,
@@ -231,6 +251,13 @@ class P2PBookkeeping:
             return PendingRecv(work, buffer, token, self)
         self.complete(work, token)
         return buffer
+
+    def received_early(self, early: EarlyRecv, step: Step, peer: int, channel: str) -> Any:
+        """What `recv` returns, for a recv posted ahead: the recorder is told of it now, at
+        its own RECV step, as if posted there, so the trace reads as if each recv were
+        posted at its step (plain mode: posted and done inside it)."""
+        token = self._posted("recv", step, peer, channel, early.meta)
+        return self._received(early.work, early.buffer, token)
 
     def drain(self) -> None:
         """Wait for every send still in flight (overlap mode); called at iteration end."""

@@ -39,7 +39,9 @@ class PipelineRunner:
     ``tensor_meta`` gives message shapes up front (see `pipetrace.runtime.p2p_common`); it
     must be the same on every rank. ``recorder`` defaults to the one PIPETRACE_DIR and the
     other PIPETRACE_* variables ask for (none without them). ``timeout`` bounds a wait on a
-    peer when the runner joins the group itself.
+    peer when the runner joins the group itself. ``tied`` names one parameter shared by the
+    first and the last stage (its name there, e.g. ``("0.0.weight", "7.0.weight")``): a
+    built-in schedule then gets TIED_REDUCE steps, which sum its two gradients.
 
     The last stage backpropagates ``loss_fn(output, target) / M`` for each micro-batch, so
     after `step` the gradients are those of the mean loss over the whole batch.
@@ -59,11 +61,14 @@ class PipelineRunner:
         tensor_meta: Mapping[tuple[str, int], StreamMeta] | None = None,
         timeout: float = P2P_TIMEOUT.default,
         run_config: dict[str, Any] | None = None,
+        tied: tuple[str, str] | None = None,
     ) -> None:
         self.backend = backend
         self.rank, world_size = backend.join(timeout)
         place = backend.pipeline_place()
-        self.plan = resolve_plan(schedule, world_size, num_microbatches, stages_per_rank)
+        self.plan = resolve_plan(
+            schedule, world_size, num_microbatches, stages_per_rank, tied is not None
+        )
         self.stages: dict[int, Stage] = self._make_stages(model, loss_fn)
         if recorder is None:  # PIPETRACE_DIR=run/ turns recording on in a user's script
             recorder = backend.make_recorder(RecordSettings.from_env())
@@ -83,6 +88,7 @@ class PipelineRunner:
             p2p=p2p,
             recorder=recorder,
             ops=backend,
+            tied=self._tied_parameters(tied),
         )
         self._failure: BaseException | None = None
         self._closed = False
@@ -109,15 +115,33 @@ class PipelineRunner:
             for index, module in stage_modules(self.backend, model, self.plan, self.rank).items()
         }
 
+    def _tied_parameters(self, tied: tuple[str, str] | None) -> dict[int, Any]:
+        """The tied parameter of each of the first and last stage this rank holds."""
+        if tied is None:
+            return {}
+        found = {}
+        for stage, name in zip((0, self.plan.num_stages - 1), tied):
+            if stage in self.stages:
+                params = dict(self.stages[stage].module.named_parameters())
+                if name not in params:
+                    raise ValueError(f"stage {stage} has no parameter {name!r} to tie")
+                found[stage] = params[name]
+        return found
+
     @property
     def stage_modules(self) -> dict[int, Any]:
         """The modules of the stages this rank holds, by stage index."""
         return {index: stage.module for index, stage in self.stages.items()}
 
     def parameters(self) -> Iterator[Any]:
-        """This rank's trainable parameters (give them to the optimizer)."""
+        """This rank's trainable parameters (give them to the optimizer), each once: stages
+        on one rank may share a tied parameter."""
+        seen: set[int] = set()
         for stage in self.stages.values():
-            yield from stage.parameters()
+            for param in stage.parameters():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield param
 
     def register_custom_function(self, kind: StepKind | str, fn: CustomFunction) -> None:
         """Replace the handler of a step kind with ``fn(step, context)`` (see `StepContext`)."""
@@ -176,9 +200,14 @@ class PipelineRunner:
 
 
 def resolve_plan(
-    schedule: str | Plan, num_ranks: int, num_microbatches: int | None, stages_per_rank: int | None
+    schedule: str | Plan,
+    num_ranks: int,
+    num_microbatches: int | None,
+    stages_per_rank: int | None,
+    tie_weights: bool = False,
 ) -> Plan:
-    """A plan with its messages: a given plan (lowered if it has none) or a built-in one."""
+    """A plan with its messages: a given plan (lowered if it has none) or a built-in one
+    (with TIED_REDUCE steps when ``tie_weights``)."""
     if isinstance(schedule, Plan):
         if schedule.num_ranks != num_ranks:
             raise ValueError(
@@ -193,4 +222,5 @@ def resolve_plan(
         num_microbatches=num_microbatches,
         stages_per_rank=stages_per_rank,
         comms=True,
+        tie_weights=tie_weights,
     )

@@ -69,7 +69,10 @@ class PipelineStage(StageBase):
         else:
             stage_input = x.detach().requires_grad_(True)
             x = stage_input
-        output = self.module(x)
+        if self.count_saved:
+            output = self._counted_forward(mb, x)
+        else:
+            output = self.module(x)
         if self.is_last:
             loss = self.loss_fn(output, target)  # type: ignore[misc]
             self.losses[mb] = loss.detach()
@@ -78,9 +81,46 @@ class PipelineStage(StageBase):
         self._saved[mb] = _Saved(stage_input, output)
         return output.detach()
 
+    def _counted_forward(self, mb: int, x: torch.Tensor) -> torch.Tensor:
+        """The module's output, noting the bytes autograd saved for micro-batch ``mb``'s
+        backward. They are measured on the first forward of each input shape and dtype and
+        reused after (measuring walks the new autograd graph; a module whose saved tensors
+        depend on the data, not only on the shape, would need a measurement per forward)."""
+        output = self.module(x)
+        key = (x.shape, x.dtype)
+        size = self._saved_per_input.get(key)
+        if size is None:
+            size = self._saved_per_input[key] = self._saved_in_graph(output)
+        self._saved_bytes[mb] = size
+        return output
+
+    def _saved_in_graph(self, output: torch.Tensor) -> int:
+        """The bytes of the tensors the autograd graph under ``output`` saved for its
+        backward (its nodes' ``_saved_*`` attributes): each tensor once (by its data pointer;
+        a view counts its own elements, not its whole storage: a micro-batch is a view of the
+        batch), parameters and their views left out (they are not activations). Read from the
+        graph rather than through saved-tensor hooks, so that an activation swap group's hooks
+        around the forward keep working."""
+        if output.grad_fn is None:
+            return 0
+        params = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+        counted: dict[int, int] = {}
+        for node in _post_order(output.grad_fn):
+            for name in dir(node):
+                if not name.startswith("_saved_"):
+                    continue
+                value = getattr(node, name)
+                for tensor in value if isinstance(value, tuple | list) else (value,):
+                    if (
+                        isinstance(tensor, torch.Tensor)
+                        and tensor.untyped_storage().data_ptr() not in params
+                    ):
+                        counted[tensor.data_ptr()] = tensor.nbytes
+        return sum(counted.values())
+
     def backward(self, mb: int, output_grad: torch.Tensor | None) -> torch.Tensor | None:
         """Full backward (dx and dw) of micro-batch ``mb``; returns dx (None on stage 0)."""
-        saved = self._saved.pop(mb)
+        saved = self._release(mb)
         torch.autograd.backward(saved.output, None if self.is_last else output_grad)
         if saved.input is None:
             return None
@@ -124,7 +164,7 @@ class PipelineStage(StageBase):
 
     def backward_weight(self, mb: int) -> None:
         """dw of micro-batch ``mb`` (after `backward_input`), accumulated into ``param.grad``."""
-        saved = self._saved.pop(mb)
+        saved = self._release(mb)
         if saved.groups is None:  # stage 0: the whole backward happens here
             torch.autograd.backward(saved.output, None if self.is_last else saved.output_grad)
             return

@@ -19,6 +19,10 @@ class StageBase:
     ``loss * loss_scale`` (the executor passes 1/M, so that gradients accumulated over M
     micro-batches are those of the mean loss, as with one big batch). ``losses`` holds the
     unscaled loss of each micro-batch.
+
+    With ``count_saved`` on (the executor turns it on when its recorder samples memory) a
+    stage also counts, per micro-batch, the bytes of activations it holds for that
+    micro-batch's backward steps until the last of them (`saved_bytes`).
     """
 
     def __init__(
@@ -36,12 +40,25 @@ class StageBase:
         self.loss_fn = loss_fn
         self.losses: dict[int, Any] = {}  # micro-batch -> unscaled loss (last stage)
         self._saved: dict[int, Any] = {}  # micro-batch -> what its backward steps need
+        self.count_saved = False
+        self._saved_bytes: dict[int, int] = {}  # micro-batch -> bytes its backward holds
+        self._saved_per_input: dict[Any, int] = {}  # (shape, dtype) -> bytes, once measured
 
     def pending(self) -> int:
         """Micro-batches whose backward has not finished (0 after a clean iteration)."""
         return len(self._saved)
 
+    def saved_bytes(self) -> int:
+        """Bytes of activations held for pending backward steps (0 unless ``count_saved``)."""
+        return sum(self._saved_bytes.values())
+
+    def _release(self, mb: int) -> Any:
+        """Micro-batch ``mb``'s saved state, forgotten here: its last backward step runs."""
+        self._saved_bytes.pop(mb, None)
+        return self._saved.pop(mb)
+
     def reset(self) -> None:
         """Forget per-iteration state (losses and anything an aborted iteration left)."""
         self._saved.clear()
+        self._saved_bytes.clear()
         self.losses.clear()

@@ -70,6 +70,10 @@ def split_sequential(model: torch.nn.Sequential, num_stages: int) -> list[torch.
     return [torch.nn.Sequential(OrderedDict(children[start:end])) for start, end in bounds]
 
 
+_TIED_TAG = 0x7FFFFFFF
+"""The gloo tag of the TIED_REDUCE exchange: above every P2P message's (`P2P._tag`)."""
+
+
 @dataclass(frozen=True)
 class TorchBackend(Backend):
     """Stages on ``device``, messages within ``group`` (None: the default group)."""
@@ -103,6 +107,25 @@ class TorchBackend(Backend):
         return SwapSteps(self.thread_initializer())
 
     # -- the process group and the model ---------------------------------------------------
+
+    def allocator_bytes(self) -> tuple[int, int] | None:
+        if self.device.type != "cuda":
+            return None
+        return torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
+
+    def sum_with_peer(self, param: torch.nn.Parameter, peer: int) -> None:
+        grad = param.grad
+        if grad is None:
+            grad = torch.zeros_like(param)
+        other = torch.empty_like(grad)
+        ops = [
+            dist.P2POp(op, tensor, group=self.group, group_peer=peer, tag=_TIED_TAG)
+            for op, tensor in ((dist.isend, grad), (dist.irecv, other))
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        mine_first = dist.get_rank(self.group) < peer
+        param.grad = grad + other if mine_first else other + grad
 
     def join(self, timeout: float) -> tuple[int, int]:
         if not dist.is_initialized():
@@ -167,7 +190,7 @@ class TorchBackend(Backend):
         loss.backward()
         grads = {
             name: self.to_numpy(p.grad)
-            for name, p in model.named_parameters()
+            for name, p in model.named_parameters(remove_duplicate=False)  # tied: both names
             if p.grad is not None
         }
         return loss.item(), grads
@@ -248,8 +271,11 @@ class TorchDemo:
             dp_group=mesh.get_group("dp"),
         )
 
-    def build_model(self, num_stages: int, config: DemoConfig, seed: int) -> torch.nn.Sequential:
-        return demo.build_demo_model(num_stages, config, seed=seed).to(self.device)
+    def build_model(
+        self, num_stages: int, config: DemoConfig, seed: int, *, tie_weights: bool = False
+    ) -> torch.nn.Sequential:
+        model = demo.build_demo_model(num_stages, config, seed=seed, tie_weights=tie_weights)
+        return model.to(self.device)
 
     def batch(
         self, step: int, size: int, config: DemoConfig, seed: int

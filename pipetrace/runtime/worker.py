@@ -62,10 +62,13 @@ def _run_case(
         return run_config(kit, index, case, rank, on_loss)
     plan = case.plan()
     replicas = kit.replicas(case, rank)
-    model = kit.build_model(plan.num_stages, case.demo, case.seed)
+    tie = case.tie_weights
+    model = kit.build_model(plan.num_stages, case.demo, case.seed, tie_weights=tie)
     # The reference is built again from the seed: the same weights, separate parameters.
     reference = (
-        kit.build_model(plan.num_stages, case.demo, case.seed) if case.check_parity else None
+        kit.build_model(plan.num_stages, case.demo, case.seed, tie_weights=tie)
+        if case.check_parity
+        else None
     )
     backend = replicas.backend
     modules = stages_of_rank(backend.split_model(model, plan.num_stages), plan, replicas.pp_rank)
@@ -79,6 +82,7 @@ def _run_case(
         recorder=_recorder_for(case, spec, rank, replicas),
         timeout=case.timeout,
         run_config=case.to_dict(),
+        tied=case.demo.tied_names(plan.num_stages) if tie else None,
     )
     with runner:  # reports an exception to the recorder, or ends the recording cleanly
         for kind, fn in spec.custom_functions:

@@ -32,7 +32,7 @@ from .ir import (
     overlap_bf,
     stage_to_rank,
 )
-from .lowering import add_fsdp_steps, layout_bubbles, lower
+from .lowering import add_fsdp_steps, add_tied_reduce, layout_bubbles, lower
 
 SCHEDULE_NAMES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved-1f1b", "zb1p", "zbv", "dualpipev")
 
@@ -363,15 +363,16 @@ OVERLAP_BF_SCHEDULES = ("1f1b", "interleaved-1f1b")
 """The schedules that take ``overlap_bf``: their steady state alternates B and F."""
 
 
-def _pair_backward_forward(steps: list[Step]) -> list[Step]:
+def _pair_backward_forward(steps: list[Step], split: bool) -> list[Step]:
     """Each full backward directly followed by a forward becomes one OVERLAP_B_F step (the
-    steady state of 1F1B and interleaved 1F1B); the order of the work does not change."""
+    steady state of 1F1B and interleaved 1F1B); the order of the work does not change. With
+    ``split`` the pair's backward is its I then its W (`overlap_bf`)."""
     paired: list[Step] = []
     i = 0
     while i < len(steps):
         step = steps[i]
         if step.kind is StepKind.B and i + 1 < len(steps) and steps[i + 1].kind is StepKind.F:
-            paired.append(overlap_bf(step, steps[i + 1]))
+            paired.append(overlap_bf(step, steps[i + 1], split=split))
             i += 2
         else:
             paired.append(step)
@@ -395,6 +396,7 @@ def _build_order(
     num_microbatches: int,
     stages_per_rank: int | None,
     overlap_bf: bool = False,
+    overlap_bf_split: bool = False,
 ) -> Plan:
     """The compute-only plan without bubbles: the order each rank runs its steps in."""
     canonical = resolve_schedule_name(name)
@@ -408,14 +410,17 @@ def _build_order(
         "num_microbatches": num_microbatches,
         "stages_per_rank": v,
     }
-    if overlap_bf:
+    if overlap_bf or overlap_bf_split:
         if canonical not in OVERLAP_BF_SCHEDULES:
+            option = "overlap_bf_split" if overlap_bf_split else "overlap_bf"
             raise ScheduleError(
-                f"overlap_bf (OVERLAP_B_F steps) is an option of "
+                f"{option} (OVERLAP_B_F steps) is an option of "
                 f"{' and '.join(OVERLAP_BF_SCHEDULES)}, not of {canonical}"
             )
-        rows = [_pair_backward_forward(row) for row in rows]
+        rows = [_pair_backward_forward(row, overlap_bf_split) for row in rows]
         params["overlap_bf"] = True
+        if overlap_bf_split:
+            params["overlap_bf_split"] = True
     return Plan(
         num_microbatches=num_microbatches,
         placement=stage_to_rank(info.placement, num_ranks, v * num_ranks),
@@ -442,13 +447,22 @@ def build_plan(
     comms: bool = False,
     fsdp: bool = False,
     overlap_bf: bool = False,
+    overlap_bf_split: bool = False,
+    tie_weights: bool = False,
 ) -> Plan:
     """A built-in schedule: compute-only with bubbles (as `build_compute_plan`), or lowered
     with its messages (and FSDP steps when ``fsdp``), ready for a runtime. ``overlap_bf``
-    pairs each steady-state backward with the next forward in one OVERLAP_B_F step."""
+    pairs each steady-state backward with the next forward in one OVERLAP_B_F step;
+    ``overlap_bf_split`` does too, with each pair's backward split into I then W;
+    ``tie_weights`` adds the first and the last stage's ``TIED_REDUCE``
+    (`lowering.add_tied_reduce`)."""
     with gc_paused():
-        order = _build_order(name, num_ranks, num_microbatches, stages_per_rank, overlap_bf)
+        order = _build_order(
+            name, num_ranks, num_microbatches, stages_per_rank, overlap_bf, overlap_bf_split
+        )
         if comms:
-            return lower(order, fsdp=fsdp)
-        plan = layout_bubbles(order)
-    return add_fsdp_steps(plan) if fsdp else plan
+            plan = lower(order, fsdp=fsdp)
+        else:
+            plan = layout_bubbles(order)
+            plan = add_fsdp_steps(plan) if fsdp else plan
+    return add_tied_reduce(plan) if tie_weights else plan

@@ -10,7 +10,7 @@ bracketed and its row ends with ``<-- rank R: LABEL``, so a hang is visible at a
 
 from __future__ import annotations
 
-from .ir import FSDP_KINDS, SWAP_KINDS, Plan, Step, StepKind, format_step
+from .ir import COLLECTIVE_KINDS, SWAP_KINDS, Plan, Step, StepKind, format_step
 
 __all__ = ["render_grid"]
 
@@ -28,7 +28,7 @@ _COLORS = {
     StepKind.RECV_B: "\x1b[2;33m",
     StepKind.OVERLAP_F_B: "\x1b[1m",
     StepKind.OVERLAP_B_F: "\x1b[1m",
-    **{kind: "\x1b[2m" for kind in FSDP_KINDS},
+    **{kind: "\x1b[2m" for kind in COLLECTIVE_KINDS},
     **{kind: "\x1b[2;36m" for kind in SWAP_KINDS},
 }
 

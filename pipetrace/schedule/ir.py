@@ -11,10 +11,12 @@ Vocabulary (used everywhere in pipetrace):
 - *channel*: the messages of one kind (activations ``F`` or gradients ``B``) between two ranks.
 
 A step's canonical text is torch.distributed.pipelining's action string: ``{stage}{KIND}{mb}``
-(``2F0``, ``1I3``, ``3SEND_F1``), ``{stage}{KIND}`` for the FSDP steps (``0UNSHARD``), and
-``({sub};{sub})OVERLAP_F_B`` or ``({sub};{sub})OVERLAP_B_F`` for a composite. Activation
-swap steps use the simple form: ``0SWAP_GROUP3``, ``0OFFLOAD3``, ``0OFFLOAD_WAIT3``,
-``0LOAD3``, ``0LOAD_WAIT3`` (see ``SWAP_KINDS``). This module imports nothing heavy.
+(``2F0``, ``1I3``, ``3SEND_F1``), ``{stage}{KIND}`` for the collective steps (``0UNSHARD``,
+``0TIED_REDUCE``), and ``({sub};{sub})OVERLAP_F_B`` or ``({sub};{sub})OVERLAP_B_F`` for a
+composite (an OVERLAP_B_F whose backward is split writes its three parts flat,
+``(0I3;0W3;0F7)OVERLAP_B_F``). Activation swap steps use the simple form: ``0SWAP_GROUP3``,
+``0OFFLOAD3``, ``0OFFLOAD_WAIT3``, ``0LOAD3``, ``0LOAD_WAIT3`` (see ``SWAP_KINDS``). This
+module imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class StepKind(str, Enum):
     UNSHARD = "UNSHARD"
     RESHARD = "RESHARD"
     REDUCE_GRAD = "REDUCE_GRAD"
+    TIED_REDUCE = "TIED_REDUCE"  # sum a tied parameter's gradient with the stage sharing it
     # Activation swap of one (stage, micro-batch), in this order on its rank:
     SWAP_GROUP = "SWAP_GROUP"  # its next forward saves its activations into a swap group
     OFFLOAD = "OFFLOAD"  # launch the copy of the group's saved activations to host memory
@@ -56,6 +59,9 @@ SEND_KINDS = frozenset({StepKind.SEND_F, StepKind.SEND_B})
 RECV_KINDS = frozenset({StepKind.RECV_F, StepKind.RECV_B})
 COMM_KINDS = SEND_KINDS | RECV_KINDS
 FSDP_KINDS = frozenset({StepKind.UNSHARD, StepKind.RESHARD, StepKind.REDUCE_GRAD})
+COLLECTIVE_KINDS = FSDP_KINDS | {StepKind.TIED_REDUCE}
+"""Steps that take one stage and no micro-batch and synchronise with other ranks outside the
+plan's messages (FSDP's gathers and reductions, the tied-weight reduction)."""
 COMPOSITE_KINDS = frozenset({StepKind.OVERLAP_F_B, StepKind.OVERLAP_B_F})
 SWAP_ORDER = (
     StepKind.SWAP_GROUP,
@@ -79,7 +85,7 @@ class ScheduleError(ValueError):
 class Step:
     """One step of a rank's plan.
 
-    ``microbatch`` is None only for the FSDP kinds; ``stage`` is None only for a composite,
+    ``microbatch`` is None only for the `COLLECTIVE_KINDS`; ``stage`` is None only for a composite,
     whose work is in ``sub_steps``.
     """
 
@@ -152,9 +158,26 @@ def overlap(forward: Step, backward: Step) -> Step:
     return Step(StepKind.OVERLAP_F_B, None, None, (forward, backward))
 
 
-def overlap_bf(backward: Step, forward: Step) -> Step:
-    """A backward (B) paired with the next forward: ``(0B3;0F7)OVERLAP_B_F``."""
-    return Step(StepKind.OVERLAP_B_F, None, None, (backward, forward))
+def overlap_bf(backward: Step, forward: Step, *, split: bool = False) -> Step:
+    """A backward (B) paired with the next forward: ``(0B3;0F7)OVERLAP_B_F``; with ``split``,
+    the backward as I then W of the same micro-batch: ``(0I3;0W3;0F7)OVERLAP_B_F``."""
+    if not split:
+        return Step(StepKind.OVERLAP_B_F, None, None, (backward, forward))
+    s, mb = backward.stage, backward.microbatch
+    return Step(StepKind.OVERLAP_B_F, None, None, (I(s, mb), W(s, mb), forward))  # type: ignore[arg-type]
+
+
+def thread_parts(step: Step) -> tuple[tuple[Step, ...], ...]:
+    """A composite's sub-steps grouped by the thread that runs them, each group in run order.
+
+    The groups run concurrently, the steps of one group one after another: OVERLAP_B_F's
+    backward parts (B, or I then W) share the worker thread while its forward runs on the
+    main thread; each part of OVERLAP_F_B has a thread of its own. The simulator costs a
+    group as the sum of its parts and the composite as its longest group.
+    """
+    if step.kind is StepKind.OVERLAP_B_F:
+        return (step.sub_steps[:-1], step.sub_steps[-1:])
+    return tuple((sub,) for sub in step.sub_steps)
 
 
 # ---------------------------------------------------------------------------------------
@@ -183,7 +206,8 @@ def parse_step(text: str) -> Step | None:
     """Parse one action string; an empty string is a bubble.
 
     Accepts every form torch.distributed.pipelining writes, e.g. ``2F0``, ``1I3``,
-    ``3SEND_F1``, ``0UNSHARD``, ``(0F7;7B3)OVERLAP_F_B``, and ``(0B3;0F7)OVERLAP_B_F``.
+    ``3SEND_F1``, ``0UNSHARD``, ``(0F7;7B3)OVERLAP_F_B``, ``(0B3;0F7)OVERLAP_B_F`` and
+    ``(0I3;0W3;0F7)OVERLAP_B_F``.
     """
     stripped = text.strip()
     if not stripped:
@@ -199,7 +223,7 @@ def parse_step(text: str) -> Step | None:
         )
     stage, kind_text, mb_text = match.groups()
     kind = StepKind(kind_text)
-    if kind in FSDP_KINDS:
+    if kind in COLLECTIVE_KINDS:
         if mb_text:
             raise ScheduleError(f"bad action {text!r}: {kind} takes no micro-batch")
         return Step(kind, int(stage), None)
@@ -210,7 +234,8 @@ def parse_step(text: str) -> Step | None:
 
 def _parse_composite(text: str, inner: str, kind: StepKind) -> Step:
     """``(0F7;7B3)OVERLAP_F_B``: two compute actions; ``(0B3;0F7)OVERLAP_B_F``: a full
-    backward, then a forward."""
+    backward, then a forward; ``(0I3;0W3;0F7)OVERLAP_B_F``: the backward split into I and W
+    of one micro-batch, then a forward."""
     subs = []
     for part in inner.split(";"):
         sub = parse_step(part)
@@ -220,11 +245,29 @@ def _parse_composite(text: str, inner: str, kind: StepKind) -> Step:
                 + ("(0F7;7B3)" if kind is StepKind.OVERLAP_F_B else "(0B3;0F7)")
             )
         subs.append(sub)
-    if len(subs) != 2:
+    if kind is StepKind.OVERLAP_B_F:
+        _check_overlap_bf(text, subs)
+    elif len(subs) != 2:
         raise ScheduleError(f"bad action {text!r}: {kind} holds exactly two actions")
-    if kind is StepKind.OVERLAP_B_F and [s.kind for s in subs] != [StepKind.B, StepKind.F]:
-        raise ScheduleError(f"bad action {text!r}: OVERLAP_B_F holds a B, then an F: (0B3;0F7)")
     return Step(kind, None, None, tuple(subs))
+
+
+def _check_overlap_bf(text: str, subs: list[Step]) -> None:
+    """OVERLAP_B_F holds B then F, or I then W of one (stage, micro-batch) then F."""
+    kinds = [s.kind for s in subs]
+    if kinds == [StepKind.B, StepKind.F]:
+        return
+    if kinds == [StepKind.I, StepKind.W, StepKind.F] and _same_work(subs[0], subs[1]):
+        return
+    raise ScheduleError(
+        f"bad action {text!r}: OVERLAP_B_F holds a B, then an F: (0B3;0F7), "
+        "or its split I and W, then an F: (0I3;0W3;0F7)"
+    )
+
+
+def _same_work(a: Step, b: Step) -> bool:
+    """Whether two steps name the same (stage, micro-batch)."""
+    return a.stage == b.stage and a.microbatch == b.microbatch
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 from pipetrace.gc_pause import gc_paused
 
 from .execution import CODE_RECV_F, CODE_SEND_F, program_of
-from .ir import Plan, ScheduleError, Step, StepKind, format_step
+from .ir import Plan, ScheduleError, Step, StepKind, format_step, thread_parts
 
 # Step costs. The unit grid draws the classic staircase; the timed costs (a full backward
 # costs two forwards) give ``lower`` a realistic order in which to post messages.
@@ -148,7 +148,7 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
         )
     )
     if len(leaves) != len(steps):
-        ops = _merged(ops, owner.tolist(), len(steps))
+        ops = _merged(ops, owner.tolist(), steps)
     bounds = list(accumulate(map(len, rows), initial=0))
     per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
     leaf_table = _Leaves(owner, ranks, kind, stage, microbatch)
@@ -211,13 +211,14 @@ def _microbatches(mb: list[int]) -> np.ndarray:
     return array if np.abs(array).max(initial=0) < 1 << 29 else np.array(mb, dtype=object)
 
 
-def _merged(ops: list[Op], owner: list[int], num_steps: int) -> list[Op]:
-    """Per step, its leaves' ops merged: a composite waits for every part's inputs, makes
-    every part's outputs and lasts as long as its longest part."""
-    parts: list[list[Op]] = [[] for _ in range(num_steps)]
+def _merged(ops: list[Op], owner: list[int], steps: list[Step]) -> list[Op]:
+    """Per step, its leaves' ops merged (`_merge_ops`)."""
+    parts: list[list[Op]] = [[] for _ in steps]
     for op, step in zip(ops, owner):
         parts[step].append(op)
-    return [part[0] if len(part) == 1 else _merge_ops(part) for part in parts]
+    return [
+        part[0] if len(part) == 1 else _merge_ops(part, step) for part, step in zip(parts, steps)
+    ]
 
 
 def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
@@ -226,11 +227,18 @@ def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
     _reject(plan, rank, position, step, leaf)
 
 
-def _merge_ops(parts: list[Op]) -> Op:
-    """A composite waits for every part's inputs and lasts as long as its longest part."""
+def _merge_ops(parts: list[Op], composite: Step) -> Op:
+    """A composite waits for every part's inputs but those an earlier part on the same
+    thread makes (an OVERLAP_B_F's I before its W, `thread_parts`), makes every part's
+    outputs and lasts as long as its longest part (one slot on the unit grid)."""
+    threads = [t for t, group in enumerate(thread_parts(composite)) for _ in group]
+    made: set[tuple[int, int]] = set()
+    needs: dict[int, None] = {}
+    for (part_needs, part_makes, _), thread in zip(parts, threads):
+        needs.update((k, None) for k in part_needs if (k, thread) not in made)
+        made.update((k, thread) for k in part_makes)
     makes = tuple(k for _, part_makes, _ in parts for k in part_makes)
-    needs = tuple(dict.fromkeys(k for part_needs, _, _ in parts for k in part_needs))
-    return needs, makes, max(cost for _, _, cost in parts)
+    return tuple(needs), makes, max(cost for _, _, cost in parts)
 
 
 def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
@@ -474,7 +482,7 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
             np.concatenate([np.where(simple, leaves.stage[leaf], 0), stage, recv_stage])[order],
             np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
         ]
-        program_of(lowered, [list(row) for row in rows], *fields)  # type: ignore[arg-type]
+        program_of(lowered, [list(row) for row in rows], *fields, lowered=True)  # type: ignore[arg-type]
     return lowered
 
 
@@ -525,4 +533,23 @@ def add_fsdp_steps(plan: Plan) -> Plan:
             new_row.append(step)
             new_row.extend(after.get(index, ()))
         rows.append(new_row)
+    return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
+
+
+# ---------------------------------------------------------------------------------------
+# Tied weights
+# ---------------------------------------------------------------------------------------
+
+
+def add_tied_reduce(plan: Plan) -> Plan:
+    """Append ``TIED_REDUCE`` to the first and the last stage's ranks (a parameter such as an
+    input embedding tied to the output projection lives on both): their gradients are summed
+    there, after every step of the iteration, so that no message of the plan waits on the
+    reduction. A one-stage plan needs none (the parameter is used twice in one module)."""
+    last = plan.num_stages - 1
+    if last == 0:
+        return plan
+    rows = [list(row) for row in plan.ranks]
+    for stage in (0, last):
+        rows[plan.placement[stage]].append(Step(StepKind.TIED_REDUCE, stage))
     return Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from numbers import Integral
 
+import numpy as np
+
 from pipetrace.records import JsonRecord, record_json
 
 from .execution import (
@@ -32,10 +34,10 @@ from .execution import (
     stalls,
     with_messages,
 )
-from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step
+from .ir import COMPUTE_KINDS, Plan, ScheduleError, Step, StepKind, format_step, thread_parts
 from .swap_timing import has_swap_waits, settle_swap_waits
 
-__all__ = ["Costs", "RankStats", "SimResult", "SimStep", "simulate"]
+__all__ = ["Costs", "RankStats", "SimResult", "SimStep", "peak_inflight_by_stage", "simulate"]
 
 _COMPUTE_NAMES = ("F", "B", "I", "W")
 _SCALARS = ("F", "B", "I", "W", "comm", "bandwidth", "message_bytes")
@@ -103,9 +105,10 @@ class Costs:
         return self.swap_bytes / self.swap_bandwidth
 
     def cost_of(self, step: Step) -> float:
-        """CPU time of one step: a composite takes its longest part, FSDP and comm steps 0."""
+        """CPU time of one step, FSDP and comm steps 0. A composite takes its longest
+        thread: the parts one thread runs one after another add up (`thread_parts`)."""
         if step.sub_steps:
-            return max(self.cost_of(sub) for sub in step.sub_steps)
+            return max(sum(map(self.cost_of, group)) for group in thread_parts(step))
         if step.kind not in COMPUTE_KINDS:
             return 0.0
         kind = step.kind.value
@@ -243,7 +246,7 @@ def simulate(plan: Plan, costs: Costs | None = None, *, semantics: str = "eager"
 
 
 def _durations(program: Program, costs: Costs) -> list[list[float]]:
-    """Per rank, each step's CPU time, looked up by step id (a composite takes its max)."""
+    """Per rank, each step's CPU time, looked up by step id (a composite by `cost_of`)."""
     table = [costs.F, costs.B, costs.I, costs.W, 0.0, 0.0, 0.0, 0.0]  # by id & 7 (-1 & 7 = 7)
     one_stage = 8 * program.mb_stride
     per_stage = {
@@ -269,19 +272,54 @@ def _durations(program: Program, costs: Costs) -> list[list[float]]:
 _ACTIVATIONS = (1, -1, 0, -1, 0, 0, 0, 0)  # by step code: F holds one, B or W frees it
 
 
+def _peak_inflights(program: Program) -> list[int]:
+    """Per rank, the running maximum (from 0) of +1 per F end and -1 per B or W end, in the
+    rank's order: one cumulative sum over every step's code, cut at the ranks' starts. A
+    rank with composite steps counts their leaves instead (`_peak_inflight`)."""
+    sizes = np.array([len(row) for row in program.ids], dtype=np.int64)
+    codes = (program.arrays.ids & 7).astype(np.int64)  # -1 & 7 is 7: FSDP steps count 0
+    running = np.cumsum(np.array(_ACTIVATIONS, dtype=np.int64)[codes])
+    starts = np.cumsum(sizes) - sizes
+    before = np.where(starts > 0, running[np.maximum(starts - 1, 0)], 0)
+    nonempty = sizes > 0
+    peaks = np.zeros(len(sizes), dtype=np.int64)
+    if nonempty.any():
+        highest = np.maximum.reduceat(running, starts[nonempty])
+        peaks[nonempty] = np.maximum(highest - before[nonempty], 0)
+    result = peaks.tolist()
+    for rank, ids in enumerate(program.ids):
+        if -1 in ids and any(s.sub_steps for s in program.steps[rank]):
+            result[rank] = _peak_inflight(program, rank)
+    return result
+
+
+def _held_changes(steps: list[Step]) -> list[tuple[int, int]]:
+    """(stage, +1 / -1 / 0) per compute leaf in order; an overlap's forward counts first."""
+    return [
+        (leaf.stage, _ACTIVATIONS[CODES[leaf.kind]])  # type: ignore[misc]
+        for s in steps
+        for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
+        if leaf.kind in CODES
+    ]
+
+
 def _peak_inflight(program: Program, rank: int) -> int:
-    """Running maximum of +1 per F end and -1 per B or W end, in the rank's order."""
-    ids = program.ids[rank]
-    if -1 in ids and any(s.sub_steps for s in program.steps[rank]):
-        changes = [
-            _ACTIVATIONS[CODES[leaf.kind]]
-            for s in program.steps[rank]
-            for leaf in sorted(s.leaves(), key=lambda x: x.kind is not StepKind.F)
-            if leaf.kind in CODES
-        ]  # an overlap's forward counts first
-    else:
-        changes = [_ACTIVATIONS[k & 7] for k in ids]  # -1 & 7 is 7: FSDP steps count 0
+    """`_peak_inflights` of a rank with composite steps: its leaves' changes."""
+    changes = [change for _, change in _held_changes(program.steps[rank])]
     return max(accumulate(changes, initial=0))
+
+
+def peak_inflight_by_stage(plan: Plan) -> dict[int, int]:
+    """The memory proxy above per stage: the most micro-batches whose activations a stage
+    holds at once, following its rank's step order (no timing needed). 1F1B's stage s of P
+    holds P - s, GPipe's every stage M."""
+    held: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for rank in range(plan.num_ranks):
+        for stage, change in _held_changes(plan.steps(rank)):
+            held[stage] = held.get(stage, 0) + change
+            peak[stage] = max(peak.get(stage, 0), held[stage])
+    return peak
 
 
 def _result(
@@ -290,6 +328,7 @@ def _result(
     program = outcome.program
     makespan = max((ends[-1] for ends in outcome.end if ends), default=0.0)
     per_rank = []
+    peaks = _peak_inflights(program)
     for rank, row in enumerate(durations):
         busy = math.fsum(row)
         idle = max(makespan - busy, 0.0)
@@ -300,7 +339,7 @@ def _result(
                 idle,
                 idle / makespan if makespan else 0.0,
                 _ratio(idle, busy),
-                _peak_inflight(program, rank),
+                peaks[rank],
             )
         )
     busy = math.fsum(r.busy for r in per_rank)

@@ -44,7 +44,7 @@ from .execution import (
     stalls,
     with_messages,
 )
-from .ir import Plan, ScheduleError, format_step
+from .ir import COMPUTE_KINDS, Plan, ScheduleError, StepKind, format_step, thread_parts
 
 __all__ = [
     "FINDING_KINDS",
@@ -76,6 +76,7 @@ FINDING_KINDS = (  # every Finding.kind, documented in docs/schedules.md
     "deadlock",
     "stuck",
     "deadlock_unchecked",
+    "tied_reduce",
     # activation swap groups (`verify_swap.check_swaps`)
     "swap_without_activations",
     "swap_incomplete",
@@ -212,6 +213,7 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
             *_check_placement(program, raw_stages),
             *_check_dependencies(program, checked, comms),
             *_check_coverage(program, checked),
+            *_check_tied(program),
             *_check_swaps(program),
         ]
         report = VerifyReport(plan, semantics, findings, None, None)
@@ -390,7 +392,7 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
                 ):
                     findings.append(_dependency(program, rank, i, k, "forward_before_input"))
             elif code == CODE_W:
-                if i <= get(k - 1, -1):
+                if _weight_too_early(program, rank, i, k, get(k - 1, -1)):
                     findings.append(_dependency(program, rank, i, k, "weight_before_input"))
             elif i <= get(k - code, -1):  # B or I, and its F is not before it
                 findings.append(_dependency(program, rank, i, k, "backward_before_forward"))
@@ -405,6 +407,24 @@ def _check_dependencies(program: Program, checked: Checked, comms: bool) -> list
             ):
                 findings.append(_dependency(program, rank, i, k, "backward_before_grad"))
     return findings
+
+
+def _weight_too_early(program: Program, rank: int, index: int, step_id: int, at: int) -> bool:
+    """Whether the W ``step_id`` at ``index`` runs before its I, first at ``at`` (-1: none).
+
+    A W in the same composite as its I runs after it only in an OVERLAP_B_F that writes the
+    I first: its backward parts share one thread (`thread_parts`). The parts of an
+    OVERLAP_F_B run concurrently, so there a W never waits for its I.
+    """
+    if index != at:
+        return index < at
+    stage, mb = step_id // (8 * program.mb_stride), (step_id >> 3) % program.mb_stride
+    weight, need = (StepKind.W, stage, mb), (StepKind.I, stage, mb)
+    for group in thread_parts(program.steps[rank][index]):
+        work = [(leaf.kind, leaf.stage, leaf.microbatch) for leaf in group]
+        if weight in work:
+            return need not in work[: work.index(weight)]
+    return True
 
 
 def _dependencies_met(program: Program, checked: Checked, comms: bool) -> bool:
@@ -554,6 +574,52 @@ def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
                 )
             )
     return findings
+
+
+def _check_tied(program: Program) -> list[Finding]:
+    """With a TIED_REDUCE anywhere, the first and the last stage each have exactly one, on
+    their own rank, after every step of that stage there (its gradients are complete); no
+    other stage has one. A reduction on one side only would wait for its partner forever."""
+    plan = program.plan
+    found: dict[int, list[tuple[int, int]]] = {}
+    for rank, steps in enumerate(program.steps):
+        for index, step in enumerate(steps):
+            if step.kind is StepKind.TIED_REDUCE:
+                found.setdefault(step.stage, []).append((rank, index))  # type: ignore[arg-type]
+    if not found:
+        return []
+    tied = {0, plan.num_stages - 1}
+    problems = [
+        (f"stage {stage} holds no tied parameter: only stages {sorted(tied)} do", where)
+        for stage, where in found.items()
+        if stage not in tied
+    ]
+    for stage in sorted(tied):
+        where = found.get(stage, [])
+        owner = plan.placement[stage]
+        if len(where) != 1 or where[0][0] != owner:
+            problems.append((f"stage {stage} needs one {stage}TIED_REDUCE on rank {owner}", where))
+        elif _later_step_of(program, owner, stage, where[0][1]):
+            problems.append((f"{stage}TIED_REDUCE comes before stage {stage}'s last step", where))
+    return [
+        Finding(
+            "tied_reduce",
+            "error",
+            message,
+            tuple(sorted({rank for rank, _ in where})),
+            tuple(_ref(program, rank, index) for rank, index in where),
+        )
+        for message, where in problems
+    ]
+
+
+def _later_step_of(program: Program, rank: int, stage: int, index: int) -> bool:
+    """Whether a compute step of ``stage`` follows position ``index`` on ``rank``."""
+    return any(
+        leaf.stage == stage and leaf.kind in COMPUTE_KINDS
+        for step in program.steps[rank][index + 1 :]
+        for leaf in step.leaves()
+    )
 
 
 def _covered_once(program: Program, checked: Checked) -> bool:

@@ -117,6 +117,9 @@ class FakeCluster:
     framework: str = "synthetic"
     record_mode: str = "steps"
     """The recorder's mode ("full": also the Python stack of each P2P post)."""
+    activation_bytes: int = 0
+    """Bytes a forward keeps for its micro-batch's backward; above 0 the ranks record
+    ``memory`` samples as the runtime does (`pipetrace.testing.replay.MemoryModel`)."""
 
     @classmethod
     def of(
@@ -196,6 +199,7 @@ class FakeCluster:
             self.stall_after_ns,
             self.framework,
             self.record_mode,
+            self.activation_bytes,
         )
         meta_plan = None if self.rank_steps.get(0) else self.plan
         return [

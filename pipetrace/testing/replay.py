@@ -108,6 +108,9 @@ class Playback:
     framework: str
     mode: str
     """The record mode ("full": also the Python stack of each P2P post)."""
+    activation_bytes: int = 0
+    """Bytes a forward keeps until its micro-batch's last backward step (0: no memory
+    samples)."""
 
 
 @dataclass
@@ -185,6 +188,10 @@ class Player:
         self.seqs: dict[tuple[str, int, str], int] = {}
         message = run.message
         self.message_size = (message.shape, _ITEMSIZE[message.dtype] * math.prod(message.shape))
+        self.memory = None
+        if run.activation_bytes:
+            stages = self.plan.stages_of(job.rank)
+            self.memory = MemoryModel(stages, run.activation_bytes, self.message_size[1])
 
     def play(self) -> None:
         job, run, rec, clock = self.job, self.run, self.recorder, self.clock
@@ -257,6 +264,8 @@ class Player:
                 self._substeps(positions[i], op.step, start, end)
             clock.now = end
             rec.end_step(token)
+            if self.memory is not None:
+                rec.memory_sample(token, *self.memory.after(op.step), None)
             last = end
         for ticket in drain:
             rec.p2p_completed(ticket)
@@ -321,3 +330,41 @@ class Player:
             self.clock.now = last + self.run.stall_after_ns
             Watchdog(rec).dump(fmt.STALL, idle_s=round(self.run.stall_after_ns / 1e9, 3))
         rec.close()
+
+
+class MemoryModel:
+    """A fake rank's memory samples, counted as the runtime counts them: a forward keeps
+    ``activation_bytes`` until its micro-batch's last backward step (B, or W after I), and
+    a received message's bytes count from its RECV to the compute step that consumes it."""
+
+    def __init__(self, stages: list[int], activation_bytes: int, message_bytes: int) -> None:
+        self.slot = {stage: i for i, stage in enumerate(stages)}
+        self.activation_bytes = activation_bytes
+        self.message_bytes = message_bytes
+        self.saved = [0] * len(stages)
+        self.inflight = [0] * len(stages)
+        self.received: set[tuple[int, int, str]] = set()  # (stage, micro-batch, channel)
+
+    def after(self, step: Step) -> tuple[list[int], list[int]]:
+        """(saved, inflight) per stage after ``step`` ended."""
+        for leaf in step.leaves():
+            kind, slot = leaf.kind, self.slot.get(leaf.stage)  # type: ignore[arg-type]
+            if slot is None:
+                continue
+            if kind in (StepKind.RECV_F, StepKind.RECV_B):
+                self.received.add((leaf.stage, leaf.microbatch, kind.value[-1]))  # type: ignore[arg-type]
+                self.inflight[slot] += self.message_bytes
+            elif kind is StepKind.F:
+                self._consume(leaf, "F", slot)
+                self.saved[slot] += self.activation_bytes
+            elif kind in (StepKind.B, StepKind.I):
+                self._consume(leaf, "B", slot)
+            if kind in (StepKind.B, StepKind.W):
+                self.saved[slot] -= self.activation_bytes
+        return list(self.saved), list(self.inflight)
+
+    def _consume(self, leaf: Step, channel: str, slot: int) -> None:
+        key = (leaf.stage, leaf.microbatch, channel)
+        if key in self.received:
+            self.received.discard(key)  # type: ignore[arg-type]
+            self.inflight[slot] -= self.message_bytes

@@ -8,7 +8,7 @@ import numpy as np
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS
 from pipetrace.tui import units
-from pipetrace.tui.lanes import DEVICE, MAIN, P2P, PLAN
+from pipetrace.tui.lanes import DEVICE, MAIN, P2P, PLAN, SAMPLES
 from pipetrace.tui.session import Session
 
 _KIND_WORDS = {
@@ -24,6 +24,7 @@ _KIND_WORDS = {
     "UNSHARD": "FSDP unshard",
     "RESHARD": "FSDP reshard",
     "REDUCE_GRAD": "FSDP gradient reduce",
+    "TIED_REDUCE": "tied-weight gradient reduce",
 }
 
 
@@ -40,6 +41,8 @@ def describe(session: Session, lane_id: int, item: int) -> Description:
         return _describe_op(session, lane.rank, int(lane.rows[item]))
     if lane.source == PLAN:
         return _describe_planned(session, lane_id, item)
+    if lane.source == SAMPLES:
+        return _describe_sample(session, lane_id, item)
     return _describe_step(session, lane_id, item)
 
 
@@ -196,6 +199,43 @@ def _describe_op(session: Session, rank_id: int, row: int) -> Description:
         item = session.index.lanes[lane].item_of_row(row)
         if item is not None:
             _finding_notes(session, lane, item, d)
+    return d
+
+
+def _describe_sample(session: Session, lane_id: int, item: int) -> Description:
+    """A memory sample: what each stage of the rank held from then until the next sample."""
+    lane = session.index.lanes[lane_id]
+    rank = session.run.ranks[lane.rank]
+    memory, row = rank.memory, int(lane.rows[item])
+    code = int(lane.code[item])
+    after = session.run.catalog.texts[code] if code >= 0 else "-"
+    d = Description(f"rank {lane.rank} · memory after {after}")
+    d.rows.append(
+        (
+            "from",
+            f"{units.duration(int(lane.begin[item]))} for "
+            f"{units.duration(int(lane.end[item] - lane.begin[item]))}",
+        )
+    )
+    for slot, stage in enumerate(rank.stages):
+        saved, inflight = int(memory.saved[row, slot]), int(memory.inflight[row, slot])
+        d.rows.append(
+            (
+                f"stage {stage}",
+                f"{units.size(saved)} saved for backward, "
+                f"{units.size(inflight)} received, not yet used",
+            )
+        )
+    if memory.allocated[row] >= 0:
+        d.rows.append(
+            (
+                "device allocator",
+                f"{units.size(int(memory.allocated[row]))} "
+                f"allocated, {units.size(int(memory.reserved[row]))} reserved",
+            )
+        )
+    if lane.levels is not None and int(lane.levels[item]) == int(lane.levels.max()):
+        d.notes.append("the rank's peak")
     return d
 
 

@@ -1,7 +1,9 @@
 """One row of the timeline and what it costs to draw, with no UI.
 
 A *lane* is one screen row: a rank's main-thread steps, one of its other threads, its steps
-as the device ran them (with device timing), its P2P ops in flight, or its planned steps.
+as the device ran them (with device timing), its P2P ops in flight, its planned steps, or
+its memory samples (each item one sample, held until the next; drawn as a level, not
+coloured by category).
 Its *items* are its spans sorted by begin time; ``item`` numbers index that order. Each item
 has a *category* (what it is coloured by).
 
@@ -44,15 +46,16 @@ _CAT_OF_KIND = {
     StepKind.UNSHARD: CAT_FSDP,
     StepKind.RESHARD: CAT_FSDP,
     StepKind.REDUCE_GRAD: CAT_FSDP,
+    StepKind.TIED_REDUCE: CAT_FSDP,  # a gradient collective, drawn like FSDP's
 }
 # catalog kind code (index into KINDS, -1 unparsable) + 1 -> category
 CATEGORY_OF_KIND_CODE = np.array(
     [CAT_OTHER] + [_CAT_OF_KIND.get(k, CAT_OTHER) for k in KINDS], np.int8
 )
 
-MAIN, THREAD, DEVICE, COMM, PLAN = "main", "thread", "device", "comm", "plan"
+MAIN, THREAD, DEVICE, COMM, PLAN, MEMORY = "main", "thread", "device", "comm", "plan", "memory"
 SHORT_THREAD_NAMES = {"overlap": "ovlp"}  # lane names are 4 characters in the gutter
-STEPS, P2P = "steps", "p2p"
+STEPS, P2P, SAMPLES = "steps", "p2p", "samples"
 
 
 def category_of_kind(kind: str) -> int:
@@ -100,9 +103,10 @@ class Lane:
     """One row of the timeline. Arrays are per item, items sorted by begin."""
 
     rank: int
-    role: str  # MAIN, THREAD, DEVICE, COMM or PLAN
-    name: str  # gutter label: "main", a thread name, "dev", "p2p", "plan"
-    source: str  # STEPS (rows of the rank's StepTable), P2P (its P2PTable) or PLAN
+    role: str  # MAIN, THREAD, DEVICE, COMM, PLAN or MEMORY
+    name: str  # gutter label: "main", a thread name, "dev", "p2p", "plan", "mem"
+    source: str  # STEPS (rows of the rank's StepTable), P2P (its P2PTable), PLAN or
+    # SAMPLES (its MemoryTable)
     rows: np.ndarray  # int64: row in the source table (PLAN: plan position)
     begin: np.ndarray  # int64 ns since Run.t0_ns
     end: np.ndarray  # int64 drawn end: an open span ends where the rank's log ends
@@ -112,6 +116,7 @@ class Lane:
     base_cat: np.ndarray  # int8 category by kind
     iter_spans: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty(0, np.int64))
     cat: np.ndarray = field(default=None)  # type: ignore[assignment]  # after the filter
+    levels: np.ndarray | None = None  # int64 per item on a MEMORY lane: the bytes it shows
     _coverage: dict[int, _Coverage] = field(default_factory=dict, repr=False)
     _item_of_row: dict[int, int] | None = field(default=None, repr=False)
 

@@ -28,6 +28,7 @@ from textual.strip import Strip
 
 from pipetrace.analyze.model import RankState
 from pipetrace.tui.lanes import BUBBLE, CATEGORIES, MAIN, NONE, P2P, Lane
+from pipetrace.tui.levels import level_segments
 from pipetrace.tui.palette import BLANK_STYLE, BUBBLE_STYLE, CATEGORY_COLORS, category_style
 from pipetrace.tui.session import Session
 from pipetrace.tui.viewport import ViewState
@@ -177,6 +178,9 @@ class TimelineView(ScrollView, can_focus=True):
             return Strip(gutter)
         if not len(lane.cat):  # a rank whose log holds no step or op: nothing to look up
             return Strip([*gutter, Segment(" " * columns, BLANK_STYLE)])
+        if lane.levels is not None:
+            cursor = state.cursor[1] if has_cursor and state.cursor is not None else None
+            return Strip([*gutter, *level_segments(lane, vp.start, dt, columns, cursor)], width)
         cells = lane.columns(vp.start, dt, columns)
         cat, second = cells.cat.astype(np.int64), cells.second.astype(np.int64)
         owner = cells.item.copy()  # the item each column shows (-1: none, or zoomed out)

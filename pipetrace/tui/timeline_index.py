@@ -12,14 +12,17 @@ from pipetrace.analyze.device_times import device_rows
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, Run
 from pipetrace.tui.lanes import (
     CAT_DIM,
+    CAT_OTHER,
     CAT_RECV,
     CAT_SEND,
     CATEGORY_OF_KIND_CODE,
     COMM,
     DEVICE,
     MAIN,
+    MEMORY,
     P2P,
     PLAN,
+    SAMPLES,
     SHORT_THREAD_NAMES,
     STEPS,
     THREAD,
@@ -62,7 +65,14 @@ class TimelineIndex:
         threads: bool = True,
     ) -> list[int]:
         """The lanes to draw, top to bottom, for the given rank filter and sub-row toggles."""
-        shown = {MAIN: True, THREAD: threads, DEVICE: threads, COMM: comm, PLAN: plan}
+        shown = {
+            MAIN: True,
+            THREAD: threads,
+            DEVICE: threads,
+            MEMORY: threads,
+            COMM: comm,
+            PLAN: plan,
+        }
         out = []
         for rank, ids in self.lanes_of_rank.items():
             if ranks is not None and rank not in ranks:
@@ -227,6 +237,7 @@ def _rank_lanes(run: Run, rank_id: int, log_end: int) -> list[Lane]:
             )
         )
     lanes.append(_device_lane(run, rank_id))
+    lanes.append(_memory_lane(run, rank_id, log_end))
     p = rank.p2p
     order = np.argsort(p.post, kind="stable")
     done = p.done[order]
@@ -271,6 +282,34 @@ def _device_lane(run: Run, rank_id: int) -> Lane:
         code,
         steps.it[rows].astype(np.int32),
         CATEGORY_OF_KIND_CODE[run.catalog.kind[code].astype(np.int64) + 1],
+    )
+
+
+def _memory_lane(run: Run, rank_id: int, log_end: int) -> Lane:
+    """The rank's memory samples (empty without): each holds until the next, the last until
+    the log ends; its level is the bytes of all the rank's stages (saved plus in flight).
+    Items carry the step after which they were taken, so the filter dims them with it."""
+    memory = run.ranks[rank_id].memory
+    begin = memory.t.astype(np.int64)
+    end = np.r_[begin[1:], max(log_end, int(begin[-1]))] if len(begin) else begin.copy()
+    step = memory.step
+    steps = run.ranks[rank_id].steps
+    known = step >= 0
+    code = np.where(known, steps.code[np.maximum(step, 0)] if len(steps) else -1, -1)
+    it = np.where(known, steps.it[np.maximum(step, 0)] if len(steps) else -1, -1)
+    return Lane(
+        rank_id,
+        MEMORY,
+        "mem",
+        SAMPLES,
+        np.arange(len(begin), dtype=np.int64),
+        begin,
+        end.astype(np.int64),
+        np.zeros(len(begin), bool),
+        code.astype(np.int32),
+        it.astype(np.int32),
+        np.full(len(begin), CAT_OTHER, np.int8),
+        levels=memory.saved.sum(axis=1) + memory.inflight.sum(axis=1),
     )
 
 

@@ -7,7 +7,8 @@ import orjson
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
-from pipetrace.analyze.model import OP_SEND, OPEN
+from pipetrace.analyze.model import OP_SEND, OPEN, parse_texts, steps_of
+from pipetrace.schedule.ir import B, F, Step, StepKind, format_step, overlap
 from pipetrace.testing.cluster import FakeCluster
 from pipetrace.testing.synthetic import write_synthetic_run
 
@@ -117,3 +118,18 @@ def _shift_seq(line: bytes, by: int) -> bytes:
     event = orjson.loads(line)
     event["seq"] += by
     return orjson.dumps(event) + b"\n"
+
+
+def test_steps_from_parsed_columns_are_the_parsed_steps():
+    """The simple texts are made from the columns in bulk; the others parsed one by one, in
+    their places."""
+    expected = [
+        F(0, 1),
+        overlap(F(0, 0), B(1, 0)),
+        Step(StepKind.UNSHARD, 2),
+        Step(StepKind.SEND_B, 3, 7),
+    ]
+    texts = [format_step(step) for step in expected] + ["junk", "0F"]
+    assert steps_of(texts, *parse_texts(texts)) == [*expected, None, None]
+    simple = [format_step(F(s, m)) for s in range(3) for m in range(2)]
+    assert steps_of(simple, *parse_texts(simple)) == [F(s, m) for s in range(3) for m in range(2)]

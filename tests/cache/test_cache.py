@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+import orjson
 import pytest
 
 from pipetrace.analyze import cache
@@ -179,3 +183,104 @@ def test_planted_files_are_neither_followed_nor_waited_on(run, tmp_path, capsys)
     (run / cache.CACHE_DIR).mkdir()
     os.mkfifo(run / cache.CACHE_DIR / f"{fmt.rank_log_name(0)}.cols")  # would block a read
     assert _analyze(run, capsys) == plain
+
+
+def _from_run_entry_only(monkeypatch) -> None:
+    """Make every per-log path fail: a load that still succeeds read the run's entry."""
+
+    def refuse(path):
+        raise AssertionError(f"{path} was read, not the run's entry")
+
+    monkeypatch.setattr("pipetrace.analyze.cache.load", refuse)
+    monkeypatch.setattr("pipetrace.analyze.cache.parse_and_store", refuse)
+    monkeypatch.setattr("pipetrace.analyze.load.parse_rank_file", refuse)
+
+
+@pytest.mark.parametrize("flags", [(), ("--ranks", "1-2")])
+def test_a_reopen_reads_the_assembled_run(run, capsys, monkeypatch, flags):
+    plain = _analyze(run, capsys, "--no-cache", *flags)
+    assert _analyze(run, capsys, *flags) == plain
+    assert len(list((run / cache.CACHE_DIR).glob("*.model"))) == 1
+    _from_run_entry_only(monkeypatch)
+    assert _analyze(run, capsys, *flags) == plain
+
+
+def test_a_selection_has_its_own_run_entry(run, capsys, monkeypatch):
+    whole = _analyze(run, capsys)
+    part = _analyze(run, capsys, "--ranks", "0,3")
+    assert len(list((run / cache.CACHE_DIR).glob("*.model"))) == 2
+    _from_run_entry_only(monkeypatch)
+    assert _analyze(run, capsys) == whole
+    assert _analyze(run, capsys, "--ranks", "0,3") == part
+    assert _analyze(run, capsys, "--replica", "0") == whole  # every rank: the whole run's
+
+
+def test_a_changed_meta_json_rebuilds_the_run(run, capsys, monkeypatch):
+    _analyze(run, capsys)
+    meta = run / fmt.META_FILE
+    meta.write_bytes(meta.read_bytes().replace(b'"schedule"', b'"note": "edited", "schedule"', 1))
+    with monkeypatch.context() as refusing:
+        _from_run_entry_only(refusing)
+        with pytest.raises(AssertionError, match="not the run's entry"):
+            _analyze(run, capsys)
+    assert _analyze(run, capsys) == _analyze(run, capsys, "--no-cache")
+    assert load_run(run).meta["note"] == "edited"
+
+
+@pytest.mark.parametrize("damage", [_cut, _zeros, _bad_magic, _bad_index, _code_out_of_range])
+def test_a_damaged_run_entry_is_ignored_and_rebuilt(run, capsys, damage):
+    plain = _analyze(run, capsys, "--no-cache")
+    _analyze(run, capsys)
+    (entry,) = (run / cache.CACHE_DIR).glob("*.model")
+    entry.write_bytes(damage(entry.read_bytes()))
+    assert _analyze(run, capsys) == plain
+    assert _analyze(run, capsys) == plain  # rebuilt, and read back
+
+
+@pytest.mark.parametrize("flags", [("--json",), ("--json", "--no-segments"), ()])
+def test_analyzing_an_unchanged_run_again_is_a_read(run, capsys, monkeypatch, flags):
+    plain = main(["analyze", str(run), "--no-cache", *flags]), capsys.readouterr().out
+    assert (main(["analyze", str(run), *flags]), capsys.readouterr().out) == plain
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the run was loaded again")
+
+    monkeypatch.setattr("pipetrace.analyze.load.load_run", refuse)
+    assert (main(["analyze", str(run), *flags]), capsys.readouterr().out) == plain
+    assert plain[0] == 1  # the hang, and its exit code, kept too
+    log = fmt.rank_log_path(run, 2)
+    os.utime(log, ns=(os.stat(log).st_atime_ns, os.stat(log).st_mtime_ns - 10**9))
+    with pytest.raises(AssertionError, match="loaded again"):  # a log touched: analyzed again
+        main(["analyze", str(run), *flags])
+
+
+def _assert_same(a: Any, b: Any, where: str = "run") -> None:
+    """Field by field, arrays by dtype, shape and values (private fields are caches)."""
+    if is_dataclass(a):
+        assert type(a) is type(b), where
+        for f in fields(a):
+            if not f.name.startswith("_"):
+                _assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, np.ndarray):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_the_run_entry_holds_the_whole_model(tmp_path, monkeypatch):
+    """Every field of the model (memory samples, two pipelines, a hang) reads back as built."""
+    path = tmp_path / "run"
+    hang = Hang(rank=3, step=0, microbatch=1, phase="B")
+    FakeCluster.of(faults=[hang], activation_bytes=1 << 20).record(path)
+    meta = orjson.loads((path / fmt.META_FILE).read_bytes())
+    (path / fmt.META_FILE).write_bytes(orjson.dumps({**meta, "pipelines": [[0, 1], [2, 3]]}))
+    _age(path)
+    built = load_run(path)
+    assert len(built.ranks[0].memory) and built.pipelines.several
+    _from_run_entry_only(monkeypatch)
+    _assert_same(built, load_run(path))

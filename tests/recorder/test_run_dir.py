@@ -97,7 +97,7 @@ def test_a_planted_link_at_a_log_is_not_followed(tmp_path):
     log = tmp_path / fmt.rank_log_name(0)
     log.symlink_to(victim)
     with pytest.raises(RunDirError, match="already exists"):
-        EventWriter(log, {"h": 1}, lambda record: b"", flush_interval=1, capacity=1)
+        EventWriter(log, {"h": 1}, lambda records: b"", flush_interval=1, capacity=1)
     assert victim.read_text() == "precious"
 
 

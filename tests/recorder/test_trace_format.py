@@ -61,7 +61,7 @@ def record_sessions(tmp_path: Path) -> list[Path]:
     wait interrupted by SIGUSR1, a stall and SIGTERM (real processes)."""
     names = ("clean", "full", "crash", "device", "hang", "wait")
     runs = {name: tmp_path / name for name in names}
-    record_fake(runs["clean"])
+    record_fake(runs["clean"], activation_bytes=4096)
     record_fake(runs["full"], record_mode="full")
     record_fake(runs["crash"], faults=[Crash(rank=1, step=0, microbatch=1, phase="F")])
     record_device_run(runs["device"], lambda rank, it, text: NEVER if text == "1B1" else 1_000)

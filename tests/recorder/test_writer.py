@@ -11,7 +11,11 @@ def test_a_full_buffer_is_written_by_the_appending_thread(tmp_path):
     path = tmp_path / "log.ndjson"
     # the background thread never runs in this test (hour-long interval): only backpressure writes
     writer = EventWriter(
-        path, {"h": 1}, lambda rec: b'{"n":%d}\n' % rec[0], flush_interval=3600, capacity=100
+        path,
+        {"h": 1},
+        lambda recs: b"".join(b'{"n":%d}\n' % rec[0] for rec in recs),
+        flush_interval=3600,
+        capacity=100,
     )
     for n in range(250):
         writer.append((n,))

@@ -87,6 +87,28 @@ def test_every_schedule_matches_single_process(ranks, tmp_path):
         assert plain == overlapped
     for index, case in enumerate(cases):
         check_recording(tmp_path, index, case)
+        if not case.overlap_p2p:
+            check_recvs_in_own_step(tmp_path, index, case)
+
+
+def check_recvs_in_own_step(directory: Path, index: int, case: RunConfig) -> None:
+    """Plain mode, recvs posted ahead on gloo (`pipetrace.runtime.recv_ahead`): the trace
+    still shows each recv posted and done inside its own RECV step."""
+    for rank in range(case.ranks):
+        main: dict[int, str] = {}  # token -> step, of the steps open on the main thread
+        recvs: dict[int, dict] = {}  # token -> its p2p_posted event
+        for event in read_events(directory / f"rank{rank}-case{index}.jsonl"):
+            kind = event["event"]
+            open_step = next(reversed(main.values()), None)
+            if kind == "begin_step" and event["thread"] == "main":
+                main[event["token"]] = event["step"]
+            elif kind == "end_step":
+                main.pop(event["begin"], None)
+            elif kind == "p2p_posted" and event["op"] == "recv":
+                assert open_step == event["step"], (case.schedule, rank, event)
+                recvs[event["token"]] = event
+            elif kind == "p2p_completed" and event["posted"] in recvs:
+                assert open_step == recvs[event["posted"]]["step"], (case.schedule, rank, event)
 
 
 def check_recording(directory: Path, index: int, case: RunConfig) -> None:

@@ -1,8 +1,8 @@
 """Real ranks with activation swap and OVERLAP_B_F: every built-in schedule on 2 and 4 ranks
 gives the single-process gradients with every activation offloaded and loaded back, each swap
 launch is recorded with the bytes it copies, and 1F1B and interleaved 1F1B with each
-steady-state backward overlapped with the next forward give them too. One launch per rank
-count runs every case."""
+steady-state backward (whole, or split into I then W) overlapped with the next forward give
+them too. One launch per rank count runs every case."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ def swapped_cases(ranks: int) -> list[RunConfig]:
 
 
 def overlap_bf_cases(ranks: int) -> list[RunConfig]:
-    """1F1B and interleaved 1F1B with OVERLAP_B_F steps (the interleaved one also swaps)."""
+    """1F1B and interleaved 1F1B with OVERLAP_B_F steps, the pair's backward whole and split
+    into I then W (the interleaved ones also swap)."""
     return [
         RunConfig(
             schedule=name,
@@ -47,11 +48,13 @@ def overlap_bf_cases(ranks: int) -> list[RunConfig]:
             microbatches=2 * ranks,
             stages_per_rank=v,
             steps=1,
-            overlap_bf=True,
+            overlap_bf=not split,
+            overlap_bf_split=split,
             swap=swap,
             check_parity=True,
             timeout=60,
         )
+        for split in (False, True)
         for name, v, swap in (("1f1b", None, None), ("interleaved-1f1b", 2, "stage=0"))
     ]
 
@@ -70,7 +73,8 @@ def test_every_schedule_with_swap_or_overlap_bf_matches_single_process(ranks, tm
             check_swap_bytes(tmp_path, index, case)
     for case in cases:
         kinds = {s.kind for row in case.plan().ranks for s in row if s is not None}
-        assert (StepKind.OVERLAP_B_F in kinds) == case.overlap_bf, case.schedule
+        paired = case.overlap_bf or case.overlap_bf_split
+        assert (StepKind.OVERLAP_B_F in kinds) == paired, case.schedule
 
 
 def check_swap_bytes(directory, index: int, case: RunConfig) -> None:

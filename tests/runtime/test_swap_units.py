@@ -86,10 +86,13 @@ def test_the_plan_of_a_swapped_run_holds_its_swap_steps():
         assert swaps == list(SWAP_ORDER)
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize(("name", "v"), [("1f1b", None), ("interleaved-1f1b", 2)])
-def test_one_rank_overlap_bf_plans_match_the_reference(name, v):
-    """OVERLAP_B_F steps: the backward on the overlap thread, the forward on the main one."""
-    plan = build_plan(name, num_ranks=1, num_microbatches=3, stages_per_rank=v, overlap_bf=True)
+def test_one_rank_overlap_bf_plans_match_the_reference(name, v, split):
+    """OVERLAP_B_F steps: the backward (or its I then W) on the overlap thread, the forward
+    on the main one."""
+    kwargs = {"num_ranks": 1, "num_microbatches": 3, "stages_per_rank": v}
+    plan = build_plan(name, **kwargs, overlap_bf=True, overlap_bf_split=split)
     recorder = ListRecorder()
     executor, loss = run_plan(plan.ranks, plan.num_stages, 3, recorder=recorder)
     assert_matches_reference(executor, loss, plan.num_stages, 3)
@@ -98,5 +101,13 @@ def test_one_rank_overlap_bf_plans_match_the_reference(name, v):
         for e in recorder.events
         if e["event"] == "begin_step" and not e["step"].startswith("(")
     }
-    assert ("B", "overlap") in threads and ("F", "main") in threads
+    backward = {("I", "overlap"), ("W", "overlap")} if split else {("B", "overlap")}
+    assert backward <= threads and ("F", "main") in threads
     assert ("F", "overlap") not in threads
+    on_worker = [
+        e["step"]
+        for e in recorder.events
+        if e["event"] == "begin_step" and e["thread"] == "overlap"
+    ]
+    if split:  # each pair's I, then its W
+        assert on_worker[1::2] == [step.replace("I", "W") for step in on_worker[::2]]

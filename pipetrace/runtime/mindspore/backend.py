@@ -209,7 +209,12 @@ class MindSporeDemo:
     def replicas(self, case: RunConfig, rank: int) -> Replicas:
         return Replicas(MindSporeBackend(), rank)  # --data-parallel is torch's (support.py)
 
-    def build_model(self, num_stages: int, config: DemoConfig, seed: int) -> nn.SequentialCell:
+    def build_model(
+        self, num_stages: int, config: DemoConfig, seed: int, *, tie_weights: bool = False
+    ) -> nn.SequentialCell:
+        """``tie_weights`` is refused before any rank starts (`support.check_run`)."""
+        if tie_weights:
+            raise ValueError("tied weights need the torch backend")
         return demo.build_demo_model(num_stages, config, seed=seed)
 
     def batch(self, step: int, size: int, config: DemoConfig, seed: int) -> tuple[Tensor, Tensor]:

@@ -146,11 +146,13 @@ class MindSporeStage(StageBase):
             self._saved[mb] = _Saved(x, target, loss_scale)
         else:
             self._saved[mb] = _Saved(x)
+        if self.count_saved:  # the input is all it keeps: its backward re-runs the forward
+            self._saved_bytes[mb] = x.nbytes
         return output
 
     def backward(self, mb: int, output_grad: Tensor | None) -> Tensor | None:
         """Full backward (dx and dw) of micro-batch ``mb``; returns dx (None on stage 0)."""
-        saved = self._saved.pop(mb)
+        saved = self._release(mb)
         dx, dw = self._gradients(saved, output_grad, dx=not self.is_first)
         self._accumulate(dw)
         return dx
@@ -167,7 +169,7 @@ class MindSporeStage(StageBase):
 
     def backward_weight(self, mb: int) -> None:
         """dw of micro-batch ``mb`` (after `backward_input`), accumulated into `grads`."""
-        saved = self._saved.pop(mb)
+        saved = self._release(mb)
         if saved.weight_grads is None:  # stage 0: the whole backward happens here
             _, dw = self._gradients(saved, saved.output_grad, dx=False)
             self._accumulate(dw)

@@ -63,6 +63,8 @@ def check_run(config: RunConfig) -> None:
     unsupported = []
     if config.data_parallel > 1 or config.fsdp:
         unsupported.append("--data-parallel/--fsdp (torch FSDP2 only)")
+    if config.tie_weights:
+        unsupported.append("--tie-weights (its TIED_REDUCE exchange is written for torch)")
     if config.torch_profiler:
         unsupported.append("--torch-profiler (use MindSpore's own profiler in your script)")
     if unsupported:

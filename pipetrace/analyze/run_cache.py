@@ -1,0 +1,365 @@
+"""The run-level cache entry: the assembled `Run`, after matching and clock alignment, so
+that a second `analyze`, `tui` or `export` of an unchanged run is a read.
+
+The per-log entries (`analyze.cache`) spare the parsing; what is left of a reopen without
+this entry is the model's assembly, the same for every reopen: interning every rank's step
+texts into one catalog, send/recv matching, clock alignment, putting every time on rank 0's
+clock. ``<meta.json's dir>/.pipetrace-cache/run.model`` (``run-<ranks hash>.model`` for a
+``--ranks``/``--replica`` selection) holds its result in the per-log entries' layout (a JSON
+index, then aligned raw columns: `cache.write_entry`): each table's column concatenated over
+the ranks, each rank's row counts and other fields in the index.
+
+The entry is used only while its key holds: every loaded log's `cache.LogKey` (or its
+absence), meta.json's content, the selection, and a hash of every analyze module's source
+(any code change rebuilds it). A run with a log written in the last `cache.RECENT_NS` is not
+stored, nor one whose logs changed while it was loaded; an entry that does not read back
+whole and consistent is ignored (the load then proceeds as without it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import asdict, fields
+from functools import cache as memoize
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from pipetrace.analyze import cache as column_cache
+from pipetrace.analyze import model
+from pipetrace.analyze.pipelines import Pipelines
+from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.source import RunSource
+from pipetrace.schedule.ir import Plan
+
+RUN_CACHE_VERSION = 1
+"""Bump when the entry's layout changes (changed analyze sources make entries stale anyway)."""
+_TABLES: dict[str, Any] = {
+    "steps": model.StepTable.empty(),
+    "p2p": model.P2PTable.empty(),
+    "iterations": model.IterationTable.empty(),
+}
+_MEMORY = model.MemoryTable.empty()
+"""Its columns are kept flat (a per-stage grid's rows one after the other) with each rank's
+shapes in its record."""
+_CATALOG = {"catalog.kind": np.int8, "catalog.stage": np.int32, "catalog.microbatch": np.int32}
+_RANK_KEYS = (
+    *("rank", "present", "status", "clock", "header", "stages", "config"),
+    *("lifecycle", "events", "path", "rows", "memory"),
+)
+_LOG = logging.getLogger(__name__)
+PlanOf = Callable[[dict[str, Any], model.StepCatalog], Plan | None]
+"""meta.json's plan with its steps from the catalog (`load`'s, which notes its problems)."""
+
+
+@memoize
+def _code_version() -> str:
+    """A hash of pipetrace's every module: the model and the reports depend on many (the
+    loader, the analyzers, the schedule simulator, the commands' output), and reading them
+    all costs a few milliseconds."""
+    package = Path(__file__).parents[1]
+    return column_cache.source_digest(f"run/{RUN_CACHE_VERSION}", sorted(package.rglob("*.py")))
+
+
+def run_key(source: RunSource, wanted: Collection[int], selection: str | None) -> str | None:
+    """The key of the run as it is now, None when it must not be cached: a log written in
+    the last seconds (it may still grow), or one that is not a regular file."""
+    logs = []
+    now = time.time_ns()
+    for rank in sorted(wanted):
+        try:
+            key = column_cache.LogKey.of(source.logs[rank])
+        except FileNotFoundError:
+            logs.append([rank, str(source.logs[rank]), None])
+            continue
+        except (OSError, TraceFormatError):
+            return None
+        if now - key.mtime_ns < column_cache.RECENT_NS:
+            return None
+        logs.append([rank, str(source.logs[rank]), asdict(key)])
+    whole = {
+        "code": _code_version(),
+        "meta": orjson.dumps(source.meta, option=orjson.OPT_SORT_KEYS).decode(),
+        "directories": [str(d) for d in source.directories],
+        "selection": selection,
+        "logs": logs,
+    }
+    return hashlib.blake2b(orjson.dumps(whole), digest_size=20).hexdigest()
+
+
+def entry_path(source: RunSource, wanted: Collection[int]) -> Path:
+    """One entry per selection of ranks (the whole run: ``run.model``)."""
+    directory = source.meta_dir / column_cache.CACHE_DIR
+    if len(wanted) == source.world_size:
+        return directory / "run.model"
+    ranks = orjson.dumps(sorted(wanted))
+    return directory / f"run-{hashlib.blake2b(ranks, digest_size=8).hexdigest()}.model"
+
+
+class RunEntry:
+    """The entry of a run (a selection of its ranks) as its files are now. ``selection``
+    says how the ranks were chosen (the ranks left out are marked with it): a selection of
+    every rank is the whole run."""
+
+    def __init__(self, source: RunSource, wanted: Collection[int], selection: str | None) -> None:
+        self.source, self.wanted = source, wanted
+        self.selection = selection if len(wanted) < source.world_size else None
+        self.path = entry_path(source, wanted)
+        self.key = run_key(source, wanted, self.selection)
+
+    def load(self, plan_of: PlanOf) -> model.Run | None:
+        """The cached run, or None when there is no fresh, whole entry."""
+        return None if self.key is None else load(self.path, self.key, self.source, plan_of)
+
+    def store(self, run: model.Run, problems_from: int) -> None:
+        """Cache ``run`` when the logs held still while it was loaded (`store`)."""
+        if self._still():
+            store(self.path, self.key, run, problems_from)
+
+    def report(self, variant: str) -> tuple[int, str] | None:
+        """A command's output made before from this run, and its exit code (``variant``:
+        which output: the command and its output options), or None."""
+        if self.key is None:
+            return None
+        path = self._report_path(variant)
+        try:
+            found = column_cache.read_entry(path, lambda index: index["key"] == self.key)
+            if found is None:
+                return None
+            code, text = found[0]["exit"], found[0]["text"]
+            if type(code) is not int or type(text) is not str:
+                raise ValueError("bad report")
+            return code, text
+        except (FileNotFoundError, TraceFormatError):
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _LOG.debug("%s: report ignored (%s)", path, exc)
+            return None
+
+    def store_report(self, variant: str, code: int, text: str) -> None:
+        """Keep a command's output (`report`) when the logs held still while it was made."""
+        if self._still():
+            index = {"key": self.key, "exit": code, "text": text}
+            column_cache.write_entry(self._report_path(variant), index, {})
+
+    def _still(self) -> bool:
+        """Does the key still describe the run (no log changed since it was taken)?"""
+        return (
+            self.key is not None and run_key(self.source, self.wanted, self.selection) == self.key
+        )
+
+    def _report_path(self, variant: str) -> Path:
+        return self.path.with_suffix(f".{variant}.report")
+
+
+def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
+    """Write the run's entry; ``problems_from``: the first of ``run.problems`` found while
+    loading (the ones before come from the source, gathered again on every load)."""
+    ranks = run.ranks
+    arrays: dict[str, column_cache.Column] = {
+        f"{table}.{name}": [
+            getattr(getattr(r, table), name).astype(getattr(empty, name).dtype, copy=False)
+            for r in ranks
+        ]
+        for table, empty in _TABLES.items()
+        for name in _columns(empty)
+    }
+    arrays["plan_codes"] = [r.plan_codes.astype(np.int32, copy=False) for r in ranks]
+    for name in _columns(_MEMORY):
+        arrays[f"memory.{name}"] = [
+            getattr(r.memory, name).astype(np.int64, copy=False).ravel() for r in ranks
+        ]
+    catalog = run.catalog
+    arrays |= dict(zip(_CATALOG, (catalog.kind, catalog.stage, catalog.microbatch)))
+    index = {
+        "key": key,
+        "t0_ns": run.t0_ns,
+        "clock_quality": run.clock_quality,
+        "pipelines": run.pipelines.groups,
+        "problems": [[p.severity, p.message, p.rank] for p in run.problems[problems_from:]],
+        "texts": catalog.texts,
+        "threads": run.threads,
+        "shapes": run.shapes,
+        "dtypes": run.dtypes,
+        "ranks": [_rank_fields(r) for r in ranks],
+    }
+    column_cache.write_entry(path, index, arrays)
+
+
+def _columns(table: Any) -> list[str]:
+    return [f.name for f in fields(table)]
+
+
+def _rank_fields(rank: model.RankTimeline) -> dict[str, Any]:
+    """A rank's fields other than its columns (its plan is its plan codes' texts)."""
+    status = rank.status
+    return {
+        "rank": rank.rank,
+        "present": rank.present,
+        "status": [status.state, status.detail, status.last_step, status.last_iteration]
+        + [status.error],
+        "clock": rank.clock.to_json(),
+        "header": rank.header,
+        "stages": rank.stages,
+        "config": rank.config,
+        "lifecycle": [[ev.e, ev.t, ev.fields] for ev in rank.lifecycle],
+        "events": rank.events,
+        "path": None if rank.path is None else str(rank.path),
+        "rows": [len(rank.steps), len(rank.p2p), len(rank.iterations), len(rank.plan_codes)],
+        "memory": [list(getattr(rank.memory, name).shape) for name in _columns(_MEMORY)],
+    }
+
+
+def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> model.Run | None:
+    """The cached run, or None when there is no fresh, whole entry under ``key``."""
+    try:
+        found = column_cache.read_entry(path, lambda index: index["key"] == key)
+        return None if found is None else _decode(*found, source, plan_of)
+    except (FileNotFoundError, TraceFormatError):
+        return None
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        _LOG.debug("%s: run cache entry ignored (%s)", path, exc)
+        return None
+
+
+def _decode(
+    index: dict[str, Any], data: memoryview, source: RunSource, plan_of: PlanOf
+) -> model.Run:
+    expected = {
+        f"{table}.{name}": getattr(empty, name).dtype
+        for table, empty in _TABLES.items()
+        for name in _columns(empty)
+    }
+    memory = {f"memory.{name}": np.int64 for name in _columns(_MEMORY)}
+    arrays = column_cache.entry_arrays(
+        index, data, {**expected, "plan_codes": np.int32, **_CATALOG, **memory}
+    )
+    texts = index["texts"]
+    if type(texts) is not list or not set(map(type, texts)) <= {str}:
+        raise ValueError("bad texts")
+    catalog = model.StepCatalog(
+        texts,
+        *(arrays[name] for name in _CATALOG),
+        dict(zip(texts, range(len(texts)))),
+    )
+    lists = {"threads": index["threads"], "shapes": index["shapes"], "dtypes": index["dtypes"]}
+    _check_codes(arrays, len(texts), {k: len(v) for k, v in lists.items()}, source.world_size)
+    ranks = _ranks(index["ranks"], arrays, texts, source.world_size)
+    return model.Run(
+        path=source.path,
+        directories=source.directories,
+        meta=source.meta,
+        plan=plan_of(source.meta, catalog),
+        world_size=source.world_size,
+        ranks=ranks,
+        catalog=catalog,
+        shapes=[tuple(shape) for shape in lists["shapes"]],
+        dtypes=lists["dtypes"],
+        threads=lists["threads"],
+        t0_ns=int(index["t0_ns"]),
+        problems=[*source.problems, *(model.InputProblem(*p) for p in index["problems"])],
+        clock_quality=dict(index["clock_quality"]),
+        pipelines=Pipelines(tuple(map(tuple, index["pipelines"]))),
+    )
+
+
+def _check_codes(
+    arrays: dict[str, np.ndarray], texts: int, lists: dict[str, int], world_size: int
+) -> None:
+    """Every code inside the list it indexes (ValueError otherwise)."""
+    bounds = {
+        "steps.code": (0, texts),
+        "p2p.code": (0, texts),
+        "plan_codes": (0, texts),
+        "steps.thread": (0, lists["threads"]),
+        "p2p.shape": (0, lists["shapes"]),
+        "p2p.dtype": (0, lists["dtypes"]),
+        "p2p.match_rank": (-1, world_size),
+    }
+    for name, (low, high) in bounds.items():
+        column = arrays[name]
+        if len(column) and not low <= column.min() <= column.max() < high:
+            raise ValueError(f"{name} out of range")
+    if {len(arrays[name]) for name in _CATALOG} != {texts}:
+        raise ValueError("catalog columns do not match the texts")
+
+
+def _ranks(
+    records: list[dict[str, Any]],
+    arrays: dict[str, np.ndarray],
+    texts: list[str],
+    world_size: int,
+) -> list[model.RankTimeline]:
+    """Each rank's timeline, its columns slices of the entry's."""
+    if type(records) is not list or len(records) != world_size:
+        raise ValueError("not one record per rank")
+    starts = np.zeros(4, np.int64)
+    memory_at = dict.fromkeys(_columns(_MEMORY), 0)
+    ranks = []
+    for number, record in enumerate(records):
+        if type(record) is not dict or tuple(record) != _RANK_KEYS or record["rank"] != number:
+            raise ValueError("bad rank record")
+        rows = np.array(record["rows"], np.int64)
+        ends = starts + rows
+        tables = {
+            table: type(empty)(*(arrays[f"{table}.{name}"][start:end] for name in _columns(empty)))
+            for (table, empty), start, end in zip(_TABLES.items(), starts, ends)
+        }
+        codes = arrays["plan_codes"][starts[3] : ends[3]]
+        tables["memory"] = _memory(record["memory"], arrays, memory_at)
+        ranks.append(_rank(record, tables, codes, texts))
+        starts = ends
+    if any(int(s) != len(arrays[f"{t}.it"]) for s, t in zip(starts, _TABLES)):
+        raise ValueError("row counts do not add up")
+    if int(starts[3]) != len(arrays["plan_codes"]) or any(
+        at != len(arrays[f"memory.{name}"]) for name, at in memory_at.items()
+    ):
+        raise ValueError("plan or memory row counts do not add up")
+    match, widest = arrays["p2p.match_index"], max(len(rank.p2p) for rank in ranks)
+    if len(match) and not -1 <= match.min() <= match.max() < widest:
+        raise ValueError("p2p.match_index out of range")  # a row of the matched rank's ops
+    return ranks
+
+
+def _memory(
+    shapes: list[list[int]], arrays: dict[str, np.ndarray], at: dict[str, int]
+) -> model.MemoryTable:
+    """A rank's memory samples, each column given back its shape (``at``: where the rank's
+    part of each flat column begins; moved past it)."""
+    columns = {}
+    for name, shape in zip(at, shapes, strict=True):
+        if not all(type(n) is int and n >= 0 for n in shape):
+            raise ValueError("bad memory shape")
+        size = int(np.prod(shape))
+        columns[name] = arrays[f"memory.{name}"][at[name] : at[name] + size].reshape(shape)
+        at[name] += size
+    return model.MemoryTable(**columns)
+
+
+def _rank(
+    record: dict[str, Any], tables: dict[str, Any], codes: np.ndarray, texts: list[str]
+) -> model.RankTimeline:
+    path = record["path"]
+    return model.RankTimeline(
+        rank=record["rank"],
+        present=bool(record["present"]),
+        steps=tables["steps"],
+        p2p=tables["p2p"],
+        iterations=tables["iterations"],
+        status=model.RankStatus(*record["status"]),
+        clock=model.ClockInfo(**record["clock"]),
+        header=record["header"],
+        plan=list(map(texts.__getitem__, codes.tolist())),
+        plan_codes=codes,
+        stages=record["stages"],
+        config=record["config"],
+        lifecycle=[model.LifecycleEvent(e, t, f) for e, t, f in record["lifecycle"]],
+        events=record["events"],
+        path=None if path is None else Path(path),
+        memory=tables["memory"],
+    )
