@@ -11,6 +11,7 @@ that of the main threads alone (which is where the adapter's wrappers run).
 
     .venv/bin/python bench/bench_torch_pipelining.py
     .venv/bin/python bench/bench_torch_pipelining.py --iterations 40 --width 512
+    .venv/bin/python bench/bench_torch_pipelining.py --aa   # both halves unrecorded
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ def _alternate(
 
     samples: Samples = {mode: {m: [] for m in MEASURES} for mode in (True, False)}
     for index in range(args.warmup + 2 * args.iterations):
-        recorded = index % 2 == 0
-        (recording.resume if recorded else recording.suspend)()
+        recorded = index % 2 == 0  # with --aa, the half that would be: the noise floor
+        (recording.resume if recorded and not args.aa else recording.suspend)()
         dist.barrier()
         start, start_cpu, start_main = time.perf_counter(), time.process_time(), time.thread_time()
         schedule.step(*batch[0], target=batch[1])
@@ -138,6 +139,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--iterations", type=int, default=30, help="timed pairs")
     parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument(
+        "--aa", action="store_true", help="A/A: both halves unrecorded (the noise floor)"
+    )
     parser.add_argument("--out", default=None, help="run directories (default: a temp dir)")
     if ARGS_ENV in os.environ:
         args = argparse.Namespace(**json.loads(os.environ[ARGS_ENV]))

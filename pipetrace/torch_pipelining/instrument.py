@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pipetrace.recorder.hooks import Place, RecorderHooks
-from pipetrace.schedule.ir import Plan, Step, StepKind
-from pipetrace.torch_pipelining.messages import OP_SOURCES, MessageLog
+from pipetrace.schedule.ir import Plan, StepKind
+from pipetrace.torch_pipelining.messages import OP_SOURCES, Message, MessageLog
 from pipetrace.torch_pipelining.steps import Entry, Key, StepIndex
 
 _ACTION_PREFIX = "PP:"
@@ -106,9 +106,9 @@ class Instrumentation:
                     stage, name, self._ops_wrapper(getattr(stage, name), stage, kind, channel)
                 )
             if self.single or self.index.has_composites:  # else actions are the steps
-                for name, kind_of in _COMPUTE.items():
+                for name, kind in _COMPUTE.items():
                     method = getattr(stage, name)
-                    self._patch(stage, name, self._compute_wrapper(method, stage, kind_of))
+                    self._patch(stage, name, self._compute_wrapper(method, stage, kind))
             if self.single:
                 self._patch(
                     stage,
@@ -203,27 +203,30 @@ class Instrumentation:
 
         return ActionRange
 
-    def _entry(self, key: Key) -> Entry | None:
-        """The step a compute call is: a step of a single-stage schedule's plan, or a
-        sub-step of the composite action being performed (other actions are their own
-        steps already)."""
-        if self.single:
-            return self.index.by_key.get(key)
+    def _sub_step(self, key: Key) -> Entry | None:
+        """The sub-step of the composite action being performed that a compute call is
+        (other actions of a multi-stage schedule are their own steps already)."""
         if self._composite is not None:
             return self.index.sub_step(self._composite, key)
         return None
 
     def _compute_wrapper(
-        self,
-        method: Callable[..., Any],
-        stage: Any,
-        kind_of: Callable[[tuple, dict], StepKind],
+        self, method: Callable[..., Any], stage: Any, kind: StepKind | None
     ) -> Callable[..., Any]:
+        """``kind``: the step kind the method performs; None for ``backward_one_chunk``
+        (B or I, as its ``full_backward`` says). A single-stage schedule's compute calls
+        are its plan's steps, found with one lookup."""
         recorder = self.recorder
         stage_index = stage.stage_index
+        find = self.index.by_key.get if self.single else self._sub_step
 
         def recorded(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-            entry = self._entry((kind_of(args, kwargs), stage_index, chunk_id))
+            key = (
+                kind if kind is not None else _backward_kind(args, kwargs),
+                stage_index,
+                chunk_id,
+            )
+            entry = find(key)
             if entry is None:
                 return method(chunk_id, *args, **kwargs)
             token = recorder.begin_step(*entry)
@@ -252,28 +255,30 @@ class Instrumentation:
     def _ops_wrapper(
         self, method: Callable[[int], list[Any]], stage: Any, kind: StepKind, channel: str
     ) -> Callable[[int], list[Any]]:
-        by_key = self.index.by_key
-        stage_index = stage.stage_index
-        messages = self.messages
+        by_microbatch = {
+            mb: Message.of(position, step, channel)
+            for mb, (position, step) in self.index.of_stage(kind, stage.stage_index).items()
+        }
+        note = self.messages.note
 
         def recorded(chunk_id: int, *args: Any, **kwargs: Any) -> list[Any]:
             ops = method(chunk_id, *args, **kwargs)
-            if ops:
-                entry = by_key.get((kind, stage_index, chunk_id))
-                if entry is not None:
-                    messages.note(ops, entry[1], entry[0], channel)
+            message = by_microbatch.get(chunk_id)
+            if message is not None and ops:
+                note(ops, message)
             return ops
 
         return recorded
 
     def _batch_wrapper(self, batch_p2p: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
         messages = self.messages
+        open_steps = self.single  # their loops have no SEND/RECV actions: open them per op
 
         def recorded(p2p_ops: list[Any], desc: str | None = None) -> list[Any]:
-            if self.messages_failed:
+            if not p2p_ops or self.messages_failed:
                 return batch_p2p(p2p_ops, desc)
             try:
-                tokens = self._post_batch(p2p_ops)
+                tokens = messages.post(p2p_ops, open_steps)
             except Exception as exc:  # a recording bug must not stop the training
                 self.messages_failed = True
                 warnings.warn(
@@ -287,27 +292,6 @@ class Instrumentation:
 
         return recorded
 
-    def _post_batch(self, p2p_ops: list[Any]) -> list[Any]:
-        """Report a batch's ops as posted; returns their completion tokens."""
-        if not self.single:
-            return self.messages.post(p2p_ops, None)
-        # Single-stage loops have no SEND/RECV actions: each op's step is opened and closed
-        # around its post, consecutively for the ops of one batch.
-        recorder = self.recorder
-        opened: list[tuple[Step, Any]] = []  # the step open now, and its token
-
-        def open_step(position: int, step: Step) -> None:
-            if opened and opened[0][0] is step:
-                return  # another tensor of the same message step
-            if opened:
-                recorder.end_step(opened.pop()[1])
-            opened.append((step, recorder.begin_step(position, step)))
-
-        tokens = self.messages.post(p2p_ops, open_step)
-        if opened:
-            recorder.end_step(opened.pop()[1])
-        return tokens
-
 
 def _backward_kind(args: tuple, kwargs: dict) -> StepKind:
     """``backward_one_chunk(mb, loss=None, full_backward=True, ...)``: B, or I (dx only)."""
@@ -315,10 +299,11 @@ def _backward_kind(args: tuple, kwargs: dict) -> StepKind:
     return StepKind.B if full else StepKind.I
 
 
-_COMPUTE: dict[str, Callable[[tuple, dict], StepKind]] = {
-    "forward_one_chunk": lambda args, kwargs: StepKind.F,
-    "backward_one_chunk": _backward_kind,
-    "backward_weight_one_chunk": lambda args, kwargs: StepKind.W,
+# compute method -> the step kind it performs (None: B or I, see `_backward_kind`)
+_COMPUTE: dict[str, StepKind | None] = {
+    "forward_one_chunk": StepKind.F,
+    "backward_one_chunk": None,
+    "backward_weight_one_chunk": StepKind.W,
 }
 
 

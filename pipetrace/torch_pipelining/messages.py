@@ -12,6 +12,7 @@ work is wrapped so that its ``wait`` reports the completion.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pipetrace.recorder.hooks import RecorderHooks
@@ -27,22 +28,54 @@ OP_SOURCES: dict[str, tuple[StepKind, str]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What the ops of one ``get_*_ops`` call are: made once per plan step at install, so
+    noting an op costs one dict store."""
+
+    position: int  # the step's index in the rank's plan
+    step: Step
+    channel: str
+    op: str  # "send" or "recv"
+
+    @classmethod
+    def of(cls, position: int, step: Step, channel: str) -> Message:
+        is_send = step.kind in (StepKind.SEND_F, StepKind.SEND_B)
+        return cls(position, step, channel, "send" if is_send else "recv")
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedMeta:
+    """A tensor kind as `P2PBookkeeping` reports it, computed once per (shape, dtype):
+    `TensorMeta`'s size and dtype name are properties, worked out on every read."""
+
+    shape: tuple[int, ...]
+    nbytes: int
+    dtype_name: str
+
+
 class RecordedWork:
     """A torch ``Work`` whose ``wait`` also reports its ops as completed (once)."""
 
-    __slots__ = ("_recorder", "_tokens", "_work")
+    __slots__ = ("_enqueued", "_recorder", "_tokens", "_work")
 
-    def __init__(self, work: Any, tokens: list[Any], recorder: RecorderHooks) -> None:
+    def __init__(
+        self, work: Any, tokens: list[Any], recorder: RecorderHooks, enqueued: bool
+    ) -> None:
+        """``enqueued``: report `p2p_enqueued` too (only ops posted from a device stream
+        have a device end to mark; for the others the hook is a no-op)."""
         self._work = work
         self._tokens = tokens
         self._recorder = recorder
+        self._enqueued = enqueued
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
         result = self._work.wait(*args, **kwargs)
         tokens, self._tokens = self._tokens, []
         recorder = self._recorder
         for token in tokens:
-            recorder.p2p_enqueued(token)  # CUDA: the current stream now waits for NCCL
+            if self._enqueued:
+                recorder.p2p_enqueued(token)  # CUDA: the current stream now waits for NCCL
             recorder.p2p_completed(token)
         return result
 
@@ -63,8 +96,8 @@ class MessageLog(P2PBookkeeping):
         super().__init__(num_stages=0, recorder=recorder, overlap=True, known=None)
         self._current_stream = current_stream
         self._tensor_meta = TensorMeta
-        self._metas: dict[tuple[tuple[int, ...], Any], Any] = {}  # a message kind's few shapes
-        self._pending: dict[int, tuple[Any, Step, int, str]] = {}  # id(op) -> (op, step, pos, ch)
+        self._metas: dict[tuple[Any, Any], ReportedMeta] = {}  # a message kind's few shapes
+        self._pending: dict[int, tuple[Any, Message]] = {}  # id(op) -> (op, its message)
 
     def begin_iteration(self) -> None:
         super().begin_iteration()
@@ -74,45 +107,56 @@ class MessageLog(P2PBookkeeping):
         current_stream = self._current_stream
         return None if current_stream is None else current_stream()
 
-    def note(self, ops: Sequence[Any], step: Step, position: int, channel: str) -> None:
-        """``ops`` were made for ``step``; the op object is kept so its id stays unique."""
+    def note(self, ops: Sequence[Any], message: Message) -> None:
+        """``ops`` were made for ``message``; the op object is kept so its id stays unique."""
+        pending = self._pending
         for op in ops:
-            self._pending[id(op)] = (op, step, position, channel)
+            pending[id(op)] = (op, message)
 
-    def post(self, ops: Sequence[Any], on_step: Callable[[int, Step], None] | None) -> list[Any]:
+    def post(self, ops: Sequence[Any], open_steps: bool) -> list[Any]:
         """Report ``ops`` as posted, in order; returns one recorder token per op (None for an
-        op not made by a recorded stage, e.g. torch's warm-up handshake). ``on_step`` is
-        told each op's step first (single-stage schedules open SEND/RECV steps there)."""
-        tokens = []
+        op not made by a recorded stage, e.g. torch's warm-up handshake). ``open_steps``:
+        each op's SEND/RECV step is opened around its post, consecutive ops of one step in
+        one step (single-stage schedules have no SEND/RECV actions of their own)."""
+        pending, recorder = self._pending, self.recorder
+        tokens: list[Any] = []
+        open_step: Step | None = None
+        step_token = None
         for op in ops:
-            noted = self._pending.pop(id(op), None)
+            noted = pending.pop(id(op), None)
             if noted is None:
                 tokens.append(None)
                 continue
-            _, step, position, channel = noted
-            if on_step is not None:
-                on_step(position, step)
-            tokens.append(self._report(op, step, channel))
+            message = noted[1]
+            if open_steps and message.step is not open_step:
+                if open_step is not None:
+                    recorder.end_step(step_token)
+                open_step = message.step
+                step_token = recorder.begin_step(message.position, open_step)
+            tokens.append(self._report(op, message))
+        if open_step is not None:
+            recorder.end_step(step_token)
         return tokens
 
-    def _report(self, op: Any, step: Step, channel: str) -> Any:
-        kind = "send" if step.kind in (StepKind.SEND_F, StepKind.SEND_B) else "recv"
+    def _report(self, op: Any, message: Message) -> Any:
         tensor = op.tensor
-        shape = tuple(tensor.shape)
-        meta = self._metas.get((shape, tensor.dtype))
+        key = (tensor.shape, tensor.dtype)
+        meta = self._metas.get(key)
         if meta is None:
-            meta = self._metas[(shape, tensor.dtype)] = self._tensor_meta(shape, tensor.dtype)
-        return self._posted(kind, step, op.group_peer, channel, meta)
+            sized = self._tensor_meta(tuple(key[0]), key[1])
+            meta = self._metas[key] = ReportedMeta(sized.shape, sized.nbytes, sized.dtype_name)
+        return self._posted(message.op, message.step, op.group_peer, message.channel, meta)
 
     def wrap_works(self, works: list[Any], tokens: list[Any]) -> list[Any]:
         """Works that report completion when waited: one per op when torch returned one per
         op, else every token on the last work (a coalesced batch completes as a whole)."""
-        if not any(token is not None for token in tokens) or not works:
+        live = [token for token in tokens if token is not None]
+        if not live or not works:
             return works
+        recorder, enqueued = self.recorder, self._current_stream is not None
         if len(works) == len(tokens):
             return [
-                work if token is None else RecordedWork(work, [token], self.recorder)
+                work if token is None else RecordedWork(work, [token], recorder, enqueued)
                 for work, token in zip(works, tokens)
             ]
-        live = [token for token in tokens if token is not None]
-        return [*works[:-1], RecordedWork(works[-1], live, self.recorder)]
+        return [*works[:-1], RecordedWork(works[-1], live, recorder, enqueued)]

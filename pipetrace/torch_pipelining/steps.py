@@ -33,6 +33,11 @@ class StepIndex:
             else:
                 self.by_key[key_of(step)] = (position, step)
 
+    def of_stage(self, kind: StepKind, stage: int) -> dict[int | None, Entry]:
+        """The ``kind`` steps of ``stage`` by micro-batch: a hook made for one stage and kind
+        then finds its step with one lookup of the micro-batch it is called with."""
+        return {mb: entry for (k, s, mb), entry in self.by_key.items() if k is kind and s == stage}
+
     def sub_step(self, composite: Entry, key: Key) -> Entry | None:
         """The sub-step of an open composite that ``key`` names, at the composite's position."""
         position, step = composite

@@ -11,8 +11,10 @@ import pytest
 
 import pipetrace.runtime.launch
 from pipetrace.cli import main
+from pipetrace.recorder.hooks import NullRecorder
 from pipetrace.schedule.ir import StepKind, format_step
 from pipetrace.torch_pipelining import SUPPORTED_TORCH_VERSIONS, record
+from pipetrace.torch_pipelining.messages import Message, MessageLog
 from pipetrace.torch_pipelining.plan import gpipe_order, one_f_one_b_order
 from pipetrace.torch_pipelining.version import unsupported_reason
 
@@ -123,3 +125,61 @@ def test_what_torchs_runtime_cannot_do_is_refused_before_any_rank_starts(
     assert main(["run", "-s", "1f1b", "--runtime", "torch", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"pipetrace: error: {message}") and err.count("\n") == 1, err
+
+
+class CallLog(NullRecorder):
+    """A recorder that lists the hooks called, with what identifies each report."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def begin_step(self, position, step, thread="main"):
+        self.calls.append(("begin", format_step(step)))
+        return format_step(step)
+
+    def end_step(self, token, nbytes=None):
+        self.calls.append(("end", token))
+
+    def p2p_posted(self, **report):
+        token = (report["op"], report["seq"])
+        self.calls.append(("post", token, report["nbytes"], report["shape"], report["dtype"]))
+        return token
+
+    def p2p_enqueued(self, token):
+        self.calls.append(("enqueued", token))
+
+    def p2p_completed(self, token):
+        self.calls.append(("done", token))
+
+
+def test_single_stage_ops_are_posted_inside_their_message_steps_and_complete_once():
+    """GPipe / 1F1B have no SEND/RECV actions: posting a batch opens each op's step, one
+    step for consecutive ops of the same message; an op no stage made is not reported; each
+    op completes once, when its work is waited (no device stream: no `p2p_enqueued`)."""
+    steps = {format_step(s): s for s in one_f_one_b_order(0, 2, 2) if s.is_comm}
+    send, recv = steps["0SEND_F0"], steps["0RECV_B0"]
+    recorder = CallLog()
+    log = MessageLog(recorder, current_stream=None)
+    log.begin_iteration()
+    send_ops = [SimpleNamespace(tensor=torch.zeros(2, 3), group_peer=1) for _ in range(2)]
+    recv_op, stray = (SimpleNamespace(tensor=torch.zeros(2, 3), group_peer=1) for _ in range(2))
+    log.note(send_ops, Message.of(1, send, "F"))
+    log.note([recv_op], Message.of(5, recv, "B"))
+    tokens = log.post([*send_ops, stray, recv_op], open_steps=True)
+    assert tokens == [("send", 0), ("send", 1), None, ("recv", 0)]
+    assert recorder.calls == [
+        ("begin", "0SEND_F0"),
+        ("post", ("send", 0), 24, (2, 3), "float32"),
+        ("post", ("send", 1), 24, (2, 3), "float32"),
+        ("end", "0SEND_F0"),
+        ("begin", "0RECV_B0"),
+        ("post", ("recv", 0), 24, (2, 3), "float32"),
+        ("end", "0RECV_B0"),
+    ]
+    works = [SimpleNamespace(wait=lambda: "waited") for _ in tokens]
+    wrapped = log.wrap_works(works, tokens)
+    assert wrapped[2] is works[2]
+    recorder.calls.clear()
+    assert [work.wait() for work in wrapped] == ["waited"] * 4
+    wrapped[0].wait()
+    assert recorder.calls == [("done", ("send", 0)), ("done", ("send", 1)), ("done", ("recv", 0))]
