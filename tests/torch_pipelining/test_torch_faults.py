@@ -29,8 +29,8 @@ def run_faulty(tmp_path: Path, *args: str) -> tuple[str, list[dict]]:
 
 def test_a_forward_that_never_returns_is_a_stalled_rank(tmp_path):
     stderr, found = run_faulty(tmp_path, "-s", "1f1b", "--inject", "hang:rank=1,microbatch=1")
-    assert "rank 1 failed: hung in step 1F1 (iteration 1)" in stderr
-    assert "its watchdog ended it" in stderr
+    assert "rank 1: no progress for" in stderr  # its watchdog's line
+    assert "in step 1F1" in stderr
     stalled = [f for f in found if f["kind"] == "rank_stalled"]
     assert len(stalled) == 1, found
     assert stalled[0]["details"]["terminal_rank"] == 1
