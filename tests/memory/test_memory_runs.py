@@ -13,6 +13,7 @@ from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
+from pipetrace.testing.cases import parity_case
 
 pytestmark = pytest.mark.multiproc
 
@@ -20,19 +21,7 @@ TIED = [("gpipe", None), ("1f1b", None), ("interleaved-1f1b", 2), ("zbv", 2)]
 
 
 def tied_cases(ranks: int) -> list[RunConfig]:
-    return [
-        RunConfig(
-            schedule=name,
-            ranks=ranks,
-            microbatches=2 * ranks,
-            stages_per_rank=v,
-            steps=2,
-            tie_weights=True,
-            check_parity=True,
-            timeout=60,
-        )
-        for name, v in TIED
-    ]
+    return [parity_case(name, ranks, v, tie_weights=True) for name, v in TIED]
 
 
 def assert_parity(result, cases, ranks, first=0):

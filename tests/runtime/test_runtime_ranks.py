@@ -18,6 +18,7 @@ from runtime_helpers import RecorderFiles, read_events, sabotage_forward
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
 from pipetrace.schedule.ir import Plan, parse_step
+from pipetrace.testing.cases import parity_case
 
 pytestmark = pytest.mark.multiproc
 
@@ -33,16 +34,7 @@ SCHEDULES = [
 
 def every_schedule(ranks: int) -> list[RunConfig]:
     return [
-        RunConfig(
-            schedule=name,
-            ranks=ranks,
-            microbatches=2 * ranks,
-            stages_per_rank=v,
-            steps=2,
-            overlap_p2p=overlap,
-            check_parity=True,
-            timeout=60,
-        )
+        parity_case(name, ranks, v, overlap_p2p=overlap)
         for name, v in SCHEDULES
         for overlap in (False, True)
     ]

@@ -16,6 +16,7 @@ from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
 from pipetrace.schedule.ir import SWAP_MOVES, StepKind, parse_step
 from pipetrace.schedule.swap import SwapPolicy
+from pipetrace.testing.cases import parity_case
 
 pytestmark = pytest.mark.multiproc
 
@@ -23,17 +24,7 @@ pytestmark = pytest.mark.multiproc
 def swapped_cases(ranks: int) -> list[RunConfig]:
     """Every schedule with every activation swapped; P2P plain and overlapped by turns."""
     return [
-        RunConfig(
-            schedule=name,
-            ranks=ranks,
-            microbatches=2 * ranks,
-            stages_per_rank=v,
-            steps=1,
-            overlap_p2p=index % 2 == 1,
-            swap="all",
-            check_parity=True,
-            timeout=60,
-        )
+        parity_case(name, ranks, v, steps=1, overlap_p2p=index % 2 == 1, swap="all")
         for index, (name, v) in enumerate(SCHEDULES)
     ]
 
@@ -42,17 +33,8 @@ def overlap_bf_cases(ranks: int) -> list[RunConfig]:
     """1F1B and interleaved 1F1B with OVERLAP_B_F steps, the pair's backward whole and split
     into I then W (the interleaved ones also swap)."""
     return [
-        RunConfig(
-            schedule=name,
-            ranks=ranks,
-            microbatches=2 * ranks,
-            stages_per_rank=v,
-            steps=1,
-            overlap_bf=not split,
-            overlap_bf_split=split,
-            swap=swap,
-            check_parity=True,
-            timeout=60,
+        parity_case(
+            name, ranks, v, steps=1, overlap_bf=not split, overlap_bf_split=split, swap=swap
         )
         for split in (False, True)
         for name, v, swap in (("1f1b", None, None), ("interleaved-1f1b", 2, "stage=0"))
