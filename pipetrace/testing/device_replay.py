@@ -24,6 +24,18 @@ from pipetrace.testing.replay import Player, VirtualClock
 KernelTime = Callable[[int, int, str], float]
 """(rank, iteration, step text) -> device ns of the step's kernel."""
 TRANSFER_NS = 500
+SLOW_F_NS = 3_000_000
+"""The device time of rank 1's forwards in `slow_forward_on_rank_1`."""
+
+
+def quick(rank: int, iteration: int, text: str) -> float:
+    """Kernels that keep up with the host: a quarter of a compute step, 1 µs per P2P step."""
+    return 1_000 if "SEND" in text or "RECV" in text else 250_000
+
+
+def slow_forward_on_rank_1(rank: int, iteration: int, text: str) -> float:
+    """As `quick`, but rank 1's forwards take the device `SLOW_F_NS` (device-bound)."""
+    return SLOW_F_NS if rank == 1 and text.startswith("1F") else quick(rank, iteration, text)
 
 
 class _VirtualTime:

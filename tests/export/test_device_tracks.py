@@ -10,18 +10,11 @@ import pytest
 from pipetrace.analyze.load import load_run
 from pipetrace.export.layout import build_layout
 from pipetrace.export.perfetto import write_perfetto
-from pipetrace.testing.device_replay import record_device_run
+from pipetrace.testing.device_replay import record_device_run, slow_forward_on_rank_1
 
 from .decode import decode_perfetto
 
 MS = 1_000_000
-
-
-def slow_forward_on_rank_1(rank: int, iteration: int, text: str) -> float:
-    """Rank 1's forwards take the device 3 ms (the host enqueues them in 1 ms)."""
-    if "SEND" in text or "RECV" in text:
-        return 1_000
-    return 3 * MS if rank == 1 and text.startswith("1F") else 0.25 * MS
 
 
 @pytest.fixture(scope="module")

@@ -14,21 +14,16 @@ from pipetrace.analyze.model import OPEN
 from pipetrace.analyze.report import render
 from pipetrace.runtime.faults import Hang
 from pipetrace.testing.cluster import FakeCluster
-from pipetrace.testing.device_replay import record_device_run
+from pipetrace.testing.device_replay import (
+    SLOW_F_NS,
+    quick,
+    record_device_run,
+    slow_forward_on_rank_1,
+)
 from pipetrace.testing.fake_device import NEVER
 
 MS = 1_000_000
-SLOW_F_NS = 3 * MS
 """Rank 1's forward kernels: three times the host's 1 ms forward step (device-bound)."""
-
-
-def quick(rank: int, iteration: int, text: str) -> float:
-    """Kernels that keep up with the host: a quarter of a compute step, 1 µs per P2P step."""
-    return 1_000 if "SEND" in text or "RECV" in text else 0.25 * MS
-
-
-def slow_forward_on_rank_1(rank: int, iteration: int, text: str) -> float:
-    return SLOW_F_NS if rank == 1 and text.startswith("1F") else quick(rank, iteration, text)
 
 
 def report(analysis) -> str:

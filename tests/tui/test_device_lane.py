@@ -6,18 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipetrace.testing.device_replay import record_device_run
+from pipetrace.testing.device_replay import record_device_run, slow_forward_on_rank_1
 from pipetrace.tui.describe import describe
 from pipetrace.tui.lanes import DEVICE, MAIN
 from pipetrace.tui.session import open_session
-
-MS = 1_000_000
-
-
-def slow_forward_on_rank_1(rank: int, iteration: int, text: str) -> float:
-    if "SEND" in text or "RECV" in text:
-        return 1_000
-    return 3 * MS if rank == 1 and text.startswith("1F") else 0.25 * MS
 
 
 @pytest.fixture(scope="module")
