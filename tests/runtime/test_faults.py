@@ -10,7 +10,6 @@ import click
 import pytest
 from click.testing import CliRunner
 
-import pipetrace.runtime.launch
 from pipetrace.cli import main
 from pipetrace.cli.run_options import run_options
 from pipetrace.errors import PipetraceError
@@ -271,14 +270,6 @@ def test_faults_that_hang_lower_the_timeouts_not_given():
         "straggler",
         "slow-link",
     ]
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("ranks were started")
-
-    monkeypatch.setattr(pipetrace.runtime.launch, "launch", refuse)
 
 
 @pytest.mark.parametrize(

@@ -17,16 +17,6 @@ from pipetrace.recorder import format as fmt
 from pipetrace.runtime.results import LaunchResult, RankFailure
 
 
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Fail the test if anything tries to start ranks."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("ranks were started")
-
-    monkeypatch.setattr(pipetrace.runtime.launch, "launch", refuse)
-
-
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -13,16 +13,6 @@ from pipetrace.cli import main
 from pipetrace.runtime.results import CaseResult, LaunchResult, ParityReport, RankFailure
 
 
-@pytest.fixture
-def no_launch(monkeypatch):
-    """Fail the test if anything tries to start ranks."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("ranks were started")
-
-    monkeypatch.setattr(pipetrace.runtime.launch, "launch", refuse)
-
-
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 import pytest
 
-import pipetrace.runtime.launch
 from pipetrace.cli import main, run_options
 from pipetrace.cli.run import run
 from pipetrace.runtime.config import RunConfig
@@ -44,14 +43,6 @@ def test_each_flag_defaults_to_its_field(flag):
         assert f"[default: {shown(field.default)};" in option.help
     else:
         assert option.default == field.default
-
-
-@pytest.fixture
-def no_launch(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("ranks were started")
-
-    monkeypatch.setattr(pipetrace.runtime.launch, "launch", refuse)
 
 
 @pytest.mark.parametrize(
