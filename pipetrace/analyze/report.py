@@ -15,6 +15,7 @@ from pipetrace.analyze.findings import ERROR, WARNING, Finding, counts
 from pipetrace.analyze.memory import MemoryReport, StageMemory
 from pipetrace.analyze.model import Run
 from pipetrace.analyze.replicas import ReplicaSummary
+from pipetrace.analyze.selection import format_rank_list
 from pipetrace.analyze.summary import Bubble, MetricsSummary, RankBubble, StageCost
 
 Line = tuple[str, str | None]
@@ -50,9 +51,10 @@ def _replica_lines(summary: ReplicaSummary | None) -> list[Line]:
         else "its last rank ends the iteration"
     )
     for r in summary.replicas:
+        ranks = format_rank_list(r.ranks)
         lines.append(
             (
-                f"  replica {r.replica} (global ranks {_ranges(r.ranks)}): {ms(r.mean_ns)} "
+                f"  replica {r.replica} (global ranks {ranks}): {ms(r.mean_ns)} "
                 f"mean from iteration begin until {arrive}",
                 None,
             )
@@ -94,7 +96,9 @@ def _run_lines(run: Run) -> list[Line]:
     states: dict[str, list[int]] = {}
     for r in run.ranks:
         states.setdefault(r.status.state, []).append(r.rank)
-    lines.append(("ranks: " + "; ".join(f"{st} {_ranges(rs)}" for st, rs in states.items()), None))
+    lines.append(
+        ("ranks: " + "; ".join(f"{st} {format_rank_list(rs)}" for st, rs in states.items()), None)
+    )
     for p in run.problems:
         lines.append((f"input {p.severity}: {p.message}", _STYLE.get(p.severity)))
     return lines
@@ -114,19 +118,6 @@ def _finding_lines(findings: list[Finding], max_findings: int) -> list[Line]:
     if len(findings) > max_findings:
         lines.append((f"  ... {len(findings) - max_findings} more (use --json for all)", None))
     return lines
-
-
-def _ranges(ranks: list[int]) -> str:
-    out, start, prev = [], None, None
-    for r in ranks + [None]:  # type: ignore[list-item]
-        if start is None:
-            start = prev = r
-        elif r is not None and r == prev + 1:  # type: ignore[operator]
-            prev = r
-        else:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = prev = r
-    return ",".join(out)
 
 
 def _metric_lines(m: MetricsSummary) -> list[Line]:

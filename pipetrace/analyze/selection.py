@@ -7,6 +7,7 @@ finding whose wait leads to one of them says the rank was left out instead of bl
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,15 +31,15 @@ def parse_rank_list(text: str) -> frozenset[int]:
     return frozenset(numbers)
 
 
-def format_rank_list(numbers: frozenset[int] | set[int]) -> str:
-    """The shortest ``"0-3,8"`` form of a set of numbers."""
-    ordered, runs = sorted(numbers), []
+def format_rank_list(numbers: Iterable[int], sep: str = ",") -> str:
+    """The shortest ``"0-3,8"`` form of some numbers (``sep`` between the runs)."""
+    ordered, runs = sorted(set(numbers)), []
     for n in ordered:
         if runs and n == runs[-1][1] + 1:
             runs[-1][1] = n
         else:
             runs.append([n, n])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def replica_of_ranks(meta: dict[str, Any], world_size: int) -> list[int]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from pipetrace.analyze.model import InputProblem
 from pipetrace.analyze.reader import TraceFormatError, check_run_dir, read_meta, read_run_id
+from pipetrace.analyze.selection import format_rank_list
 from pipetrace.limits import check_world_size
 from pipetrace.recorder import format as fmt
 
@@ -210,21 +211,11 @@ def _note_absent(
 ) -> None:
     absent = [r for r, log in enumerate(logs) if not os.path.lexists(log)]
     if absent:
+        ranks = format_rank_list(absent, ", ")
         problems.append(
             InputProblem(
                 "warning",
-                f"no log of rank(s) {_ranges(absent)} in any of the {len(directories)} "
+                f"no log of rank(s) {ranks} in any of the {len(directories)} "
                 "directories (a node not copied back?)",
             )
         )
-
-
-def _ranges(ranks: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    spans: list[list[int]] = []
-    for r in ranks:
-        if spans and r == spans[-1][1] + 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
