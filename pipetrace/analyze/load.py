@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from itertools import filterfalse
+from itertools import count, filterfalse
 from pathlib import Path
 from typing import Any
 
@@ -353,17 +353,17 @@ class _Interned:
         return self.codes.setdefault(value, len(self.codes))
 
     def remap(self, values: list) -> np.ndarray:
-        """The codes of a rank's values (its list index -> the merged code). One dict
-        operation per value: a big run has a few hundred thousand distinct step texts."""
-        add, codes = self.codes.setdefault, self.codes
-        return np.array([add(value, len(codes)) for value in values], np.int32)
+        """The codes of a rank's values (its list index -> the merged code). No Python-level
+        loop: a big run has a few hundred thousand distinct step texts."""
+        self.extend(values)
+        return np.fromiter(map(self.codes.__getitem__, values), np.int32, len(values))
 
     def extend(self, values: Iterable) -> None:
-        """Intern values, giving codes only to the ones not yet known (a C-level filter: most
-        are known)."""
+        """Intern values, giving codes only to the ones not yet known, in their order (a
+        C-level filter and update; the filter sees each value the update has just added,
+        so a repeated value gets one code)."""
         codes = self.codes
-        for value in filterfalse(codes.__contains__, values):
-            codes.setdefault(value, len(codes))
+        codes.update(zip(filterfalse(codes.__contains__, values), count(len(codes))))
 
     @property
     def values(self) -> list:
@@ -725,9 +725,9 @@ def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> N
     """A log that just stops (no run_end, no failure recorded) while its peers record on was
     cut: the rank was killed, or the file truncated."""
     present = [r for r in ranks if r.present]
-    latest = max((r.last_time() for r in present), default=0)
-    for rank in present:
-        t = rank.last_time()
+    last = [r.last_time() for r in present]
+    latest = max(last, default=0)
+    for rank, t in zip(present, last):
         if rank.status.state == RankState.ENDED and t < latest:
             problems.append(
                 InputProblem(
