@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,22 @@ def test_the_run_entry_holds_the_whole_model(tmp_path, monkeypatch):
     assert len(built.ranks[0].memory) and built.pipelines.several
     _from_run_entry_only(monkeypatch)
     _assert_same(built, load_run(path))
+
+
+def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(tmp_path, monkeypatch):
+    """A log's edges are hashed once per process while its status holds: a rewrite in place
+    that restores the modification time still changes the status (its change time)."""
+    log = tmp_path / "rank-00000.ndjson"
+    log.write_bytes(b"a" * 10_000)
+    now = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: now() + 60 * 10**9)  # the log is settled
+    before = cache.LogKey.of(log)
+    assert cache.LogKey.of(log) == before
+    status = os.stat(log)
+    time.sleep(0.05)  # past a tick of the file system's clock
+    with open(log, "r+b") as handle:
+        handle.seek(9_000)
+        handle.write(b"b")
+    os.utime(log, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(log).st_size == status.st_size
+    assert cache.LogKey.of(log) != before
