@@ -108,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run_dir / CACHE_DIR, ignore_errors=True)  # a first analysis
             result = _measure(_command(root, arguments))
             first[side] = min(first.get(side, result), result)
+            print(
+                f"  {side}: {result.wall:.2f} s wall, {result.cpu:.2f} s CPU (analyzing "
+                f"process {result.parent_cpu:.2f}, workers {result.cpu - result.parent_cpu:.2f})"
+            )
     for side, result in first.items():
         _report_first(side, result, events, size)
     if args.baseline:
