@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import mmap
 import os
 import sys
 import time
@@ -129,11 +130,26 @@ def read_entry(
         index, start = _read_index(handle)
         if not fresh(index):
             return None
-        buffer = bytearray(size)
+        buffer = _anonymous_buffer(size)
         handle.seek(0)
         if handle.readinto(buffer) != size:
             raise ValueError("short read")
     return index, memoryview(buffer)[start:]
+
+
+def _anonymous_buffer(size: int) -> mmap.mmap | bytearray:
+    """Private memory of ``size`` bytes for an entry's read, asked for in huge pages.
+
+    A `bytearray` is zeroed byte by byte and then faulted in 4 KiB at a time, which cost more
+    than the read itself for a run entry of 300 MiB (0.25 s of CPU against 0.09 s here). The
+    file itself is not mapped: a mapped file cut by someone else while a view of it is in use
+    kills the process (SIGBUS), where a copy stays whole."""
+    if size == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return bytearray(size)
+    buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(AttributeError, OSError):  # no huge pages here: plain pages
+        buffer.madvise(mmap.MADV_HUGEPAGE)
+    return buffer
 
 
 def parse_and_store(log: Path) -> RawRank:

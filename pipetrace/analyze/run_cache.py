@@ -21,9 +21,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import asdict, fields
 from functools import cache as memoize
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,6 @@ _RANK_KEYS = (
     *("lifecycle", "events", "path", "rows", "memory"),
 )
 _LOG = logging.getLogger(__name__)
-PlanOf = Callable[[dict[str, Any], model.StepCatalog], Plan | None]
-"""meta.json's plan with its steps from the catalog (`load`'s, which notes its problems)."""
 
 
 @memoize
@@ -112,9 +111,9 @@ class RunEntry:
         self.path = entry_path(source, wanted)
         self.key = run_key(source, wanted, self.selection)
 
-    def load(self, plan_of: PlanOf) -> model.Run | None:
+    def load(self) -> model.Run | None:
         """The cached run, or None when there is no fresh, whole entry."""
-        return None if self.key is None else load(self.path, self.key, self.source, plan_of)
+        return None if self.key is None else load(self.path, self.key, self.source)
 
     def store(self, run: model.Run, problems_from: int) -> None:
         """Cache ``run`` when the logs held still while it was loaded (`store`)."""
@@ -170,6 +169,8 @@ def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
         for name in _columns(empty)
     }
     arrays["plan_codes"] = [r.plan_codes.astype(np.int32, copy=False) for r in ranks]
+    rows = None if run.plan is None else _meta_rows(run.meta, run.catalog)
+    arrays["meta_plan"] = np.concatenate([np.empty(0, np.int32), *(rows or ())])
     for name in _columns(_MEMORY):
         arrays[f"memory.{name}"] = [
             getattr(r.memory, name).astype(np.int64, copy=False).ravel() for r in ranks
@@ -187,8 +188,14 @@ def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
         "shapes": run.shapes,
         "dtypes": run.dtypes,
         "ranks": [_rank_fields(r) for r in ranks],
+        "meta_plan": None if rows is None else list(map(len, rows)),
     }
     column_cache.write_entry(path, index, arrays)
+
+
+def _meta_rows(meta: dict[str, Any], catalog: model.StepCatalog) -> list[np.ndarray]:
+    """meta.json's plan (that read as a `Plan`) as codes into the catalog, -1 a bubble."""
+    return [catalog.codes([text or None for text in row]) for row in meta["plan"]]
 
 
 def _columns(table: Any) -> list[str]:
@@ -215,11 +222,11 @@ def _rank_fields(rank: model.RankTimeline) -> dict[str, Any]:
     }
 
 
-def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> model.Run | None:
+def load(path: Path, key: str, source: RunSource) -> model.Run | None:
     """The cached run, or None when there is no fresh, whole entry under ``key``."""
     try:
         found = column_cache.read_entry(path, lambda index: index["key"] == key)
-        return None if found is None else _decode(*found, source, plan_of)
+        return None if found is None else _decode(*found, source)
     except (FileNotFoundError, TraceFormatError):
         return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
@@ -227,9 +234,7 @@ def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> model.Run 
         return None
 
 
-def _decode(
-    index: dict[str, Any], data: memoryview, source: RunSource, plan_of: PlanOf
-) -> model.Run:
+def _decode(index: dict[str, Any], data: memoryview, source: RunSource) -> model.Run:
     expected = {
         f"{table}.{name}": getattr(empty, name).dtype
         for table, empty in _TABLES.items()
@@ -237,7 +242,9 @@ def _decode(
     }
     memory = {f"memory.{name}": np.int64 for name in _columns(_MEMORY)}
     arrays = column_cache.entry_arrays(
-        index, data, {**expected, "plan_codes": np.int32, **_CATALOG, **memory}
+        index,
+        data,
+        {**expected, "plan_codes": np.int32, "meta_plan": np.int32, **_CATALOG, **memory},
     )
     texts = index["texts"]
     if type(texts) is not list or not set(map(type, texts)) <= {str}:
@@ -254,7 +261,7 @@ def _decode(
         path=source.path,
         directories=source.directories,
         meta=source.meta,
-        plan=plan_of(source.meta, catalog),
+        plan=_plan(source.meta, catalog, arrays["meta_plan"], index["meta_plan"]),
         world_size=source.world_size,
         ranks=ranks,
         catalog=catalog,
@@ -266,6 +273,33 @@ def _decode(
         clock_quality=dict(index["clock_quality"]),
         pipelines=Pipelines(tuple(map(tuple, index["pipelines"]))),
     )
+
+
+def _plan(
+    meta: dict[str, Any], catalog: model.StepCatalog, codes: np.ndarray, lengths: Any
+) -> model.Later | None:
+    """meta.json's plan, made when first read (`model.LazyField`) from its rows' codes (None:
+    it did not read when the entry was made, and meta.json is the same)."""
+    if lengths is None:
+        return None
+    if type(lengths) is not list or not all(type(n) is int and n >= 0 for n in lengths):
+        raise ValueError("bad plan rows")
+    if sum(lengths) != len(codes):
+        raise ValueError("plan rows do not add up")
+    if len(codes) and not -1 <= codes.min() <= codes.max() < len(catalog.texts):
+        raise ValueError("meta_plan out of range")
+    if (catalog.kind[codes[codes >= 0]] < 0).any():
+        raise ValueError("a planned step that does not parse")  # the plan read when stored
+    return model.Later(partial(_plan_of_codes, meta, catalog, codes, lengths))
+
+
+def _plan_of_codes(
+    meta: dict[str, Any], catalog: model.StepCatalog, codes: np.ndarray, lengths: list[int]
+) -> Plan:
+    steps = [*catalog.steps, None]  # a bubble's code, -1, reads the last
+    flat = list(map(steps.__getitem__, codes.tolist()))
+    ends = np.cumsum(lengths).tolist()
+    return model.plan_from_meta(meta, [flat[end - n : end] for n, end in zip(lengths, ends)])
 
 
 def _check_codes(
