@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Collection
-from dataclasses import asdict, fields
+from dataclasses import fields
 from functools import cache as memoize
 from functools import partial
 from pathlib import Path
@@ -80,7 +81,7 @@ def run_key(source: RunSource, wanted: Collection[int], selection: str | None) -
             return None
         if now - key.mtime_ns < column_cache.RECENT_NS:
             return None
-        logs.append([rank, str(source.logs[rank]), asdict(key)])
+        logs.append([rank, str(source.logs[rank]), key])  # orjson writes a dataclass as a dict
     whole = {
         "code": _code_version(),
         "meta": orjson.dumps(source.meta, option=orjson.OPT_SORT_KEYS).decode(),
@@ -282,9 +283,7 @@ def _plan(
     it did not read when the entry was made, and meta.json is the same)."""
     if lengths is None:
         return None
-    if type(lengths) is not list or not all(type(n) is int and n >= 0 for n in lengths):
-        raise ValueError("bad plan rows")
-    if sum(lengths) != len(codes):
+    if sum(_counts(lengths)) != len(codes):
         raise ValueError("plan rows do not add up")
     if len(codes) and not -1 <= codes.min() <= codes.max() < len(catalog.texts):
         raise ValueError("meta_plan out of range")
@@ -332,47 +331,56 @@ def _ranks(
     """Each rank's timeline, its columns slices of the entry's."""
     if type(records) is not list or len(records) != world_size:
         raise ValueError("not one record per rank")
-    starts = np.zeros(4, np.int64)
-    memory_at = dict.fromkeys(_columns(_MEMORY), 0)
+    tables = [
+        (table, type(empty), [arrays[f"{table}.{name}"] for name in _columns(empty)])
+        for table, empty in _TABLES.items()
+    ]
+    memory = {name: arrays[f"memory.{name}"] for name in _columns(_MEMORY)}
+    starts, memory_at = [0] * 4, dict.fromkeys(memory, 0)
     ranks = []
     for number, record in enumerate(records):
         if type(record) is not dict or tuple(record) != _RANK_KEYS or record["rank"] != number:
             raise ValueError("bad rank record")
-        rows = np.array(record["rows"], np.int64)
-        ends = starts + rows
-        tables = {
-            table: type(empty)(*(arrays[f"{table}.{name}"][start:end] for name in _columns(empty)))
-            for (table, empty), start, end in zip(_TABLES.items(), starts, ends)
+        ends = [start + rows for start, rows in zip(starts, _counts(record["rows"], 4))]
+        timeline = {
+            table: kind(*(column[start:end] for column in columns))
+            for (table, kind, columns), start, end in zip(tables, starts, ends)
         }
+        timeline["memory"] = _memory(record["memory"], memory, memory_at)
         codes = arrays["plan_codes"][starts[3] : ends[3]]
-        tables["memory"] = _memory(record["memory"], arrays, memory_at)
-        ranks.append(_rank(record, tables, codes, texts))
+        ranks.append(_rank(record, timeline, codes, texts))
         starts = ends
-    if any(int(s) != len(arrays[f"{t}.it"]) for s, t in zip(starts, _TABLES)):
+    if starts != [len(columns[0]) for _, _, columns in tables] + [len(arrays["plan_codes"])]:
         raise ValueError("row counts do not add up")
-    if int(starts[3]) != len(arrays["plan_codes"]) or any(
-        at != len(arrays[f"memory.{name}"]) for name, at in memory_at.items()
-    ):
-        raise ValueError("plan or memory row counts do not add up")
+    if any(at != len(memory[name]) for name, at in memory_at.items()):
+        raise ValueError("memory row counts do not add up")
     match, widest = arrays["p2p.match_index"], max(len(rank.p2p) for rank in ranks)
     if len(match) and not -1 <= match.min() <= match.max() < widest:
         raise ValueError("p2p.match_index out of range")  # a row of the matched rank's ops
     return ranks
 
 
+def _counts(value: Any, size: int | None = None) -> list[int]:
+    """``value`` when it is a list of ints >= 0 (``size`` of them, when given), else
+    ValueError."""
+    if type(value) is not list or size not in (None, len(value)):
+        raise ValueError("bad counts")
+    if not all(type(n) is int and n >= 0 for n in value):
+        raise ValueError("bad counts")
+    return value
+
+
 def _memory(
-    shapes: list[list[int]], arrays: dict[str, np.ndarray], at: dict[str, int]
+    shapes: list[list[int]], columns: dict[str, np.ndarray], at: dict[str, int]
 ) -> model.MemoryTable:
     """A rank's memory samples, each column given back its shape (``at``: where the rank's
     part of each flat column begins; moved past it)."""
-    columns = {}
-    for name, shape in zip(at, shapes, strict=True):
-        if not all(type(n) is int and n >= 0 for n in shape):
-            raise ValueError("bad memory shape")
-        size = int(np.prod(shape))
-        columns[name] = arrays[f"memory.{name}"][at[name] : at[name] + size].reshape(shape)
+    table = {}
+    for (name, column), shape in zip(columns.items(), shapes, strict=True):
+        size = math.prod(_counts(shape))
+        table[name] = column[at[name] : at[name] + size].reshape(shape)
         at[name] += size
-    return model.MemoryTable(**columns)
+    return model.MemoryTable(**table)
 
 
 def _rank(
