@@ -226,7 +226,7 @@ def _rank_fields(rank: model.RankTimeline) -> dict[str, Any]:
 def load(path: Path, key: str, source: RunSource) -> model.Run | None:
     """The cached run, or None when there is no fresh, whole entry under ``key``."""
     try:
-        found = column_cache.read_entry(path, lambda index: index["key"] == key)
+        found = column_cache.read_entry(path, lambda index: index["key"] == key, mapped=True)
         return None if found is None else _decode(*found, source)
     except (FileNotFoundError, TraceFormatError):
         return None
