@@ -302,7 +302,7 @@ def _meta_plan(
     the workers), and its rows' texts and codes: a rank's own plan is usually its row, whose
     codes are then not looked up again (a big plan has a few hundred thousand steps)."""
     try:
-        code_of, parsed = catalog._codes.__getitem__, catalog.steps
+        code_of, parsed = catalog.text_codes.__getitem__, catalog.steps
         rows, planned = [], []
         for row in meta["plan"]:
             texts = [text for text in row if text]

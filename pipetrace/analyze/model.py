@@ -97,7 +97,7 @@ class StepCatalog:
     kind: np.ndarray  # int8: index into KINDS, -1 when the text does not parse
     stage: np.ndarray  # int32, -1 when none (composite, unparsable)
     microbatch: np.ndarray  # int32, -1 when none
-    _codes: dict[str, int] = field(default_factory=dict, repr=False)
+    _codes: dict[str, int] | None = field(default=None, repr=False)  # `text_codes`
     _steps: list[Step | None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -124,18 +124,26 @@ class StepCatalog:
             kind.astype(np.int8),
             stage.astype(np.int32),
             mb.astype(np.int32),
-            dict(zip(texts, range(len(texts)))) if codes is None else codes,
+            codes,
             steps,
         )
 
+    @property
+    def text_codes(self) -> dict[str, int]:
+        """Text -> code. Made on first use when not given: hashing a big run's few hundred
+        thousand texts is a tenth of a reopen, and most views never look a text up."""
+        if self._codes is None:
+            self._codes = dict(zip(self.texts, range(len(self.texts))))
+        return self._codes
+
     def code(self, text: str) -> int:
         """The code of a step text, -1 when the run never recorded it."""
-        return self._codes.get(text, -1)
+        return self.text_codes.get(text, -1)
 
     def codes(self, texts: list[str]) -> np.ndarray:
         """`code` of many texts at once (int32)."""
         return np.fromiter(
-            map(self._codes.get, texts, repeat(-1, len(texts))), np.int32, len(texts)
+            map(self.text_codes.get, texts, repeat(-1, len(texts))), np.int32, len(texts)
         )
 
     @property

@@ -250,11 +250,7 @@ def _decode(index: dict[str, Any], data: memoryview, source: RunSource) -> model
     texts = index["texts"]
     if type(texts) is not list or not set(map(type, texts)) <= {str}:
         raise ValueError("bad texts")
-    catalog = model.StepCatalog(
-        texts,
-        *(arrays[name] for name in _CATALOG),
-        dict(zip(texts, range(len(texts)))),
-    )
+    catalog = model.StepCatalog(texts, *(arrays[name] for name in _CATALOG))
     lists = {"threads": index["threads"], "shapes": index["shapes"], "dtypes": index["dtypes"]}
     _check_codes(arrays, len(texts), {k: len(v) for k, v in lists.items()}, source.world_size)
     ranks = _ranks(index["ranks"], arrays, texts, source.world_size)
