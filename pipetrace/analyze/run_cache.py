@@ -39,7 +39,7 @@ from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.source import RunSource
 from pipetrace.schedule.ir import Plan
 
-RUN_CACHE_VERSION = 1
+RUN_CACHE_VERSION = 2
 """Bump when the entry's layout changes (changed analyze sources make entries stale anyway)."""
 _TABLES: dict[str, Any] = {
     "steps": model.StepTable.empty(),
@@ -291,6 +291,7 @@ def _plan(
 def _plan_of_codes(
     meta: dict[str, Any], catalog: model.StepCatalog, codes: np.ndarray, lengths: list[int]
 ) -> Plan:
+    """The plan's rows of Steps, each one the catalog's own (as when meta.json is read)."""
     steps = [*catalog.steps, None]  # a bubble's code, -1, reads the last
     flat = list(map(steps.__getitem__, codes.tolist()))
     ends = np.cumsum(lengths).tolist()
