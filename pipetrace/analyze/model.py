@@ -449,9 +449,10 @@ class InputProblem:
         return {"severity": self.severity, "rank": self.rank, "message": self.message}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Later:
-    """A field's value to be made on its first read (`LazyField`)."""
+    """A field's value to be made on its first read (`LazyField`). Its repr is the default
+    one: its function's arguments are a whole run's plan."""
 
     make: Callable[[], Any]
 
