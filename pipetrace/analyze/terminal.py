@@ -120,10 +120,9 @@ def _interrupted(c: _Case) -> Terminal:
 
 
 def _hung(c: _Case) -> Terminal:
-    at = en.where(c.run, c.rank)
     return Terminal(
         en.HUNG,
-        f"rank {c.id} stalled {at.phrase} ({c.ending.evidence}); {c.never}",
+        _stopped(c, " stalled"),
         f"rank {c.id} is stuck outside the pipeline's steps (user code between steps, "
         "a lock, a data loader)",
     )
@@ -133,9 +132,15 @@ def _unknown(c: _Case) -> Terminal:
     at = en.where(c.run, c.rank)
     return Terminal(
         en.UNKNOWN,
-        f"rank {c.id}'s log stops {at.phrase} ({c.ending.evidence}); {c.never}",
+        _stopped(c, "'s log stops"),
         f"rank {c.id} hung or was killed {at.phrase}: look at its process and its stderr",
     )
+
+
+def _stopped(c: _Case, verb: str) -> str:
+    """Where the rank's log stopped, the evidence, and what it never did."""
+    at = en.where(c.run, c.rank)
+    return f"rank {c.id}{verb} {at.phrase} ({c.ending.evidence}); {c.never}"
 
 
 _BY_STATE: dict[str, Callable[[_Case], Terminal]] = {
