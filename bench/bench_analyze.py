@@ -9,11 +9,14 @@ Writes a synthetic run in the documented trace format (`pipetrace.testing.synthe
 schedule with P = --ranks, timed by the shared executor, every rank's log written exactly
 as the recorder writes it), then runs `pipetrace analyze RUN --json` end to end in a child
 process (interpreter start, imports, parallel loading, every analyzer, JSON output) and
-reports wall time, events per second, and peak memory: the child's own peak RSS and the peak
-of the sum over the child and its worker processes (sampled from /proc every 10 ms), each
-against the run's size on disk. The first analysis starts without a columnar cache (and
-writes it); then the run is reopened from the cache, end to end (`analyze` reads the output
-it kept) and `load_run` alone (from the run-level entry: `analyze/run_cache.py`).
+reports wall time, events per second, CPU time (the child's own and its workers': where the
+parse ends and the serial tail begins), and peak memory: the child's own peak RSS and the
+peak of the sum over the child and its worker processes (sampled from /proc every 10 ms),
+each against the run's size on disk. Every run is printed, then the best by wall time: on
+a shared machine compare the CPU times of runs taken alternately, not one best wall.
+The first analysis starts without a columnar cache (and writes it); then the run is
+reopened from the cache, end to end (`analyze` reads the output it kept) and `load_run`
+alone (from the run-level entry: `analyze/run_cache.py`).
 Targets (issue 15): first analysis >= 2M events/s with peak RSS <= the logs' size; a second
 `analyze` in under 1 s; reopen from the cache >= 20M events/s.
 """
