@@ -25,7 +25,7 @@ where, and every step's start and end time) does not depend on the worklist orde
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter
@@ -104,7 +104,7 @@ class Program:
     plan: Plan
     mb_stride: int
     steps: list[list[Step]]
-    positions: list[list[int]]
+    positions: list[Sequence[int]]
     ids: list[list[int]]
     keys: list[list[int]]
     peers: list[list[int]]
@@ -228,7 +228,7 @@ def program_of(
         return list(_slices(values.tolist(), bounds))
 
     positions = [
-        list(range(len(row)))
+        range(len(row))  # a row without bubbles: no list of ~1e4 ints per rank to make
         if len(steps) == len(row)
         else [i for i, s in enumerate(row) if s is not None]
         for row, steps in zip(plan.ranks, rows)

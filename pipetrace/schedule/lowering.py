@@ -18,7 +18,16 @@ import numpy as np
 from pipetrace.gc_pause import gc_paused
 
 from .execution import CODE_RECV_F, CODE_SEND_F, program_of
-from .ir import SWAP_KINDS, Plan, ScheduleError, Step, StepKind, format_step, thread_parts
+from .ir import (
+    SWAP_KINDS,
+    Plan,
+    ScheduleError,
+    Step,
+    StepKind,
+    format_step,
+    make_steps,
+    thread_parts,
+)
 
 # Step costs. The unit grid draws the classic staircase; the timed costs (a full backward
 # costs two forwards) give ``lower`` a realistic order in which to post messages.
@@ -477,8 +486,8 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     mb = leaves.microbatch[sent]
     recv_stage = stage + _RECV_STAGE[route]
     mbs = mb.tolist()
-    sends = list(map(Step, _SEND_KINDS[route].tolist(), stage.tolist(), mbs))
-    recvs = list(map(Step, _RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs))
+    sends = make_steps(_SEND_KINDS[route].tolist(), stage.tolist(), mbs)
+    recvs = make_steps(_RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs)
     message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))
     message_time = message_time[leaves.owner[sent]]
     number = np.arange(1, len(sent) + 1)
