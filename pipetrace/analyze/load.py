@@ -46,6 +46,7 @@ from pipetrace.analyze.model import (
     Run,
     StepCatalog,
     StepTable,
+    plan_from_meta,
     steps_of,
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
@@ -93,7 +94,7 @@ def load_run(
             if cache
             else None
         )
-        run = entry.load(_plan_of) if entry else None
+        run = entry.load() if entry else None
         if run is None:
             with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
                 run = _assemble(source, wanted, problems, select, parsing)
@@ -294,12 +295,6 @@ PlannedRow = tuple[list[str], np.ndarray]
 """A row of meta.json's plan without its bubbles: its step texts and their codes."""
 
 
-def _plan_of(meta: dict[str, Any], catalog: StepCatalog) -> Plan | None:
-    """meta.json's plan alone (for a run read from its cache entry: its problems, if any,
-    were noted when the entry was made)."""
-    return _meta_plan(meta, catalog, [])[0]
-
-
 def _meta_plan(
     meta: dict[str, Any], catalog: StepCatalog, problems: list[InputProblem]
 ) -> tuple[Plan | None, list[PlannedRow]]:
@@ -307,8 +302,7 @@ def _meta_plan(
     the workers), and its rows' texts and codes: a rank's own plan is usually its row, whose
     codes are then not looked up again (a big plan has a few hundred thousand steps)."""
     try:
-        schedule = meta.get("schedule") or {}
-        code_of, parsed = catalog._codes.__getitem__, catalog.steps
+        code_of, parsed = catalog.text_codes.__getitem__, catalog.steps
         rows, planned = [], []
         for row in meta["plan"]:
             texts = [text for text in row if text]
@@ -319,13 +313,7 @@ def _meta_plan(
             next_step = map(parsed.__getitem__, codes.tolist()).__next__
             rows.append([next_step() if text else None for text in row])
             planned.append((texts, codes))
-        return Plan(
-            int(meta["num_microbatches"]),
-            tuple(int(r) for r in meta["placement"]),
-            rows,
-            str(schedule.get("name", "custom")),
-            dict(schedule.get("params", {})),
-        ), planned
+        return plan_from_meta(meta, rows), planned
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         problems.append(
             InputProblem(
