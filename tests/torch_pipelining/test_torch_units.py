@@ -187,13 +187,16 @@ def test_single_stage_ops_are_posted_inside_their_message_steps_and_complete_onc
     assert recorder.calls == [("done", ("send", 0)), ("done", ("send", 1)), ("done", ("recv", 0))]
 
 
+@pytest.mark.parametrize("schedule_class", ["Schedule1F1B", "ScheduleGPipe"])
 @pytest.mark.parametrize("stage_index", [0, 1, 3])
-def test_a_replayed_1f1b_iteration_records_each_step_of_the_plan_once_in_order(stage_index):
-    """Torch's calls of one Schedule1F1B iteration, replayed against a fake stage (the
+def test_a_replayed_iteration_records_each_step_of_the_plan_once_in_order(
+    schedule_class, stage_index
+):
+    """Torch's calls of one single-stage iteration, replayed against a fake stage (the
     bench's hook-cost figure runs the same): every plan step of the rank is opened and
     closed once, in plan order, and every op is posted inside its step and completed once."""
     stage = FakeStage(stage_index, 4, (2, 3))
-    schedule = fake_schedule("Schedule1F1B", stage, 4)
+    schedule = fake_schedule(schedule_class, stage, 4)
     plan = plan_of(schedule)
     recorder = CallLog()
     instrumentation = Instrumentation(schedule, plan, stage.group_rank, recorder)
