@@ -1,14 +1,15 @@
 """Run every analyzer on one `Run`, once: findings, metrics and their summary.
 
 from pipetrace.analyze.load import load_run
-from pipetrace.analyze.analysis import analyze
-result = analyze(load_run("runs/demo"))
+from pipetrace.analyze.analysis import analyze_cached
+result = analyze_cached(load_run("runs/demo"))   # analyze(run): always the analyzers
 result.findings            # sorted, most severe first
 result.summary             # typed metrics: bubble, stages, critical path, ideal timeline
 result.to_json()           # the documented structure (docs/analyze.md)
 
-Every view (report, JSON, diff, export, TUI) reads an `Analysis`; none recomputes a metric
-or re-runs the simulator.
+Every view (report, JSON, diff, export, TUI) reads an `Analysis` (`analyze_cached`: an
+unchanged run's is kept beside its cache entry); none recomputes a metric or re-runs the
+simulator (a kept analysis simulates the plan again once, when its simulation is read).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from pipetrace.analyze.device_times import device_timing, timed_run
 from pipetrace.analyze.divergence import find_divergence
 from pipetrace.analyze.failures import find_failures
 from pipetrace.analyze.findings import DEADLOCK, ERROR, RANK_STALLED, Finding, counts, sort_findings
-from pipetrace.analyze.ideal import ideal_timeline
+from pipetrace.analyze.ideal import IdealTimeline, ideal_timeline
 from pipetrace.analyze.interrupts import find_interrupt
 from pipetrace.analyze.memory import memory_report
 from pipetrace.analyze.messages import find_message_problems
 from pipetrace.analyze.metrics import Metrics, compute_metrics
-from pipetrace.analyze.model import RankTimeline, Run
+from pipetrace.analyze.model import Later, RankTimeline, Run
 from pipetrace.analyze.performance import find_exposed_comm, find_stragglers
 from pipetrace.analyze.replicas import ReplicaSummary, replica_findings, replica_summary
 from pipetrace.analyze.summary import MetricsSummary, summarize
@@ -73,7 +74,7 @@ def analyze(run: Run) -> Analysis:
     performance analyzers from device times where the run has them (`timed_run`)."""
     timed = timed_run(run)
     metrics = compute_metrics(timed)
-    ideal = ideal_timeline(run.plan, metrics.mean_costs())
+    ideal = _ideal(run, metrics)
     findings: list[Finding] = find_hangs(run)
     hung = {r for f in findings if f.kind in (DEADLOCK, RANK_STALLED) for r in f.ranks}
     findings += find_failures(run, hung)
@@ -87,6 +88,41 @@ def analyze(run: Run) -> Analysis:
     critical = critical_path(timed, which) if which is not None else None
     summary = summarize(run, metrics, ideal, critical, device_timing(run), memory_report(run))
     return Analysis(run, sort_findings(findings), metrics, summary, replica_summary(run))
+
+
+@gc_paused()
+def analyze_cached(run: Run) -> Analysis:
+    """The run's analysis: the one kept beside its run entry when there is one (`Run.entry`,
+    `kept_analysis`), else the analyzers' (`analyze`), then kept. Every view that shows an
+    analysis of a recorded run gets it here, so an unchanged run is analyzed once."""
+    entry = run.entry
+    kept = entry.analysis() if entry is not None else None
+    if kept is not None:
+        return _restored(run, *kept)
+    result = analyze(run)
+    if entry is not None:
+        entry.keep_analysis((result.findings, result.metrics, result.summary, result.replicas))
+    return result
+
+
+def _restored(
+    run: Run,
+    findings: list[Finding],
+    metrics: Metrics,
+    summary: MetricsSummary,
+    replicas: ReplicaSummary | None,
+) -> Analysis:
+    """A kept analysis given its run back; its ideal timeline's simulation (not kept) is
+    made again when first read, as `analyze` made it."""
+    ideal = summary.bubble.ideal
+    if ideal.available:
+        ideal.simulation = Later(lambda: _ideal(run, metrics).simulation)
+    return Analysis(run, findings, metrics, summary, replicas)
+
+
+def _ideal(run: Run, metrics: Metrics) -> IdealTimeline:
+    """The plan simulated with the run's measured mean step costs."""
+    return ideal_timeline(run.plan, metrics.mean_costs())
 
 
 def _path_iteration(metrics: Metrics) -> int | None:

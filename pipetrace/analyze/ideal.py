@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.analyze.model import LazyField
 from pipetrace.schedule.ir import Plan
 from pipetrace.schedule.simulate import Costs, SimResult, simulate
 
@@ -30,7 +31,8 @@ class IdealTimeline:
     bubble_ratio: float | None = None
     idle_fraction: float | None = None
     per_rank_bubble_ratio: list[float | None] = field(default_factory=list)
-    simulation: SimResult | None = field(default=None, repr=False)
+    simulation: SimResult | None = LazyField(None)  # type: ignore[assignment]
+    """A kept analysis's is simulated again when first read (`kept_analysis`)."""
 
     @property
     def available(self) -> bool:

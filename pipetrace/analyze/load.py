@@ -98,8 +98,9 @@ def load_run(
         if run is None:
             with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
                 run = _assemble(source, wanted, problems, select, parsing)
-            if entry:
-                entry.store(run, len(source.problems))
+            if entry and not entry.store(run, len(source.problems)):
+                entry = None  # the logs moved: ``run`` is not the model of its key
+        run.entry = entry
         return run
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from pipetrace.analyze.pipelines import Pipelines, rank_name
 from pipetrace.recorder.format import CHANNELS as CHANNELS  # re-exported for the views
 from pipetrace.recorder.format import OPS as OPS
 from pipetrace.schedule.ir import COMPUTE_KINDS, Plan, Step, StepKind, parse_step
+
+if TYPE_CHECKING:
+    from pipetrace.analyze.run_cache import RunEntry
 
 OPEN = -1
 """The end time of a span that never ended (the only definition: parse and views import it)."""
@@ -457,19 +460,28 @@ class Later:
     make: Callable[[], Any]
 
 
+_NO_DEFAULT = object()
+
+
 class LazyField:
     """A dataclass field that may be given a `Later` instead of its value: the value is made
     on the first read and kept. A reopened run's `Run.plan` is one: meta.json's plan as
     `Step` objects is 0.3 s of a 1 s reopen at 1024 ranks, and only the analyzers that check
     or simulate the plan read it (its rows come checked from the cache entry, so making it
-    cannot fail)."""
+    cannot fail). A kept analysis's `IdealTimeline.simulation` is another (``default``: the
+    field's default)."""
+
+    def __init__(self, default: Any = _NO_DEFAULT) -> None:
+        self.default = default
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.slot = f"_{name}_value"
 
     def __get__(self, run: Any, owner: type | None = None) -> Any:
-        if run is None:  # the class's own attribute: no default (dataclasses ask for one)
-            raise AttributeError(self.slot)
+        if run is None:  # the class's own attribute: the default dataclasses ask for
+            if self.default is _NO_DEFAULT:
+                raise AttributeError(self.slot)
+            return self.default
         value = run.__dict__[self.slot]
         if isinstance(value, Later):
             value = run.__dict__[self.slot] = value.make()
@@ -513,6 +525,9 @@ class Run:
     directories: tuple[Path, ...] = ()
     """Every directory the run was gathered from (`path` is the one holding meta.json)."""
     pipelines: Pipelines = field(default_factory=Pipelines)  # the replicas' global ranks
+    entry: RunEntry | None = field(default=None, compare=False, repr=False)
+    """The run cache entry this is the model of, where its analysis is kept
+    (`analysis.analyze_cached`); None when not cached (``--no-cache``, a log still written)."""
 
     @property
     def present_ranks(self) -> list[RankTimeline]:

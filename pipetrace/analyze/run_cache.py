@@ -33,7 +33,7 @@ import numpy as np
 import orjson
 
 from pipetrace.analyze import cache as column_cache
-from pipetrace.analyze import model
+from pipetrace.analyze import kept_analysis, model
 from pipetrace.analyze.pipelines import Pipelines
 from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.source import RunSource
@@ -116,10 +116,22 @@ class RunEntry:
         """The cached run, or None when there is no fresh, whole entry."""
         return None if self.key is None else load(self.path, self.key, self.source)
 
-    def store(self, run: model.Run, problems_from: int) -> None:
-        """Cache ``run`` when the logs held still while it was loaded (`store`)."""
-        if self._still():
+    def store(self, run: model.Run, problems_from: int) -> bool:
+        """Cache ``run`` when the logs held still while it was loaded (`store`); says
+        whether they did (``run`` is then the model of this entry's key)."""
+        still = self._still()
+        if still:
             store(self.path, self.key, run, problems_from)
+        return still
+
+    def analysis(self) -> kept_analysis.Parts | None:
+        """The analysis kept under this entry's key (`kept_analysis`), or None."""
+        return None if self.key is None else kept_analysis.read(self._analysis_path(), self.key)
+
+    def keep_analysis(self, parts: kept_analysis.Parts) -> None:
+        """Keep the analysis of this entry's run (`kept_analysis`)."""
+        if self.key is not None:
+            kept_analysis.write(self._analysis_path(), self.key, parts)
 
     def report(self, variant: str) -> tuple[int, str] | None:
         """A command's output made before from this run, and its exit code (``variant``:
@@ -155,6 +167,9 @@ class RunEntry:
 
     def _report_path(self, variant: str) -> Path:
         return self.path.with_suffix(f".{variant}.report")
+
+    def _analysis_path(self) -> Path:
+        return self.path.with_suffix(".analysis")
 
 
 def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:

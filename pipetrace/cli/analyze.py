@@ -122,7 +122,7 @@ def _analyze_into(
     color: bool = False,
 ) -> int:
     """Analyze the run, write the report or JSON to ``out``; returns the exit code."""
-    from pipetrace.analyze.analysis import analyze as run_analysis
+    from pipetrace.analyze.analysis import analyze_cached
     from pipetrace.analyze.load import load_run
     from pipetrace.cli.schedule import json_text
 
@@ -131,7 +131,7 @@ def _analyze_into(
         run = load_run(source, progress=progress, workers=workers, **loading.kwargs())
     finally:
         progress.close()
-    result = run_analysis(run)
+    result = analyze_cached(run)
     if as_json:
         out.write(json_text(result.to_json(segments=not no_segments)) + "\n")
     else:

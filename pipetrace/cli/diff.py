@@ -42,13 +42,13 @@ def diff(
       pipetrace diff 'runs/a/node*' 'runs/b/node*'
       pipetrace diff -a runs/a/node0 -a runs/a/node1 -b runs/b/node0 -b runs/b/node1
     """
-    from pipetrace.analyze.analysis import analyze
+    from pipetrace.analyze.analysis import analyze_cached
     from pipetrace.analyze.diff import diff_runs, render
     from pipetrace.analyze.load import load_run
     from pipetrace.cli.schedule import echo_json
 
     run_a, run_b = _two_runs(runs, run_a_dirs, run_b_dirs)
-    result = diff_runs(analyze(load_run(run_a)), analyze(load_run(run_b)))
+    result = diff_runs(analyze_cached(load_run(run_a)), analyze_cached(load_run(run_b)))
     if as_json:
         echo_json(result)
     else:

@@ -163,11 +163,11 @@ def export(
 def _findings(run: Run, progress: _Progress) -> list[Finding] | None:
     """The analyzers' findings; None (exported without them, with a warning) if they fail:
     a run the analyzers choke on is exactly the one the user wants to look at."""
-    from pipetrace.analyze.analysis import analyze
+    from pipetrace.analyze.analysis import analyze_cached
 
     progress("analyzing")
     try:
-        return analyze(run).findings
+        return analyze_cached(run).findings
     except Exception as exc:
         click.echo(
             "pipetrace export: warning: the analyzers failed "

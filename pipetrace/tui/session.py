@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pipetrace.analyze.analysis import Analysis, analyze
+from pipetrace.analyze.analysis import Analysis, analyze_cached
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.load import load_run
 from pipetrace.analyze.model import Run
@@ -79,7 +79,7 @@ def open_session(
     if not any(rank.events for rank in run.ranks):
         raise TraceFormatError(f"{run.path}: nothing to show: no rank log holds an event")
     report("analyzing", 0, 1)
-    analysis = analyze(run)
+    analysis = analyze_cached(run)
     report("indexing", 0, 1)
     planned = planned_run(run, analysis.metrics, analysis.summary.bubble.ideal)
     note = planned if isinstance(planned, str) else ""
