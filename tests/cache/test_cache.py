@@ -20,17 +20,10 @@ from pipetrace.analyze.model import plan_from_meta
 from pipetrace.cli import main
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.faults import Hang
+from pipetrace.testing.aging import age_logs
 from pipetrace.testing.cluster import FakeCluster
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
-
-
-def _age(run_dir: Path) -> None:
-    """Date the logs back: a log written in the last seconds is not cached (it may still
-    be growing)."""
-    past = os.stat(run_dir / fmt.META_FILE).st_mtime_ns - 60 * 10**9
-    for log in run_dir.glob("rank-*.ndjson"):
-        os.utime(log, ns=(past, past))
 
 
 @pytest.fixture
@@ -38,7 +31,7 @@ def run(tmp_path):
     """A 4-rank run where rank 3 hangs (stall events, open steps and ops), its logs aged."""
     path = tmp_path / "run"
     FakeCluster.of(faults=[Hang(rank=3, step=0, microbatch=1, phase="B")]).record(path)
-    _age(path)
+    age_logs(path)
     return path
 
 
@@ -77,7 +70,7 @@ def test_every_sample_trace_reads_back_the_same(tmp_path, capsys, monkeypatch):
     for sample in sorted(p for p in SAMPLES.iterdir() if (p / fmt.META_FILE).exists()):
         copy = tmp_path / sample.name
         shutil.copytree(sample, copy, ignore=shutil.ignore_patterns(cache.CACHE_DIR))
-        _age(copy)
+        age_logs(copy)
         copies.append((copy, _analyze(copy, capsys, "--no-cache")))
         _analyze(copy, capsys)
     _from_cache_only(monkeypatch)
@@ -96,7 +89,7 @@ def _same_as_parsed(run_dir: Path, capsys) -> None:
     """The cached analysis equals a fresh parse, and the cache is whole again afterwards."""
     cached = _analyze(run_dir, capsys)
     assert cached == _analyze(run_dir, capsys, "--no-cache")
-    _age(run_dir)
+    age_logs(run_dir)
     _analyze(run_dir, capsys)
     assert len(_entries(run_dir)) == 4
 
@@ -106,7 +99,7 @@ def test_a_grown_log_is_parsed_again(run, capsys):
     log = fmt.rank_log_path(run, 0)
     with open(log, "ab") as handle:
         handle.write(b'{"e":"from_the_future","t":1,"x":2}\n')
-    _age(run)
+    age_logs(run)
     assert load_run(run).ranks[0].events == before + 1
     _same_as_parsed(run, capsys)
 
@@ -284,18 +277,12 @@ def _assert_same(a: Any, b: Any, where: str = "run") -> None:
         assert a == b, where
 
 
-def test_the_run_entry_holds_the_whole_model(tmp_path, monkeypatch):
+def test_the_run_entry_holds_the_whole_model(full_run, monkeypatch):
     """Every field of the model (memory samples, two pipelines, a hang) reads back as built."""
-    path = tmp_path / "run"
-    hang = Hang(rank=3, step=0, microbatch=1, phase="B")
-    FakeCluster.of(faults=[hang], activation_bytes=1 << 20).record(path)
-    meta = orjson.loads((path / fmt.META_FILE).read_bytes())
-    (path / fmt.META_FILE).write_bytes(orjson.dumps({**meta, "pipelines": [[0, 1], [2, 3]]}))
-    _age(path)
-    built = load_run(path)
+    built = load_run(full_run)
     assert len(built.ranks[0].memory) and built.pipelines.several
     _from_run_entry_only(monkeypatch)
-    _assert_same(built, load_run(path))
+    _assert_same(built, load_run(full_run))
 
 
 def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ import os
 import shutil
 from pathlib import Path
 
-import orjson
 import pytest
 
 from pipetrace.analyze import analysis, cache, kept_analysis
@@ -15,18 +14,11 @@ from pipetrace.analyze.analysis import analyze, analyze_cached
 from pipetrace.analyze.load import load_run
 from pipetrace.cli import main
 from pipetrace.recorder import format as fmt
-from pipetrace.runtime.faults import Hang
-from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.aging import age_logs
+from pipetrace.testing.synthetic import write_synthetic_run
 from pipetrace.tui.session import open_session
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
-
-
-def _age(run_dir: Path) -> None:
-    """Date the logs back: a run with a log written in the last seconds is not cached."""
-    past = os.stat(run_dir / fmt.META_FILE).st_mtime_ns - 60 * 10**9
-    for log in run_dir.glob("rank-*.ndjson"):
-        os.utime(log, ns=(past, past))
 
 
 def _kept(run_dir: Path) -> Path:
@@ -46,18 +38,6 @@ class _Analyzers:
         return analyze(run)
 
 
-@pytest.fixture
-def run(tmp_path):
-    """Rank 3 hangs (findings with steps); two replicas of a 2-stage pipeline, memory."""
-    path = tmp_path / "run"
-    hang = Hang(rank=3, step=0, microbatch=1, phase="B")
-    FakeCluster.of(faults=[hang], activation_bytes=1 << 20).record(path)
-    meta = orjson.loads((path / fmt.META_FILE).read_bytes())
-    (path / fmt.META_FILE).write_bytes(orjson.dumps({**meta, "pipelines": [[0, 1], [2, 3]]}))
-    _age(path)
-    return path
-
-
 def _same_when_kept(run_dir: Path, monkeypatch) -> None:
     """A first analysis is kept; the next one reads it, and equals the analyzers' own."""
     first = analyze_cached(load_run(run_dir))
@@ -75,28 +55,44 @@ def _same_when_kept(run_dir: Path, monkeypatch) -> None:
     monkeypatch.undo()
 
 
-def test_a_kept_analysis_equals_a_fresh_one(run, monkeypatch):
-    _same_when_kept(run, monkeypatch)
-    assert analyze_cached(load_run(run)).replicas is not None
+def test_a_kept_analysis_equals_a_fresh_one(full_run, monkeypatch):
+    _same_when_kept(full_run, monkeypatch)
+    assert analyze_cached(load_run(full_run)).replicas is not None
 
 
 def test_every_sample_trace_keeps_the_same_analysis(tmp_path, monkeypatch):
     for sample in sorted(p for p in SAMPLES.iterdir() if (p / fmt.META_FILE).exists()):
         copy = tmp_path / sample.name
         shutil.copytree(sample, copy, ignore=shutil.ignore_patterns(cache.CACHE_DIR))
-        _age(copy)
+        age_logs(copy)
         _same_when_kept(copy, monkeypatch)
 
 
-def test_every_view_reads_the_kept_analysis(run, tmp_path, capsys, monkeypatch):
-    found = len(analyze_cached(load_run(run)).findings)
+@pytest.mark.parametrize(
+    ("schedule", "options"),
+    [
+        ("zbv", {}),
+        ("interleaved-1f1b", {"stages_per_rank": 2, "jitter": 0.2}),
+        ("1f1b", {"slow_stages": {2: 1.5}, "clock_offsets_ns": [0, 5_000, -7_000, 3_000]}),
+    ],
+)
+def test_synthetic_runs_keep_the_same_analysis(tmp_path, monkeypatch, schedule, options):
+    """Other plans (the simulation made again), a straggler and skewed clocks."""
+    path = tmp_path / schedule
+    write_synthetic_run(path, schedule=schedule, num_microbatches=8, **options)
+    age_logs(path)
+    _same_when_kept(path, monkeypatch)
+
+
+def test_every_view_reads_the_kept_analysis(full_run, tmp_path, capsys, monkeypatch):
+    found = len(analyze_cached(load_run(full_run)).findings)
     analyzers = _Analyzers(monkeypatch)
     out = tmp_path / "a.json"
-    assert main(["export", str(run), "-o", str(out), "--format", "chrome-json"]) == 0
+    assert main(["export", str(full_run), "-o", str(out), "--format", "chrome-json"]) == 0
     assert f"{found} findings" in capsys.readouterr().out  # its findings track: the kept ones
-    assert open_session(run).analysis.findings
-    assert main(["diff", str(run), str(run), "--json"]) == 0
-    assert main(["analyze", str(run), "--no-segments"]) == 1  # not kept as output yet
+    assert open_session(full_run).analysis.findings
+    assert main(["diff", str(full_run), str(full_run), "--json"]) == 0
+    assert main(["analyze", str(full_run), "--no-segments"]) == 1  # not kept as output yet
     capsys.readouterr()
     assert analyzers.calls == 0
 
@@ -115,37 +111,37 @@ def _flip_a_pickled_byte(data: bytes) -> bytes:
         _flip_a_pickled_byte,  # the pickle changed: its MAC no longer matches
     ],
 )
-def test_a_damaged_kept_analysis_is_ignored_and_rebuilt(run, monkeypatch, damage):
-    expected = analyze(load_run(run)).to_json()
-    analyze_cached(load_run(run))
-    _kept(run).write_bytes(damage(_kept(run).read_bytes()))
+def test_a_damaged_kept_analysis_is_ignored_and_rebuilt(full_run, monkeypatch, damage):
+    expected = analyze(load_run(full_run)).to_json()
+    analyze_cached(load_run(full_run))
+    _kept(full_run).write_bytes(damage(_kept(full_run).read_bytes()))
     analyzers = _Analyzers(monkeypatch)
-    assert analyze_cached(load_run(run)).to_json() == expected
-    assert analyze_cached(load_run(run)).to_json() == expected  # rewritten, and read back
+    assert analyze_cached(load_run(full_run)).to_json() == expected
+    assert analyze_cached(load_run(full_run)).to_json() == expected  # rewritten, and read back
     assert analyzers.calls == 1
 
 
-def test_an_analysis_kept_by_someone_else_is_never_unpickled(run, tmp_path, monkeypatch):
+def test_an_analysis_kept_by_someone_else_is_never_unpickled(full_run, tmp_path, monkeypatch):
     """A run directory copied with its cache from another user (another secret) is analyzed
     again: its pickle is not loaded."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "someone-else"))
-    analyze_cached(load_run(run))
+    analyze_cached(load_run(full_run))
     assert kept_analysis.secret_path().is_relative_to(tmp_path / "someone-else")
     monkeypatch.undo()
     analyzers = _Analyzers(monkeypatch)
-    analyze_cached(load_run(run))
+    analyze_cached(load_run(full_run))
     assert analyzers.calls == 1
 
 
-def test_a_changed_log_analyzes_again(run, monkeypatch):
-    analyze_cached(load_run(run))
-    log = fmt.rank_log_path(run, 2)
+def test_a_changed_log_analyzes_again(full_run, monkeypatch):
+    analyze_cached(load_run(full_run))
+    log = fmt.rank_log_path(full_run, 2)
     os.utime(log, ns=(os.stat(log).st_atime_ns, os.stat(log).st_mtime_ns - 10**9))
     analyzers = _Analyzers(monkeypatch)
-    analyze_cached(load_run(run))
+    analyze_cached(load_run(full_run))
     assert analyzers.calls == 1
 
 
-def test_without_the_cache_nothing_is_kept(run):
-    analyze_cached(load_run(run, cache=False))
-    assert not (run / cache.CACHE_DIR).exists()
+def test_without_the_cache_nothing_is_kept(full_run):
+    analyze_cached(load_run(full_run, cache=False))
+    assert not (full_run / cache.CACHE_DIR).exists()
