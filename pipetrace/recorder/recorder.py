@@ -102,7 +102,7 @@ class Recorder:
         self._epoch_anchor = clock.wall_ns()
         self._perf_anchor = clock.monotonic_ns()
         self.last_progress = self._perf_anchor
-        self.open_steps: dict[int, tuple[str, int, Step, int]] = {}  # id -> (thread, pos, step, it)
+        self.open_steps: dict[int, tuple] = {}  # id -> its step_begin record
         self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
         self._texts: dict[int, bytes] = {}
         self._literals = _JsonLiterals()
@@ -256,8 +256,9 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         sid = next(self._ids)
-        self.open_steps[sid] = (thread, position, step, self._iteration)
-        self._append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
+        record = (_STEP_BEGIN, t, sid, self._iteration, position, step, thread)
+        self.open_steps[sid] = record  # the record itself: one tuple per step, not two
+        self._append(record)
         profiler = self._profiler
         if self._timer is None and (profiler is None or not profiler.active()):
             return sid
@@ -441,7 +442,7 @@ class Recorder:
     def describe_open_steps(self) -> list[dict[str, Any]]:
         return [
             {"id": sid, "thread": thread, "pos": pos, "step": format_step(step), "it": it}
-            for sid, (thread, pos, step, it) in list(self.open_steps.items())
+            for _, _, sid, it, pos, step, thread in list(self.open_steps.values())
         ]
 
     def describe_inflight(self) -> list[dict[str, Any]]:
