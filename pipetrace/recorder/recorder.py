@@ -2,7 +2,8 @@
 
 The hot path (`begin_step`, `end_step`, `p2p_posted`, `p2p_completed`) takes one monotonic
 clock reading (from the injected `Clock`, bound once) and appends a tuple; encoding to JSON
-happens on the writer's flush thread.
+happens on the writer's flush thread. A step's begin and its P2P ops append straight to the
+writer's queue (`EventWriter.append_unchecked`); the step's end checks the queue's bound.
 Each hook also notes progress for the watchdog and keeps the set of open steps and in-flight
 P2P ops, which is what a stall dump reports.
 
@@ -92,8 +93,9 @@ class Recorder:
         """Pipeline rank -> global rank, when the job has several pipelines (the runtime
         names peers by pipeline rank; the trace by global rank)."""
         self._writer: EventWriter | None = None
-        # The writer's append, bound once for the hot path (None until begin_run).
+        # The writer's appends, bound once for the hot path (refusing until begin_run).
         self._append: Callable[[tuple], None] = _not_recording
+        self._append_unchecked: Callable[[tuple], None] = _not_recording
         self._ids = itertools.count()
         self._iteration = -1
         self._in_iteration = False
@@ -144,6 +146,7 @@ class Recorder:
             capacity=self.config.buffer_events,
         )
         self._append = self._writer.append
+        self._append_unchecked = self._writer.append_unchecked
         if self.rank == 0:
             write_meta(
                 run_dir,
@@ -203,7 +206,7 @@ class Recorder:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            self._append = _not_recording
+            self._append = self._append_unchecked = _not_recording
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -258,7 +261,7 @@ class Recorder:
         sid = next(self._ids)
         record = (_STEP_BEGIN, t, sid, self._iteration, position, step, thread)
         self.open_steps[sid] = record  # the record itself: one tuple per step, not two
-        self._append(record)
+        self._append_unchecked(record)  # `end_step` checks the queue's bound
         profiler = self._profiler
         if self._timer is None and (profiler is None or not profiler.active()):
             return sid
@@ -328,7 +331,7 @@ class Recorder:
             stack,
         )
         self.inflight[pid] = record
-        self._append(record)
+        self._append_unchecked(record)
         return pid
 
     def p2p_enqueued(self, token: Any) -> None:
@@ -343,7 +346,7 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         self.inflight.pop(token, None)
-        self._append((_P2P_DONE, t, token))
+        self._append_unchecked((_P2P_DONE, t, token))
 
     def memory_sample(
         self,
