@@ -344,6 +344,12 @@ class JobBlock:
     main: float
     writer: float
 
+    @property
+    def threads(self) -> float:
+        """CPU of the threads recording runs on (training + writer): steadier than the
+        process's, whose gloo threads' CPU moves with the load."""
+        return self.main + self.writer
+
 
 def _job_blocks(per_rank: list[list[dict]]) -> list[JobBlock]:
     blocks = []
@@ -386,7 +392,12 @@ def _print_demo(blocks: list[JobBlock], block_steps: int) -> None:
         f"4-rank 1f1b demo (M=8), {rounds} rounds of A A' B B A' A, {block_steps} iterations "
         f"per block; median over rounds of each side / off, ± its standard error"
     )
-    for measure, label, target in (("wall", "job wall time", 1), ("cpu", "CPU, 4 ranks", 2)):
+    measures = (
+        ("wall", "job wall time", 1),
+        ("cpu", "CPU, 4 ranks", 2),
+        ("threads", "main + writer", 2),
+    )
+    for measure, label, target in measures:
         ratios = _round_ratios(blocks, measure)
         floor, recorded = _summary(ratios[DEMO_SIDES[1]]), _summary(ratios["steps"])
         print(f"  {label:<14} off' (A/A): {floor}")
