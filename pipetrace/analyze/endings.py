@@ -1,6 +1,6 @@
 """How each rank's log ended: one verdict per rank, from the evidence, told alike by every finding.
 
-`rank_failed` (failures.py) and the end of a `rank_stalled` chain (deadlock.py) both describe
+`rank_failed` (failures.py) and the end of a `rank_stalled` chain (terminal.py) both describe
 how a rank ended; they read it here so that one rank never gets two stories (a rank "still
 computing" in one finding and "died without a trace" in the next). The verdict is one of the
 terminal states documented in docs/diagnosis.md, with the evidence that decided it:

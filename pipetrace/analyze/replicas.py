@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipetrace.analyze import findings as fk
-from pipetrace.analyze.deadlock import COLLECTIVE
+from pipetrace.analyze.blocked import COLLECTIVE
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import KIND_CODE, OPEN, RankTimeline, Run
 from pipetrace.analyze.pipelines import Pipelines

@@ -5,12 +5,17 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK
+
+if TYPE_CHECKING:
+    from pipetrace.analyze.findings import Finding
+    from pipetrace.analyze.model import Run
 
 
 class _Progress:
@@ -134,28 +139,16 @@ def export(
             workers=workers,
             **loading.kwargs(),
         )
-        findings = None
-        if not no_findings:
-            from pipetrace.analyze.analysis import analyze
-
-            progress("analyzing")
-            try:
-                findings = analyze(run).findings
-            except Exception as exc:
-                click.echo(
-                    "pipetrace export: warning: the analyzers failed "
-                    f"({type(exc).__name__}: {exc}); exporting without findings",
-                    err=True,
-                )
+        findings = None if no_findings else _findings(run, progress)
         summary = export_run(run, out, fmt=fmt, findings=findings, progress=progress)
     finally:
         progress.close()
-    found = (
-        "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
-    )
     for problem in run.problems:
         if problem.severity == "warning":
             click.echo(f"pipetrace export: input warning: {problem.message}", err=True)
+    found = (
+        "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
+    )
     click.echo(
         f"wrote {summary.path} ({_size(summary.bytes)}: {summary.slices:,} slices, "
         f"{summary.flows:,} message arrows{found}) in {summary.seconds:.1f} s"
@@ -163,22 +156,41 @@ def export(
     if not open_ui:
         click.echo("open it at https://ui.perfetto.dev (Open trace file), or run again with --open")
         return EXIT_OK
+    _serve(summary.path, port, timeout)
+    return EXIT_OK
+
+
+def _findings(run: Run, progress: _Progress) -> list[Finding] | None:
+    """The analyzers' findings; None (exported without them, with a warning) if they fail:
+    a run the analyzers choke on is exactly the one the user wants to look at."""
+    from pipetrace.analyze.analysis import analyze
+
+    progress("analyzing")
+    try:
+        return analyze(run).findings
+    except Exception as exc:
+        click.echo(
+            "pipetrace export: warning: the analyzers failed "
+            f"({type(exc).__name__}: {exc}); exporting without findings",
+            err=True,
+        )
+        return None
+
+
+def _serve(path: Path, port: int, timeout: float) -> None:
     from pipetrace.export.serve import serve_once
 
     def ready(link: str) -> None:
         click.echo(f"open {link}")
-        click.echo(f"serving {summary.path.name} once on 127.0.0.1 (Ctrl-C to stop)", err=True)
+        click.echo(f"serving {path.name} once on 127.0.0.1 (Ctrl-C to stop)", err=True)
 
     try:
-        served = serve_once(summary.path, port=port, timeout=timeout, ready=ready)
+        served = serve_once(path, port=port, timeout=timeout, ready=ready)
     except KeyboardInterrupt:
         click.echo("stopped serving", err=True)
-        return EXIT_OK
+        return
     if not served:
-        click.echo(
-            f"nobody fetched the trace within {timeout:g} s; it stays at {summary.path}", err=True
-        )
-    return EXIT_OK
+        click.echo(f"nobody fetched the trace within {timeout:g} s; it stays at {path}", err=True)
 
 
 def _size(n: int) -> str:

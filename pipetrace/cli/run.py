@@ -15,7 +15,7 @@ from pipetrace.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS
 from pipetrace.recorder import run_dir
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.fault_spec import FAULT_HELP
-from pipetrace.runtime.results import ParityReport
+from pipetrace.runtime.results import ParityReport, RankFailure
 
 
 @click.command(epilog=FAULT_HELP)
@@ -68,23 +68,13 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     result = launch(
         [config], on_loss=lambda _case, step, loss: click.echo(f"step {step + 1}  loss {loss:.6f}")
     )
+    kept = recorded and _holds_a_recording(Path(config.out))
     if result.interrupted is not None:
-        kept = (
-            f"; recording kept in {config.out}"
-            if recorded and _holds_a_recording(Path(config.out))
-            else ""
-        )
-        click.echo(f"interrupted: {result.interrupted} ranks stopped{kept}", err=True)
+        note = f"; recording kept in {config.out}" if kept else ""
+        click.echo(f"interrupted: {result.interrupted} ranks stopped{note}", err=True)
         return EXIT_INTERRUPTED
     if result.failures:
-        first, *others = result.failures
-        click.echo(f"pipetrace: error: rank {first.rank} failed: {first.error}", err=True)
-        for other in others:
-            click.echo(f"  then rank {other.rank}: {other.error}", err=True)
-        if recorded and _holds_a_recording(Path(config.out)):
-            click.echo(
-                f"trace in {config.out}; diagnose with: pipetrace analyze {config.out}", err=True
-            )
+        _report_failures(result.failures, config.out if kept else None)
         return EXIT_PROBLEMS
     code = EXIT_OK
     if config.check_parity:
@@ -92,6 +82,17 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     if recorded:
         click.echo(f"recorded to {config.out}; next: pipetrace analyze {config.out}")
     return code
+
+
+def _report_failures(failures: list[RankFailure], trace: str | None) -> None:
+    """The first rank's error (the cause, usually), the others' after it, and where the
+    trace that explains them is."""
+    first, *others = failures
+    click.echo(f"pipetrace: error: rank {first.rank} failed: {first.error}", err=True)
+    for other in others:
+        click.echo(f"  then rank {other.rank}: {other.error}", err=True)
+    if trace is not None:
+        click.echo(f"trace in {trace}; diagnose with: pipetrace analyze {trace}", err=True)
 
 
 def _executed_by(config: RunConfig) -> str:

@@ -22,6 +22,7 @@ recv: its ``arrived`` instant, which ends a flow begun earlier, then the recv's 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any
 
 import numpy as np
@@ -187,6 +188,37 @@ def _annotation(
 _INT_VALUE, _STRING_VALUE_IID = 4, 17
 
 
+@dataclass
+class _Rows:
+    """Which rows of a run of events are which kind, and the item each row is about."""
+
+    n: int
+    begins: np.ndarray
+    slices: np.ndarray
+    instants: np.ndarray
+    counters: np.ndarray
+    named: np.ndarray  # begins and instants: the rows that carry a name
+    si: np.ndarray  # per row: its slice (0 where the row is about another kind)
+    ii: np.ndarray  # per row: its instant (0 where the row is about another kind)
+
+    @classmethod
+    def of(cls, etype: np.ndarray, index: np.ndarray) -> _Rows:
+        n = len(etype)
+        slices, instants = wire.rows_where(etype <= END), wire.rows_where(etype == INSTANT)
+        si, ii = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        si[slices], ii[instants] = index[slices], index[instants]
+        return cls(
+            n,
+            begins=wire.rows_where(etype == BEGIN),
+            slices=slices,
+            instants=instants,
+            counters=wire.rows_where(etype == COUNTER),
+            named=wire.rows_where((etype == BEGIN) | (etype == INSTANT)),
+            si=si,
+            ii=ii,
+        )
+
+
 def _events(
     layout: Layout,
     enc: _Interning,
@@ -196,77 +228,91 @@ def _events(
     delta: np.ndarray,
 ) -> bytes:
     """The packets of a run of events (one row each), encoded column by column."""
-    s, ins, c = layout.slices, layout.instants, layout.counters
-    n = len(etype)
-    every = np.arange(n)
-    begins, slices = wire.rows_where(etype == BEGIN), wire.rows_where(etype <= END)
-    instants, counters = wire.rows_where(etype == INSTANT), wire.rows_where(etype == COUNTER)
-    named = wire.rows_where((etype == BEGIN) | (etype == INSTANT))
-    # per row: the slice / instant / counter it is about (0 where it is about another kind)
-    si = np.zeros(n, np.int64)
-    si[slices] = index[slices]
-    ii = np.zeros(n, np.int64)
-    ii[instants] = index[instants]
-    track = np.zeros(n, np.int64)
-    name = np.zeros(n, np.int64)
-    extra = np.full(n, -1, np.int64)
-    if len(slices):
-        track[slices] = s.track[si[slices]]
-        name[begins] = s.name[si[begins]]
-        extra[begins] = enc.slice_extra[si[begins]]
-    if len(instants):
-        track[instants] = ins.track[ii[instants]]
-        name[instants] = ins.name[ii[instants]]
-        extra[instants] = enc.instant_extra[ii[instants]]
-    if len(counters):
-        track[counters] = c.track[index[counters]]
-    te = [
-        wire.table(
-            etype.astype(np.int64),
-            [wire.key(9, wire.VARINT) + wire.encode_varint(t) for t in _TYPES],
-        ),
-        *wire.field_varint(11, track, every),
-        *wire.field_varint(10, name + 1, named),
-    ]
-    if len(begins):
-        for ann, column in (
-            (A.STAGE, a.stage),
-            (A.MICROBATCH, a.microbatch),
-            (A.ITERATION, a.iteration),
-            (A.POSITION, a.position),
-            (A.PEER, a.peer),
-            (A.SEQ, a.seq),
-            (A.BYTES, a.nbytes),
-        ):
-            values = np.full(n, -1, np.int64)
-            values[begins] = column[si[begins]]
-            te += _annotation(enc.ann[ann], _INT_VALUE, values, wire.rows_where(values >= 0))
-        for ann, iids in enc.string_args.items():
-            values = np.zeros(n, np.int64)
-            values[begins] = iids[si[begins]]
-            te += _annotation(enc.ann[ann], _STRING_VALUE_IID, values, wire.rows_where(values > 0))
-        te.append(wire.const(enc.unfinished, begins[s.unfinished[si[begins]]]))
-        flow = np.zeros(n, np.int64)
-        flow[begins] = s.flow[si[begins]]
-        te += wire.field_fixed64(47, flow, wire.rows_where(flow > 0))
-    if len(instants):
-        flow = np.zeros(n, np.int64)
-        flow[instants] = ins.flow[ii[instants]]
+    rows = _Rows.of(etype, index)
+    every = np.arange(rows.n)
+    te = _track_event(layout, enc, etype, index, rows)
+    if len(rows.begins):
+        te += _slice_fields(layout, enc, a, rows)
+    if len(rows.instants):
+        flow = np.zeros(rows.n, np.int64)
+        flow[rows.instants] = layout.instants.flow[rows.ii[rows.instants]]
         te += wire.field_fixed64(48, flow, wire.rows_where(flow > 0))
-    if len(counters):
-        te += wire.field_varint(30, _spread(c.value, index, counters, n), counters)
-    te.append(wire.table(extra, enc.extras))
+    if len(rows.counters):
+        values = _spread(layout.counters.value, index, rows.counters, rows.n)
+        te += wire.field_varint(30, values, rows.counters)
+    te.append(wire.table(_extras(layout, enc, rows), enc.extras))
     packet = [
         *wire.field_varint(8, delta, every),
         wire.const(wire.key(10, wire.VARINT) + wire.encode_varint(SEQUENCE_ID), every),
         wire.const(
             wire.key(13, wire.VARINT)
             + wire.encode_varint(pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE),
-            named,
+            rows.named,
         ),
-        *wire.field_message(11, te, every, n),
+        *wire.field_message(11, te, every, rows.n),
     ]
-    return wire.assemble(wire.field_message(1, packet, every, n), n)
+    return wire.assemble(wire.field_message(1, packet, every, rows.n), rows.n)
+
+
+def _track_event(
+    layout: Layout, enc: _Interning, etype: np.ndarray, index: np.ndarray, rows: _Rows
+) -> list:
+    """Every row's TrackEvent type, track and (begins and instants) name."""
+    s, ins, c = layout.slices, layout.instants, layout.counters
+    track = np.zeros(rows.n, np.int64)
+    name = np.zeros(rows.n, np.int64)
+    if len(rows.slices):
+        track[rows.slices] = s.track[rows.si[rows.slices]]
+        name[rows.begins] = s.name[rows.si[rows.begins]]
+    if len(rows.instants):
+        track[rows.instants] = ins.track[rows.ii[rows.instants]]
+        name[rows.instants] = ins.name[rows.ii[rows.instants]]
+    if len(rows.counters):
+        track[rows.counters] = c.track[index[rows.counters]]
+    return [
+        wire.table(
+            etype.astype(np.int64),
+            [wire.key(9, wire.VARINT) + wire.encode_varint(t) for t in _TYPES],
+        ),
+        *wire.field_varint(11, track, np.arange(rows.n)),
+        *wire.field_varint(10, name + 1, rows.named),
+    ]
+
+
+def _slice_fields(layout: Layout, enc: _Interning, a: SliceArgs, rows: _Rows) -> list:
+    """A slice begin's annotations, its unfinished mark and its flow."""
+    s, begins, at = layout.slices, rows.begins, rows.si[rows.begins]
+    out: list = []
+    for ann, column in (
+        (A.STAGE, a.stage),
+        (A.MICROBATCH, a.microbatch),
+        (A.ITERATION, a.iteration),
+        (A.POSITION, a.position),
+        (A.PEER, a.peer),
+        (A.SEQ, a.seq),
+        (A.BYTES, a.nbytes),
+    ):
+        values = np.full(rows.n, -1, np.int64)
+        values[begins] = column[at]
+        out += _annotation(enc.ann[ann], _INT_VALUE, values, wire.rows_where(values >= 0))
+    for ann, iids in enc.string_args.items():
+        values = np.zeros(rows.n, np.int64)
+        values[begins] = iids[at]
+        out += _annotation(enc.ann[ann], _STRING_VALUE_IID, values, wire.rows_where(values > 0))
+    out.append(wire.const(enc.unfinished, begins[s.unfinished[at]]))
+    flow = np.zeros(rows.n, np.int64)
+    flow[begins] = s.flow[at]
+    return out + wire.field_fixed64(47, flow, wire.rows_where(flow > 0))
+
+
+def _extras(layout: Layout, enc: _Interning, rows: _Rows) -> np.ndarray:
+    """Per row, its extra fields' entry in ``enc.extras`` (-1: none)."""
+    extra = np.full(rows.n, -1, np.int64)
+    if len(rows.begins):
+        extra[rows.begins] = enc.slice_extra[rows.si[rows.begins]]
+    if len(rows.instants):
+        extra[rows.instants] = enc.instant_extra[rows.ii[rows.instants]]
+    return extra
 
 
 def _spread(values: np.ndarray, index: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:

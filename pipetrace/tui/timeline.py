@@ -6,6 +6,8 @@ change. Mouse gestures are posted as messages (the app applies them, like the ke
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from rich.segment import Segment
 from rich.style import Style
@@ -27,7 +29,7 @@ from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
 from pipetrace.analyze.model import RankState
-from pipetrace.tui.lanes import BUBBLE, CATEGORIES, MAIN, NONE, P2P, Lane
+from pipetrace.tui.lanes import BUBBLE, CATEGORIES, MAIN, NONE, P2P, Cells, Lane
 from pipetrace.tui.levels import level_segments
 from pipetrace.tui.palette import BLANK_STYLE, BUBBLE_STYLE, CATEGORY_COLORS, category_style
 from pipetrace.tui.session import Session
@@ -181,30 +183,7 @@ class TimelineView(ScrollView, can_focus=True):
         if lane.levels is not None:
             cursor = state.cursor[1] if has_cursor and state.cursor is not None else None
             return Strip([*gutter, *level_segments(lane, vp.start, dt, columns, cursor)], width)
-        cells = lane.columns(vp.start, dt, columns)
-        cat, second = cells.cat.astype(np.int64), cells.second.astype(np.int64)
-        owner = cells.item.copy()  # the item each column shows (-1: none, or zoomed out)
-        # every column gets a style code: mode (category, half block, bubble, blank), two
-        # numbers (category and shade, or the half block's two colours) and flag bits
-        mb_parity = self._parity(lane)
-        mode = np.full(columns, _BLANK, np.int64)
-        a = np.where(cat >= 0, cat, 0)
-        b = np.where(
-            (owner >= 0) & (lane.cat[np.maximum(owner, 0)] == cat),
-            mb_parity[np.maximum(owner, 0)],
-            0,
-        )
-        mode[cat >= 0] = _CAT
-        mode[cat == BUBBLE] = _BUBBLE
-        mixed = (second != NONE) & ((cat >= 0) | (second >= 0))
-        mode[mixed] = _HALF
-        a = np.where(mixed, np.where(cat >= 0, cat, second), a)
-        b = np.where(mixed, np.where((cat >= 0) & (second >= 0), second, _IDLE), b)
-        chars = np.full(columns, " ", dtype="<U1")
-        chars[mode == _BUBBLE] = "·"
-        chars[mixed & (cat >= 0)] = "▌"
-        chars[mixed & (cat < 0)] = "▐"
-        flags = np.zeros(columns, np.int64)
+        paint = _Paint.of(lane, lane.columns(vp.start, dt, columns), self._parity(lane))
         # items drawn whatever the zoom: open spans, the finding's steps, the cursor
         specials: list[tuple[int, int]] = [(int(i), _OPEN) for i in np.flatnonzero(lane.open)]
         specials += [(i, _HIGHLIGHT) for i in state.highlighted_in(lane_id)]
@@ -212,25 +191,19 @@ class TimelineView(ScrollView, can_focus=True):
             specials.append((state.cursor[1], _CURSOR))
         for i, flag in specials:
             span = lane.columns_of(i, vp.start, dt, columns)
-            if span is None:
-                continue
-            c0, c1 = span
-            own = np.flatnonzero((owner[c0:c1] == i) | (mode[c0:c1] >= _BUBBLE)) + c0
-            if not len(own):
-                own = np.array([c0])
-            retake = own[(owner[own] != i) | (mode[own] == _HALF)]
-            mode[retake], a[retake], b[retake], chars[retake] = (
-                _CAT,
-                int(lane.cat[i]),
-                int(mb_parity[i]),
-                " ",
-            )
-            owner[own] = i
-            flags[own] |= flag
-        # labels: at the start of each run of columns showing one item, where that item is
-        # what the column shows most of, if the label fits
-        text = chars.tolist()
-        shows_owner = (mode <= _HALF) & (owner >= 0) & (a == lane.cat[np.maximum(owner, 0)])
+            if span is not None:
+                paint.take(i, flag, *span)
+        self._put_labels(lane_id, lane, paint)
+        return Strip([*gutter, *paint.segments()], width)
+
+    def _put_labels(self, lane_id: int, lane: Lane, paint: _Paint) -> None:
+        """A label at the start of each run of columns showing one item, where that item is
+        what the column shows most of, if the label fits."""
+        owner, columns = paint.owner, len(paint.owner)
+        text = paint.chars.tolist()
+        shows_owner = (
+            (paint.mode <= _HALF) & (owner >= 0) & (paint.a == lane.cat[np.maximum(owner, 0)])
+        )
         cuts = np.flatnonzero(owner[1:] != owner[:-1]) + 1
         starts, ends = np.r_[0, cuts], np.r_[cuts, columns]
         shown_at = np.flatnonzero(shows_owner)
@@ -245,21 +218,7 @@ class TimelineView(ScrollView, can_focus=True):
             owner[starts][room >= 2].tolist(), firsts[room >= 2].tolist(), room[room >= 2].tolist()
         ):
             self._put_label(lane_id, lane, i, first, r, text)
-        chars = np.array(text, dtype="<U1")
-        chars[((flags & _OPEN) > 0) & (chars == " ")] = "╌"
-        relabelled = (mode == _HALF) & (chars != "▌") & (chars != "▐")  # a label took the column
-        mode[relabelled] = _CAT
-        b[relabelled] = np.where(
-            owner[relabelled] >= 0, mb_parity[np.maximum(owner[relabelled], 0)], 0
-        )
-        code = ((mode * 100 + a) * 100 + b) * 8 + flags
-        segments = list(gutter)
-        cuts = np.flatnonzero(code[1:] != code[:-1]) + 1
-        for start, end in zip(np.r_[0, cuts].tolist(), np.r_[cuts, columns].tolist()):
-            segments.append(
-                Segment("".join(chars[start:end].tolist()), _style_of(int(code[start])))
-            )
-        return Strip(segments, width)
+        paint.relabel(np.array(text, dtype="<U1"))
 
     def _parity(self, lane: Lane) -> np.ndarray:
         """Per item, its micro-batch's parity: every other micro-batch is drawn a shade darker."""
@@ -437,3 +396,78 @@ def item_label(session: Session, lane: Lane, i: int) -> tuple[str, str]:
     if step.microbatch is None:
         return (kind[:5].lower(), "")
     return (f"{stage}{kind}{mb}", mb)
+
+
+@dataclass
+class _Paint:
+    """Every column of one lane's line: a style code (mode: category, half block, bubble,
+    blank; two numbers: category and shade, or the half block's two colours; flag bits), its
+    character, and the item it shows (-1: none, or zoomed out)."""
+
+    mode: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    chars: np.ndarray
+    owner: np.ndarray
+    flags: np.ndarray
+    item_cat: np.ndarray  # per item of the lane: its category
+    mb_parity: np.ndarray  # per item of the lane: its micro-batch's parity (the shade)
+
+    @classmethod
+    def of(cls, lane: Lane, cells: Cells, mb_parity: np.ndarray) -> _Paint:
+        cat, second = cells.cat.astype(np.int64), cells.second.astype(np.int64)
+        owner = cells.item.copy()
+        columns = len(cat)
+        mode = np.full(columns, _BLANK, np.int64)
+        a = np.where(cat >= 0, cat, 0)
+        b = np.where(
+            (owner >= 0) & (lane.cat[np.maximum(owner, 0)] == cat),
+            mb_parity[np.maximum(owner, 0)],
+            0,
+        )
+        mode[cat >= 0] = _CAT
+        mode[cat == BUBBLE] = _BUBBLE
+        mixed = (second != NONE) & ((cat >= 0) | (second >= 0))
+        mode[mixed] = _HALF
+        a = np.where(mixed, np.where(cat >= 0, cat, second), a)
+        b = np.where(mixed, np.where((cat >= 0) & (second >= 0), second, _IDLE), b)
+        chars = np.full(columns, " ", dtype="<U1")
+        chars[mode == _BUBBLE] = "·"
+        chars[mixed & (cat >= 0)] = "▌"
+        chars[mixed & (cat < 0)] = "▐"
+        flags = np.zeros(columns, np.int64)
+        return cls(mode, a, b, chars, owner, flags, lane.cat, mb_parity)
+
+    def take(self, i: int, flag: int, c0: int, c1: int) -> None:
+        """Item ``i`` (columns ``c0:c1`` at this zoom) is drawn whatever the zoom, with ``flag``."""
+        mode, owner = self.mode, self.owner
+        own = np.flatnonzero((owner[c0:c1] == i) | (mode[c0:c1] >= _BUBBLE)) + c0
+        if not len(own):
+            own = np.array([c0])
+        retake = own[(owner[own] != i) | (mode[own] == _HALF)]
+        mode[retake], self.a[retake], self.b[retake], self.chars[retake] = (
+            _CAT,
+            int(self.item_cat[i]),
+            int(self.mb_parity[i]),
+            " ",
+        )
+        owner[own] = i
+        self.flags[own] |= flag
+
+    def relabel(self, chars: np.ndarray) -> None:
+        """The characters after the labels were written: a half block a label took is drawn
+        as its item's category."""
+        chars[((self.flags & _OPEN) > 0) & (chars == " ")] = "╌"
+        relabelled = (self.mode == _HALF) & (chars != "▌") & (chars != "▐")
+        self.mode[relabelled] = _CAT
+        owner = self.owner[relabelled]
+        self.b[relabelled] = np.where(owner >= 0, self.mb_parity[np.maximum(owner, 0)], 0)
+        self.chars = chars
+
+    def segments(self) -> list[Segment]:
+        code = ((self.mode * 100 + self.a) * 100 + self.b) * 8 + self.flags
+        cuts = np.flatnonzero(code[1:] != code[:-1]) + 1
+        return [
+            Segment("".join(self.chars[start:end].tolist()), _style_of(int(code[start])))
+            for start, end in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(code)].tolist())
+        ]

@@ -1,0 +1,172 @@
+"""The rank at the end of a wait-for chain: what it was doing instead of the awaited step.
+
+Told in the words of its `endings` verdict (the one `rank_failed` tells too), with the
+likely cause, so that a stall's headline ends in something a user can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipetrace.analyze import endings as en
+from pipetrace.analyze.blocked import open_rows
+from pipetrace.analyze.model import RankState, RankTimeline, Run
+
+
+@dataclass(frozen=True)
+class Terminal:
+    state: str  # an `endings` state
+    text: str  # what the rank did, for the headline
+    cause: str  # the likely cause
+
+
+@dataclass(frozen=True)
+class _Case:
+    """What the terminal rank's ending and the awaited step tell."""
+
+    run: Run
+    rank: RankTimeline
+    ending: en.Ending
+    wanted: str
+    never: str  # why the awaited step never came, from the rank's own steps
+
+    @property
+    def id(self) -> int:
+        return self.rank.rank
+
+
+def terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> Terminal:
+    """The rank ``rank_id`` that never ran ``wanted`` of ``iteration`` (``""``: nothing in
+    particular was awaited)."""
+    if not 0 <= rank_id < run.world_size:
+        return Terminal(
+            en.MISSING,
+            f"rank {rank_id} does not exist (world size {run.world_size})",
+            "the plan or the runtime addresses a rank outside the job",
+        )
+    rank = run.ranks[rank_id]
+    ending = en.rank_endings(run)[rank_id]
+    in_plan = wanted in rank.plan
+    never = (
+        (f"it never ran {wanted}" + ("" if in_plan else ", which is not in its plan"))
+        if not _executed(run, rank, wanted, iteration)
+        else f"it ran {wanted} but the message never arrived"
+    )
+    case = _Case(run, rank, ending, wanted, never)
+    return _BY_STATE.get(ending.state, _unknown)(case)
+
+
+def _not_loaded(c: _Case) -> Terminal:
+    return Terminal(
+        en.NOT_LOADED,
+        f"rank {c.id} was not loaded ({c.rank.status.detail})",
+        f"unknown: load rank {c.id} too to see why it never ran {c.wanted or 'on'}",
+    )
+
+
+def _missing(c: _Case) -> Terminal:
+    return Terminal(
+        en.MISSING,
+        f"rank {c.id} has no log",
+        "the rank never started recording (crashed at start?)",
+    )
+
+
+def _exited(c: _Case) -> Terminal:
+    return Terminal(
+        en.EXITED,
+        f"rank {c.id} {c.ending.evidence}; {c.never}",
+        (
+            "the plans of the two ranks disagree: the counterpart step is missing"
+            if c.wanted not in c.rank.plan
+            else "the counterpart was skipped (a custom step function that does not send/recv?)"
+        ),
+    )
+
+
+def _crashed(c: _Case) -> Terminal:
+    how = c.rank.status.detail
+    if c.rank.status.state == RankState.ENDED:
+        how = f"died without a trace ({c.ending.evidence})"
+    at = en.where(c.run, c.rank)
+    return Terminal(
+        en.CRASHED,
+        f"rank {c.id} {how} {at.phrase}",
+        f"rank {c.id} failed before reaching {c.wanted}",
+    )
+
+
+def _computing(c: _Case) -> Terminal:
+    at = en.where(c.run, c.rank)
+    text = at.step if at.open else c.run.catalog.texts[c.rank.steps.code[open_rows(c.rank)[-1]]]
+    begun = _open_since(c.run, c.rank, text)
+    begun = c.ending.last_alive_ns if begun is None else begun
+    return Terminal(
+        en.COMPUTING,
+        f"rank {c.id} is still in {text} (begun {begun / 1e9:.3f} s, open for at least "
+        f"{max(0, c.ending.last_alive_ns - begun) / 1e9:.3g} s); {c.never}",
+        f"step {text} on rank {c.id} never returns (an infinite loop, a lock, or a very slow step)",
+    )
+
+
+def _interrupted(c: _Case) -> Terminal:
+    at = en.where(c.run, c.rank)
+    return Terminal(
+        en.INTERRUPTED,
+        f"rank {c.id} was interrupted by the user {at.phrase}; {c.never}",
+        "the user interrupted the run (Ctrl-C) before the message came",
+    )
+
+
+def _hung(c: _Case) -> Terminal:
+    return Terminal(
+        en.HUNG,
+        _stopped(c, " stalled"),
+        f"rank {c.id} is stuck outside the pipeline's steps (user code between steps, "
+        "a lock, a data loader)",
+    )
+
+
+def _unknown(c: _Case) -> Terminal:
+    at = en.where(c.run, c.rank)
+    return Terminal(
+        en.UNKNOWN,
+        _stopped(c, "'s log stops"),
+        f"rank {c.id} hung or was killed {at.phrase}: look at its process and its stderr",
+    )
+
+
+def _stopped(c: _Case, verb: str) -> str:
+    """Where the rank's log stopped, the evidence, and what it never did."""
+    at = en.where(c.run, c.rank)
+    return f"rank {c.id}{verb} {at.phrase} ({c.ending.evidence}); {c.never}"
+
+
+_BY_STATE: dict[str, Callable[[_Case], Terminal]] = {
+    en.NOT_LOADED: _not_loaded,
+    en.MISSING: _missing,
+    en.EXITED: _exited,
+    en.CRASHED: _crashed,
+    en.COMPUTING: _computing,
+    en.INTERRUPTED: _interrupted,
+    en.HUNG: _hung,
+}
+
+
+def _executed(run: Run, rank: RankTimeline, text: str, iteration: int) -> bool:
+    code = run.catalog.code(text)
+    if code < 0:
+        return False
+    rows = rank.steps.code == code
+    return bool((rows & (rank.steps.it == iteration)).any())
+
+
+def _open_since(run: Run, rank: RankTimeline, text: str | None) -> int | None:
+    """When the rank began the still-open step ``text`` (its latest open row)."""
+    begun = [
+        int(rank.steps.begin[r])
+        for r in open_rows(rank)
+        if run.catalog.texts[rank.steps.code[r]] == text
+    ]
+    return begun[-1] if begun else None
