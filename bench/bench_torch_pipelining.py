@@ -1,17 +1,24 @@
 """Step time of a torch.distributed.pipelining schedule recorded by pipetrace vs the same
-schedule unrecorded: 1F1B and Interleaved1F1B on 4 CPU ranks (gloo).
+schedule unrecorded: 1F1B and Interleaved1F1B on 4 CPU ranks (gloo), and the hooks' own
+work per iteration replayed in one process.
 
-One invocation, one process group, one schedule object per class: after warm-up, iterations
-alternate recorded / unrecorded (`Recording.suspend` / `resume` put torch's own code back in
-between), so machine noise hits both alike. An iteration is timed on rank 0 between two
-barriers and includes the SGD step; the CPU time of every rank (all its threads, the
-recorder's included) is summed for the same iteration. The figures are the ratios of medians,
-recorded / unrecorded (target <= 1.03), for the wall time, the CPU time of all threads and
-that of the main threads alone (which is where the adapter's wrappers run).
+Ranks: one invocation, one process group, one schedule object per class. After warm-up the
+iterations run in three arms, recorded, unrecorded and unrecorded again (`Recording.suspend`
+/ `resume` put torch's own code back in between), in blocks of ``--block`` iterations, the
+arms in order then in reverse each round (R U U' U' U R ...), so that a drift of the load hits
+every arm alike; the first iteration after a switch is dropped. An iteration is timed on
+rank 0 between two barriers and includes the SGD step; the CPU time of every rank is summed
+for the same iteration, of all threads and of the main threads alone. The figures are
+medians: the overhead is recorded / unrecorded (target <= 1.03), the noise floor unrecorded
+again / unrecorded (an A/A comparison in the same minutes: an overhead below it is not
+shown).
+
+Hooks: Schedule1F1B's iteration of a middle stage replayed against a fake stage
+(`pipetrace.torch_pipelining.replay`), recorded and not, in the same arm order: microseconds
+of main-thread CPU per iteration and per recorded event, free of the machine's noise.
 
     .venv/bin/python bench/bench_torch_pipelining.py
-    .venv/bin/python bench/bench_torch_pipelining.py --iterations 40 --width 512
-    .venv/bin/python bench/bench_torch_pipelining.py --aa   # both halves unrecorded
+    .venv/bin/python bench/bench_torch_pipelining.py --rounds 20 --width 512
 """
 
 from __future__ import annotations
@@ -73,8 +80,21 @@ def _rank_main(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-Samples = dict[bool, dict[str, list[float]]]  # recorded? -> measure -> one value per iteration
+ARMS = ("recorded", "unrecorded", "unrecorded_again")
+"""The third arm is the first again, unrecorded: its distance from it is the noise floor."""
 MEASURES = ("wall", "cpu", "main_cpu")
+Samples = dict[str, dict[str, list[float]]]  # arm -> measure -> one value per iteration
+
+
+def arm_order(rounds: int, block: int) -> list[str]:
+    """The arm of each timed iteration: blocks of ``block`` iterations, the arms in order
+    then in reverse (R U U' U' U R ...), so that a drift of the machine's load hits every
+    arm alike and each arm follows each other as often."""
+    order: list[str] = []
+    for index in range(rounds):
+        arms = ARMS if index % 2 == 0 else ARMS[::-1]
+        order += [arm for arm in arms for _ in range(block)]
+    return order
 
 
 def _alternate(
@@ -85,17 +105,19 @@ def _alternate(
     args: argparse.Namespace,
 ) -> Samples:
     """Time a step (``schedule.step(*inputs, target=target)`` with ``batch`` = (inputs,
-    target), then SGD) alternately recorded and not: the wall time on this rank between
-    barriers, and the CPU time summed over every rank, of all threads (``cpu``) and of the
-    main thread alone (``main_cpu``: torch's loop, the adapter's wrappers and the recorder's
-    hot path; the rest is the recorder's flush and watchdog threads)."""
+    target), then SGD) in each arm: the wall time on this rank between barriers, and the
+    CPU time summed over every rank, of all threads (``cpu``) and of the main thread alone
+    (``main_cpu``: torch's loop, the adapter's wrappers and the recorder's hot path; the
+    rest is gloo's and the recorder's flush and watchdog threads). The first iteration of a
+    block, right after the switch, is not kept."""
     import torch
     import torch.distributed as dist
 
-    samples: Samples = {mode: {m: [] for m in MEASURES} for mode in (True, False)}
-    for index in range(args.warmup + 2 * args.iterations):
-        recorded = index % 2 == 0  # with --aa, the half that would be: the noise floor
-        (recording.resume if recorded and not args.aa else recording.suspend)()
+    samples: Samples = {arm: {m: [] for m in MEASURES} for arm in ARMS}
+    order = ["unrecorded"] * args.warmup + arm_order(args.rounds, args.block)
+    previous = None
+    for index, arm in enumerate(order):
+        (recording.resume if arm == "recorded" else recording.suspend)()
         dist.barrier()
         start, start_cpu, start_main = time.perf_counter(), time.process_time(), time.thread_time()
         schedule.step(*batch[0], target=batch[1])
@@ -108,27 +130,69 @@ def _alternate(
         dist.barrier()
         elapsed = time.perf_counter() - start
         dist.all_reduce(used)  # every rank's CPU time, outside the timing
-        if index >= args.warmup:
+        if index >= args.warmup and arm == previous:
             for measure, value in zip(MEASURES, (elapsed, *used.tolist())):
-                samples[recorded][measure].append(value)
+                samples[arm][measure].append(value)
+        previous = arm
     return samples
 
 
 def _summary(name: str, world_size: int, args: argparse.Namespace, samples: Samples) -> dict:
-    """Medians of each measure, recorded and unrecorded, and their ratio as a percentage."""
+    """Medians of each measure in each arm; the overhead (recorded against unrecorded) and
+    the noise floor (unrecorded again against unrecorded) as percentages."""
     out: dict[str, Any] = {
         "schedule": name,
         "ranks": world_size,
         "microbatches": args.microbatches,
         "width": args.width,
+        "samples_per_arm": len(samples["recorded"]["wall"]),
     }
     for measure in MEASURES:
-        on = statistics.median(samples[True][measure])
-        off = statistics.median(samples[False][measure])
+        on, off, again = (statistics.median(samples[arm][measure]) for arm in ARMS)
         out[f"{measure}_recorded_ms"] = round(on * 1e3, 3)
         out[f"{measure}_unrecorded_ms"] = round(off * 1e3, 3)
         out[f"{measure}_overhead_pct"] = round((on / off - 1) * 100, 2)
+        out[f"{measure}_noise_floor_pct"] = round((again / off - 1) * 100, 2)
     return out
+
+
+def hook_cost(args: argparse.Namespace) -> dict:
+    """The adapter's and the recorder's own work per iteration, apart from the machine's
+    noise: Schedule1F1B's iteration of a middle stage (stage 1; every hook kind) replayed
+    against a fake stage in this process (`pipetrace.torch_pipelining.replay`: no model, no
+    peers), recorded and not, in the same arm order as the ranks; medians of main-thread
+    CPU per iteration. The hooks run here from hot caches: in a run, between compute that
+    evicts them, the same work costs several times more (docs/performance.md)."""
+    from pipetrace.torch_pipelining import record
+    from pipetrace.torch_pipelining.plan import plan_of
+    from pipetrace.torch_pipelining.replay import FakeStage, fake_p2p, fake_schedule
+
+    stage = FakeStage(1, args.ranks, (args.microbatch_size, args.width))
+    schedule = fake_schedule("Schedule1F1B", stage, args.microbatches)
+    steps = plan_of(schedule).steps(stage.group_rank)
+    events = 2 + 2 * len(steps) + 2 * sum(step.is_comm for step in steps)  # one op a message
+    samples: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    previous = None
+    with fake_p2p(), record(schedule, os.path.join(args.out, "hooks")) as recording:
+        for arm in arm_order(args.hook_rounds, args.block):
+            (recording.resume if arm == "recorded" else recording.suspend)()
+            start = time.thread_time()
+            schedule.step()
+            used = time.thread_time() - start
+            if arm == previous:
+                samples[arm].append(used)
+            previous = arm
+    on, off, again = (statistics.median(samples[arm]) for arm in ARMS)
+    return {
+        "figure": "hooks, replayed against a fake stage in one process",
+        "schedule": "Schedule1F1B",
+        "stage": stage.stage_index,
+        "microbatches": args.microbatches,
+        "events_per_iteration": events,
+        "hooks_us_per_iteration": round((on - off) * 1e6, 1),
+        "hooks_us_per_event": round((on - off) * 1e6 / events, 2),
+        "noise_floor_us": round((again - off) * 1e6, 1),
+    }
 
 
 def main() -> None:
@@ -137,10 +201,11 @@ def main() -> None:
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--microbatch-size", type=int, default=32)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--iterations", type=int, default=30, help="timed pairs")
+    parser.add_argument("--rounds", type=int, default=12, help="rounds of the three arms")
+    parser.add_argument("--block", type=int, default=4, help="iterations per arm and round")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument(
-        "--aa", action="store_true", help="A/A: both halves unrecorded (the noise floor)"
+        "--hook-rounds", type=int, default=200, help="rounds of the in-process hook replay"
     )
     parser.add_argument("--out", default=None, help="run directories (default: a temp dir)")
     if ARGS_ENV in os.environ:
@@ -149,6 +214,7 @@ def main() -> None:
         return
     args = parser.parse_args()
     args.out = args.out or tempfile.mkdtemp(prefix="bench-torch-pp-")
+    print(json.dumps(hook_cost(args)), flush=True)
     from pipetrace.torch_pipelining.demo import launch_local_ranks
 
     codes = launch_local_ranks(

@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import mmap
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -73,14 +75,55 @@ class LogKey:
     @classmethod
     def of(cls, log: Path) -> LogKey:
         """The log's key now (OSError when it cannot be read, TraceFormatError when it is not
-        a regular file: a FIFO must not block the load)."""
-        with open_regular(log) as handle:
-            info = os.fstat(handle.fileno())
-            digest = hashlib.blake2b(handle.read(_EDGE_BYTES), digest_size=16)
-            if info.st_size > _EDGE_BYTES:
-                handle.seek(max(_EDGE_BYTES, info.st_size - _EDGE_BYTES))
-                digest.update(handle.read(_EDGE_BYTES))
-        return cls(_format_version(), info.st_size, info.st_mtime_ns, digest.hexdigest())
+        a regular file: a FIFO must not block the load).
+
+        A first analysis takes each log's key four times (the command's lookup of its kept
+        output, the load, and the checks that nothing changed before each store): while the
+        file's status (`_Identity`) is the one its edges were hashed under and has not changed
+        for `RECENT_NS`, they are not read again: a write moves the change time (which, unlike
+        the modification time, no one can set back) and a replaced file has another inode."""
+        info = os.stat(log)
+        known = _EDGES.get(str(log))
+        if known is None or known[0] != _Identity.of(info) or not _settled(info):
+            with open_regular(log) as handle:
+                info = os.fstat(handle.fileno())
+                known = _Identity.of(info), _edges(handle, info.st_size)
+            _EDGES[str(log)] = known
+        return cls(_format_version(), info.st_size, info.st_mtime_ns, known[1])
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """What a file's status says of its content: any write or replacement changes it."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> _Identity:
+        return cls(info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
+_EDGES: dict[str, tuple[_Identity, str]] = {}
+"""The edge hash of each log whose key this process took, under the status it had then."""
+
+
+def _settled(info: os.stat_result) -> bool:
+    """A regular file whose status last changed `RECENT_NS` ago or more: two writes within
+    one tick of the file system's coarse clock could leave its status as it was."""
+    return stat.S_ISREG(info.st_mode) and time.time_ns() - info.st_ctime_ns >= RECENT_NS
+
+
+def _edges(handle: Any, size: int) -> str:
+    """A hash of the file's first and last `_EDGE_BYTES` (a log rewritten, grown or cut)."""
+    digest = hashlib.blake2b(handle.read(_EDGE_BYTES), digest_size=16)
+    if size > _EDGE_BYTES:
+        handle.seek(max(_EDGE_BYTES, size - _EDGE_BYTES))
+        digest.update(handle.read(_EDGE_BYTES))
+    return digest.hexdigest()
 
 
 @cache
@@ -118,22 +161,44 @@ def load(log: Path) -> RawRank | None:
 
 
 def read_entry(
-    path: Path, fresh: Callable[[dict[str, Any]], bool]
+    path: Path, fresh: Callable[[dict[str, Any]], bool], mapped: bool = False
 ) -> tuple[dict[str, Any], memoryview] | None:
-    """An entry's index and its arrays' bytes, read whole in one go, or None when ``fresh``
-    says the index's key no longer describes its source (checked before the big read).
-    Raises OSError, ValueError (not an entry, cut short) or TraceFormatError (not a
-    regular file)."""
+    """An entry's index and its arrays' bytes, read whole in one go (``mapped``: mapped,
+    `_mapped`), or None when ``fresh`` says the index's key no longer describes its source
+    (checked before the big read). Raises OSError, ValueError (not an entry, cut short) or
+    TraceFormatError (not a regular file)."""
     with open_regular(path) as handle:
-        size = os.fstat(handle.fileno()).st_size
+        info = os.fstat(handle.fileno())
         index, start = _read_index(handle)
         if not fresh(index):
             return None
-        buffer = bytearray(size)
-        handle.seek(0)
-        if handle.readinto(buffer) != size:
-            raise ValueError("short read")
+        if mapped:
+            buffer: bytearray | mmap.mmap = _mapped(handle.fileno(), info)
+        else:
+            buffer = bytearray(info.st_size)
+            handle.seek(0)
+            if handle.readinto(buffer) != info.st_size:
+                raise ValueError("short read")
     return index, memoryview(buffer)[start:]
+
+
+def _mapped(fd: int, info: os.stat_result) -> mmap.mmap:
+    """The file mapped copy-on-write (its arrays writable, the file never written): a run
+    entry of 300 MiB is then no read at all, where copying it cost a quarter of a reopen
+    (zeroing, page faults, the copy), and its pages are read when a view first touches them.
+
+    A mapped file cut short while mapped kills the process (SIGBUS) when a page past its new
+    end is touched. pipetrace never changes an entry in place (`write_entry` renames a new
+    file over it, and a deleted or replaced file stays whole for whoever maps it), and the
+    arrays' extents are checked against the size mapped (`entry_arrays`); only a file cut in
+    place by something else, between this check and a view's use, is not guarded against.
+    ValueError when the file changed while it was being mapped."""
+    buffer = mmap.mmap(fd, info.st_size, access=mmap.ACCESS_COPY)
+    now = os.fstat(fd)
+    if (now.st_ino, now.st_size, now.st_mtime_ns) != (info.st_ino, info.st_size, info.st_mtime_ns):
+        buffer.close()
+        raise ValueError("changed while it was mapped")
+    return buffer
 
 
 def parse_and_store(log: Path) -> RawRank:

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from itertools import filterfalse
+from itertools import count, filterfalse
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from pipetrace.analyze.model import (
     Run,
     StepCatalog,
     StepTable,
+    plan_from_meta,
     steps_of,
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
@@ -93,7 +94,7 @@ def load_run(
             if cache
             else None
         )
-        run = entry.load(_plan_of) if entry else None
+        run = entry.load() if entry else None
         if run is None:
             with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
                 run = _assemble(source, wanted, problems, select, parsing)
@@ -294,12 +295,6 @@ PlannedRow = tuple[list[str], np.ndarray]
 """A row of meta.json's plan without its bubbles: its step texts and their codes."""
 
 
-def _plan_of(meta: dict[str, Any], catalog: StepCatalog) -> Plan | None:
-    """meta.json's plan alone (for a run read from its cache entry: its problems, if any,
-    were noted when the entry was made)."""
-    return _meta_plan(meta, catalog, [])[0]
-
-
 def _meta_plan(
     meta: dict[str, Any], catalog: StepCatalog, problems: list[InputProblem]
 ) -> tuple[Plan | None, list[PlannedRow]]:
@@ -307,8 +302,7 @@ def _meta_plan(
     the workers), and its rows' texts and codes: a rank's own plan is usually its row, whose
     codes are then not looked up again (a big plan has a few hundred thousand steps)."""
     try:
-        schedule = meta.get("schedule") or {}
-        code_of, parsed = catalog._codes.__getitem__, catalog.steps
+        code_of, parsed = catalog.text_codes.__getitem__, catalog.steps
         rows, planned = [], []
         for row in meta["plan"]:
             texts = [text for text in row if text]
@@ -319,13 +313,7 @@ def _meta_plan(
             next_step = map(parsed.__getitem__, codes.tolist()).__next__
             rows.append([next_step() if text else None for text in row])
             planned.append((texts, codes))
-        return Plan(
-            int(meta["num_microbatches"]),
-            tuple(int(r) for r in meta["placement"]),
-            rows,
-            str(schedule.get("name", "custom")),
-            dict(schedule.get("params", {})),
-        ), planned
+        return plan_from_meta(meta, rows), planned
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         problems.append(
             InputProblem(
@@ -353,17 +341,17 @@ class _Interned:
         return self.codes.setdefault(value, len(self.codes))
 
     def remap(self, values: list) -> np.ndarray:
-        """The codes of a rank's values (its list index -> the merged code). One dict
-        operation per value: a big run has a few hundred thousand distinct step texts."""
-        add, codes = self.codes.setdefault, self.codes
-        return np.array([add(value, len(codes)) for value in values], np.int32)
+        """The codes of a rank's values (its list index -> the merged code). No Python-level
+        loop: a big run has a few hundred thousand distinct step texts."""
+        self.extend(values)
+        return np.fromiter(map(self.codes.__getitem__, values), np.int32, len(values))
 
     def extend(self, values: Iterable) -> None:
-        """Intern values, giving codes only to the ones not yet known (a C-level filter: most
-        are known)."""
+        """Intern values, giving codes only to the ones not yet known, in their order (a
+        C-level filter and update; the filter sees each value the update has just added,
+        so a repeated value gets one code)."""
         codes = self.codes
-        for value in filterfalse(codes.__contains__, values):
-            codes.setdefault(value, len(codes))
+        codes.update(zip(filterfalse(codes.__contains__, values), count(len(codes))))
 
     @property
     def values(self) -> list:
@@ -725,9 +713,9 @@ def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> N
     """A log that just stops (no run_end, no failure recorded) while its peers record on was
     cut: the rank was killed, or the file truncated."""
     present = [r for r in ranks if r.present]
-    latest = max((r.last_time() for r in present), default=0)
-    for rank in present:
-        t = rank.last_time()
+    last = [r.last_time() for r in present]
+    latest = max(last, default=0)
+    for rank, t in zip(present, last):
         if rank.status.state == RankState.ENDED and t < latest:
             problems.append(
                 InputProblem(

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
-from collections.abc import Callable, Collection
-from dataclasses import asdict, fields
+from collections.abc import Collection
+from dataclasses import fields
 from functools import cache as memoize
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.source import RunSource
 from pipetrace.schedule.ir import Plan
 
-RUN_CACHE_VERSION = 1
+RUN_CACHE_VERSION = 2
 """Bump when the entry's layout changes (changed analyze sources make entries stale anyway)."""
 _TABLES: dict[str, Any] = {
     "steps": model.StepTable.empty(),
@@ -53,8 +55,6 @@ _RANK_KEYS = (
     *("lifecycle", "events", "path", "rows", "memory"),
 )
 _LOG = logging.getLogger(__name__)
-PlanOf = Callable[[dict[str, Any], model.StepCatalog], Plan | None]
-"""meta.json's plan with its steps from the catalog (`load`'s, which notes its problems)."""
 
 
 @memoize
@@ -81,7 +81,7 @@ def run_key(source: RunSource, wanted: Collection[int], selection: str | None) -
             return None
         if now - key.mtime_ns < column_cache.RECENT_NS:
             return None
-        logs.append([rank, str(source.logs[rank]), asdict(key)])
+        logs.append([rank, str(source.logs[rank]), key])  # orjson writes a dataclass as a dict
     whole = {
         "code": _code_version(),
         "meta": orjson.dumps(source.meta, option=orjson.OPT_SORT_KEYS).decode(),
@@ -112,9 +112,9 @@ class RunEntry:
         self.path = entry_path(source, wanted)
         self.key = run_key(source, wanted, self.selection)
 
-    def load(self, plan_of: PlanOf) -> model.Run | None:
+    def load(self) -> model.Run | None:
         """The cached run, or None when there is no fresh, whole entry."""
-        return None if self.key is None else load(self.path, self.key, self.source, plan_of)
+        return None if self.key is None else load(self.path, self.key, self.source)
 
     def store(self, run: model.Run, problems_from: int) -> None:
         """Cache ``run`` when the logs held still while it was loaded (`store`)."""
@@ -170,6 +170,8 @@ def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
         for name in _columns(empty)
     }
     arrays["plan_codes"] = [r.plan_codes.astype(np.int32, copy=False) for r in ranks]
+    rows = None if run.plan is None else _meta_rows(run.meta, run.catalog)
+    arrays["meta_plan"] = np.concatenate([np.empty(0, np.int32), *(rows or ())])
     for name in _columns(_MEMORY):
         arrays[f"memory.{name}"] = [
             getattr(r.memory, name).astype(np.int64, copy=False).ravel() for r in ranks
@@ -187,8 +189,14 @@ def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
         "shapes": run.shapes,
         "dtypes": run.dtypes,
         "ranks": [_rank_fields(r) for r in ranks],
+        "meta_plan": None if rows is None else list(map(len, rows)),
     }
     column_cache.write_entry(path, index, arrays)
+
+
+def _meta_rows(meta: dict[str, Any], catalog: model.StepCatalog) -> list[np.ndarray]:
+    """meta.json's plan (that read as a `Plan`) as codes into the catalog, -1 a bubble."""
+    return [catalog.codes([text or None for text in row]) for row in meta["plan"]]
 
 
 def _columns(table: Any) -> list[str]:
@@ -215,11 +223,11 @@ def _rank_fields(rank: model.RankTimeline) -> dict[str, Any]:
     }
 
 
-def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> model.Run | None:
+def load(path: Path, key: str, source: RunSource) -> model.Run | None:
     """The cached run, or None when there is no fresh, whole entry under ``key``."""
     try:
-        found = column_cache.read_entry(path, lambda index: index["key"] == key)
-        return None if found is None else _decode(*found, source, plan_of)
+        found = column_cache.read_entry(path, lambda index: index["key"] == key, mapped=True)
+        return None if found is None else _decode(*found, source)
     except (FileNotFoundError, TraceFormatError):
         return None
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
@@ -227,9 +235,7 @@ def load(path: Path, key: str, source: RunSource, plan_of: PlanOf) -> model.Run 
         return None
 
 
-def _decode(
-    index: dict[str, Any], data: memoryview, source: RunSource, plan_of: PlanOf
-) -> model.Run:
+def _decode(index: dict[str, Any], data: memoryview, source: RunSource) -> model.Run:
     expected = {
         f"{table}.{name}": getattr(empty, name).dtype
         for table, empty in _TABLES.items()
@@ -237,16 +243,14 @@ def _decode(
     }
     memory = {f"memory.{name}": np.int64 for name in _columns(_MEMORY)}
     arrays = column_cache.entry_arrays(
-        index, data, {**expected, "plan_codes": np.int32, **_CATALOG, **memory}
+        index,
+        data,
+        {**expected, "plan_codes": np.int32, "meta_plan": np.int32, **_CATALOG, **memory},
     )
     texts = index["texts"]
     if type(texts) is not list or not set(map(type, texts)) <= {str}:
         raise ValueError("bad texts")
-    catalog = model.StepCatalog(
-        texts,
-        *(arrays[name] for name in _CATALOG),
-        dict(zip(texts, range(len(texts)))),
-    )
+    catalog = model.StepCatalog(texts, *(arrays[name] for name in _CATALOG))
     lists = {"threads": index["threads"], "shapes": index["shapes"], "dtypes": index["dtypes"]}
     _check_codes(arrays, len(texts), {k: len(v) for k, v in lists.items()}, source.world_size)
     ranks = _ranks(index["ranks"], arrays, texts, source.world_size)
@@ -254,7 +258,7 @@ def _decode(
         path=source.path,
         directories=source.directories,
         meta=source.meta,
-        plan=plan_of(source.meta, catalog),
+        plan=_plan(source.meta, catalog, arrays["meta_plan"], index["meta_plan"]),
         world_size=source.world_size,
         ranks=ranks,
         catalog=catalog,
@@ -266,6 +270,32 @@ def _decode(
         clock_quality=dict(index["clock_quality"]),
         pipelines=Pipelines(tuple(map(tuple, index["pipelines"]))),
     )
+
+
+def _plan(
+    meta: dict[str, Any], catalog: model.StepCatalog, codes: np.ndarray, lengths: Any
+) -> model.Later | None:
+    """meta.json's plan, made when first read (`model.LazyField`) from its rows' codes (None:
+    it did not read when the entry was made, and meta.json is the same)."""
+    if lengths is None:
+        return None
+    if sum(_counts(lengths)) != len(codes):
+        raise ValueError("plan rows do not add up")
+    if len(codes) and not -1 <= codes.min() <= codes.max() < len(catalog.texts):
+        raise ValueError("meta_plan out of range")
+    if (catalog.kind[codes[codes >= 0]] < 0).any():
+        raise ValueError("a planned step that does not parse")  # the plan read when stored
+    return model.Later(partial(_plan_of_codes, meta, catalog, codes, lengths))
+
+
+def _plan_of_codes(
+    meta: dict[str, Any], catalog: model.StepCatalog, codes: np.ndarray, lengths: list[int]
+) -> Plan:
+    """The plan's rows of Steps, each one the catalog's own (as when meta.json is read)."""
+    steps = [*catalog.steps, None]  # a bubble's code, -1, reads the last
+    flat = list(map(steps.__getitem__, codes.tolist()))
+    ends = np.cumsum(lengths).tolist()
+    return model.plan_from_meta(meta, [flat[end - n : end] for n, end in zip(lengths, ends)])
 
 
 def _check_codes(
@@ -298,47 +328,56 @@ def _ranks(
     """Each rank's timeline, its columns slices of the entry's."""
     if type(records) is not list or len(records) != world_size:
         raise ValueError("not one record per rank")
-    starts = np.zeros(4, np.int64)
-    memory_at = dict.fromkeys(_columns(_MEMORY), 0)
+    tables = [
+        (table, type(empty), [arrays[f"{table}.{name}"] for name in _columns(empty)])
+        for table, empty in _TABLES.items()
+    ]
+    memory = {name: arrays[f"memory.{name}"] for name in _columns(_MEMORY)}
+    starts, memory_at = [0] * 4, dict.fromkeys(memory, 0)
     ranks = []
     for number, record in enumerate(records):
         if type(record) is not dict or tuple(record) != _RANK_KEYS or record["rank"] != number:
             raise ValueError("bad rank record")
-        rows = np.array(record["rows"], np.int64)
-        ends = starts + rows
-        tables = {
-            table: type(empty)(*(arrays[f"{table}.{name}"][start:end] for name in _columns(empty)))
-            for (table, empty), start, end in zip(_TABLES.items(), starts, ends)
+        ends = [start + rows for start, rows in zip(starts, _counts(record["rows"], 4))]
+        timeline = {
+            table: kind(*(column[start:end] for column in columns))
+            for (table, kind, columns), start, end in zip(tables, starts, ends)
         }
+        timeline["memory"] = _memory(record["memory"], memory, memory_at)
         codes = arrays["plan_codes"][starts[3] : ends[3]]
-        tables["memory"] = _memory(record["memory"], arrays, memory_at)
-        ranks.append(_rank(record, tables, codes, texts))
+        ranks.append(_rank(record, timeline, codes, texts))
         starts = ends
-    if any(int(s) != len(arrays[f"{t}.it"]) for s, t in zip(starts, _TABLES)):
+    if starts != [len(columns[0]) for _, _, columns in tables] + [len(arrays["plan_codes"])]:
         raise ValueError("row counts do not add up")
-    if int(starts[3]) != len(arrays["plan_codes"]) or any(
-        at != len(arrays[f"memory.{name}"]) for name, at in memory_at.items()
-    ):
-        raise ValueError("plan or memory row counts do not add up")
+    if any(at != len(memory[name]) for name, at in memory_at.items()):
+        raise ValueError("memory row counts do not add up")
     match, widest = arrays["p2p.match_index"], max(len(rank.p2p) for rank in ranks)
     if len(match) and not -1 <= match.min() <= match.max() < widest:
         raise ValueError("p2p.match_index out of range")  # a row of the matched rank's ops
     return ranks
 
 
+def _counts(value: Any, size: int | None = None) -> list[int]:
+    """``value`` when it is a list of ints >= 0 (``size`` of them, when given), else
+    ValueError."""
+    if type(value) is not list or size not in (None, len(value)):
+        raise ValueError("bad counts")
+    if not all(type(n) is int and n >= 0 for n in value):
+        raise ValueError("bad counts")
+    return value
+
+
 def _memory(
-    shapes: list[list[int]], arrays: dict[str, np.ndarray], at: dict[str, int]
+    shapes: list[list[int]], columns: dict[str, np.ndarray], at: dict[str, int]
 ) -> model.MemoryTable:
     """A rank's memory samples, each column given back its shape (``at``: where the rank's
     part of each flat column begins; moved past it)."""
-    columns = {}
-    for name, shape in zip(at, shapes, strict=True):
-        if not all(type(n) is int and n >= 0 for n in shape):
-            raise ValueError("bad memory shape")
-        size = int(np.prod(shape))
-        columns[name] = arrays[f"memory.{name}"][at[name] : at[name] + size].reshape(shape)
+    table = {}
+    for (name, column), shape in zip(columns.items(), shapes, strict=True):
+        size = math.prod(_counts(shape))
+        table[name] = column[at[name] : at[name] + size].reshape(shape)
         at[name] += size
-    return model.MemoryTable(**columns)
+    return model.MemoryTable(**table)
 
 
 def _rank(

@@ -25,7 +25,7 @@ where, and every step's start and end time) does not depend on the worklist orde
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from operator import attrgetter
@@ -67,13 +67,15 @@ _MICROBATCH = attrgetter("microbatch")
 
 @dataclass(frozen=True, slots=True)
 class ProgramArrays:
-    """A program's per-step ints concatenated over ranks, with each step's rank. Int64, or
-    Python ints (dtype object) when an index of the plan is too large for int64."""
+    """A program's per-step ints concatenated over ranks, with each step's rank and stage as
+    written (0 for a step that names none). Int64, or Python ints (dtype object) when an
+    index of the plan is too large for int64."""
 
     ranks: np.ndarray
     ids: np.ndarray
     keys: np.ndarray
     peers: np.ndarray
+    stages: np.ndarray
 
 
 Indices = list[int] | np.ndarray  # stages or micro-batches of every step, as ints
@@ -104,7 +106,7 @@ class Program:
     plan: Plan
     mb_stride: int
     steps: list[list[Step]]
-    positions: list[list[int]]
+    positions: list[Sequence[int]]
     ids: list[list[int]]
     keys: list[list[int]]
     peers: list[list[int]]
@@ -120,6 +122,9 @@ class Program:
 
     def stages_named(self) -> list[set[int | None]]:
         """Per rank, every stage index its steps and composite leaves name (as written)."""
+        counted = self._stages_counted()
+        if counted is not None:
+            return counted
         result = []
         for steps in self.steps:
             stages = set(map(_STAGE, steps))
@@ -128,16 +133,43 @@ class Program:
             result.append(stages)
         return result
 
+    def _stages_counted(self) -> list[set[int | None]] | None:
+        """`stages_named` with one count over every step's stage, when every step is simple
+        (it names exactly its own stage) and every stage is in range; else None."""
+        ids, ranks, stage = self.arrays.ids, self.arrays.ranks, self.arrays.stages
+        num_stages, num_ranks = self.plan.num_stages, self.plan.num_ranks
+        if (
+            stage.dtype == object
+            or ids.min(initial=0) < 0  # FSDP or composite steps, or micro-batches >= M
+            or stage.min(initial=0) < 0
+            or stage.max(initial=0) >= num_stages
+        ):
+            return None
+        counts = np.bincount(ranks * num_stages + stage, minlength=num_ranks * num_stages)
+        return [set(np.flatnonzero(row).tolist()) for row in counts.reshape(num_ranks, num_stages)]
+
     def checked_ids(self) -> Checked:
         """Per rank, the ids to check: ``ids`` with out-of-range steps set to -1, and the
         ``(index, id)`` of every in-range composite leaf (its index is the composite's)."""
         S, M, stride = self.plan.num_stages, self.plan.num_microbatches, self.mb_stride
         limit = S * stride * 8
+        every = self.arrays.ids  # one check over every step first: nearly every plan passes
+        in_range = (
+            every.dtype != object
+            and stride == M
+            and every.min(initial=0) >= -1
+            and every.max(initial=-1) < limit
+        )
+        composites_anywhere = bool((every == -1).any())
         result = []
         for steps, ids in zip(self.steps, self.ids):
-            if ids and (max(ids) >= limit or min(ids) < -1 or stride != M):
+            if not in_range and ids and (max(ids) >= limit or min(ids) < -1 or stride != M):
                 ids = [k if 0 <= k < limit and (k >> 3) % stride < M else -1 for k in ids]
-            composites = [i for i, step in enumerate(steps) if step.sub_steps] if -1 in ids else []
+            composites = (
+                [i for i, step in enumerate(steps) if step.sub_steps]
+                if composites_anywhere and -1 in ids
+                else []
+            )
             leaves = [
                 (i, ((leaf.stage * stride + leaf.microbatch) << 3) + CODES[leaf.kind])
                 for i in composites
@@ -213,7 +245,8 @@ def program_of(
     concatenated; it becomes the kept program. For a caller that made the plan and so
     knows these already (:func:`.lowering.lower`, which passes ``lowered``)."""
     stride = max(plan.num_microbatches, 1)
-    ids = _step_ids(codes, stages, mbs, stride)
+    stage = _int_array(stages, stride)
+    ids = _step_ids(codes, stage, _int_array(mbs, stride), stride)
     comm = (ids >= 0) & ((ids & 4) != 0)
     code = (ids & 7).astype(np.int64)
     stage_step = 8 * stride  # id distance between (s, m) and (s + 1, m)
@@ -228,7 +261,7 @@ def program_of(
         return list(_slices(values.tolist(), bounds))
 
     positions = [
-        list(range(len(row)))
+        range(len(row))  # a row without bubbles: no list of ~1e4 ints per rank to make
         if len(steps) == len(row)
         else [i for i, s in enumerate(row) if s is not None]
         for row, steps in zip(plan.ranks, rows)
@@ -242,7 +275,7 @@ def program_of(
         per_rank(ids),
         per_rank(keys),
         per_rank(peers),
-        ProgramArrays(ranks, ids, keys, peers),
+        ProgramArrays(ranks, ids, keys, peers, stage),
         lowered,
     )
     _remember(plan, program)
@@ -258,11 +291,10 @@ def _slices(flat: list[T], bounds: list[int]) -> Iterator[list[T]]:
 _INT64_SAFE = 1 << 58
 
 
-def _step_ids(codes: np.ndarray, stages: Indices, mbs: Indices, stride: int) -> np.ndarray:
+def _step_ids(codes: np.ndarray, stage: np.ndarray, mb: np.ndarray, stride: int) -> np.ndarray:
     """Every step's id (see ``CODES``): -1 for FSDP and composite steps, -2 when the
     micro-batch is >= ``stride``. Int64 arrays, or arrays of Python ints when an index is
-    too large for int64 arithmetic (a hand-written plan may name any index)."""
-    stage, mb = _int_array(stages, stride), _int_array(mbs, stride)
+    too large for int64 arithmetic (a hand-written plan may name any index: `_int_array`)."""
     ids = np.where(mb < stride, (stage * stride + mb) * 8 + codes, -2)
     return np.where(codes < 0, -1, ids)
 

@@ -22,6 +22,7 @@ module imports nothing heavy.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -136,6 +137,28 @@ _set_kind = Step.kind.__set__  # type: ignore[attr-defined]  # slot descriptors
 _set_stage = Step.stage.__set__  # type: ignore[attr-defined]
 _set_microbatch = Step.microbatch.__set__  # type: ignore[attr-defined]
 _set_sub_steps = Step.sub_steps.__set__  # type: ignore[attr-defined]
+_new_object = object.__new__
+
+
+def make_steps(
+    kinds: Sequence[StepKind], stages: Iterable[int | None], microbatches: Iterable[int | None]
+) -> list[Step]:
+    """Simple steps (no sub-steps) from parallel columns: ``Step(kinds[i], stages[i],
+    microbatches[i])`` for every i, equal to those.
+
+    Made in bulk, one C-level ``map`` per field over uninitialised objects, with no Python
+    call per step: builders and `lowering.lower` make ~4e5 steps for a large plan, and a
+    ``Step(...)`` call each is about a third slower.
+    """
+    steps: list[Step] = list(map(_new_object, [Step] * len(kinds)))
+    for setter, values in (
+        (_set_kind, kinds),
+        (_set_stage, stages),
+        (_set_microbatch, microbatches),
+        (_set_sub_steps, [()] * len(steps)),
+    ):
+        deque(map(setter, steps, values), maxlen=0)
+    return steps
 
 
 def F(stage: int, mb: int) -> Step:

@@ -18,7 +18,16 @@ import numpy as np
 from pipetrace.gc_pause import gc_paused
 
 from .execution import CODE_RECV_F, CODE_SEND_F, program_of
-from .ir import SWAP_KINDS, Plan, ScheduleError, Step, StepKind, format_step, thread_parts
+from .ir import (
+    SWAP_KINDS,
+    Plan,
+    ScheduleError,
+    Step,
+    StepKind,
+    format_step,
+    make_steps,
+    thread_parts,
+)
 
 # Step costs. The unit grid draws the classic staircase; the timed costs (a full backward
 # costs two forwards) give ``lower`` a realistic order in which to post messages.
@@ -33,6 +42,7 @@ _SEND_B, _RECV_B = StepKind.SEND_B, StepKind.RECV_B
 _MB_BITS = 32
 _LEAF_KIND, _LEAF_STAGE = attrgetter("kind"), attrgetter("stage")
 _LEAF_MICROBATCH = attrgetter("microbatch")
+_SUB_STEPS = attrgetter("sub_steps")
 _KINDS = (_KF, _KB, _KI, _KW)  # the compute kinds, by index
 _KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 
@@ -117,21 +127,18 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
     gradient its I made. A missing input or output is a sentinel key (`_NONE`,
     `_NOTHING`), so every simple step's op has two needs and one make.
     """
-    rows = [[step for step in row if step is not None] for row in plan.ranks]
+    rows = [list(filter(None, row)) for row in plan.ranks]  # bubbles (None) dropped
     steps = list(chain.from_iterable(rows))
-    leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
-    owner = np.repeat(np.arange(len(steps)), [len(step.sub_steps) or 1 for step in steps])
+    leaves, owner = _leaves_of(steps)
     ranks = np.repeat(np.arange(len(rows)), [len(row) for row in rows])[owner]
     kind = np.fromiter(map(_KIND_INDEX.get, map(_LEAF_KIND, leaves), repeat(-1)), np.int64)
     num_stages = plan.num_stages
-    stage = np.array(
-        [x if x is not None and 0 <= x < num_stages else -1 for x in map(_LEAF_STAGE, leaves)],
-        dtype=np.int64,
-    )  # -1: no stage of the plan
-    mb = list(map(_LEAF_MICROBATCH, leaves))
+    stage = _stages(leaves, num_stages)
+    mb = _leaf_ints(leaves, _LEAF_MICROBATCH)
     placed = np.array([*plan.placement, -1], dtype=np.int64)  # by stage; -1 for stage -1
     bad = (kind < 0) | (placed[stage] != ranks)
-    if None in mb:
+    if mb is None:  # a micro-batch is None or beyond int64
+        mb = list(map(_LEAF_MICROBATCH, leaves))
         bad |= np.fromiter((x is None for x in mb), bool, len(mb))
     if bad.any():
         first = int(np.argmax(bad))
@@ -203,7 +210,37 @@ def _needs_and_makes(
     return first_need, second_need, make
 
 
-def _microbatches(mb: list[int]) -> np.ndarray:
+def _leaves_of(steps: list[Step]) -> tuple[list[Step], np.ndarray]:
+    """Every leaf (a step, or a composite's part) in plan order, and the index of the step
+    it belongs to. Without composites the leaves are the steps: no list of them to make."""
+    parts = list(map(len, map(_SUB_STEPS, steps)))
+    if not any(parts):
+        return steps, np.arange(len(steps))
+    leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
+    return leaves, np.repeat(np.arange(len(steps)), [n or 1 for n in parts])
+
+
+def _leaf_ints(leaves: list[Step], field: attrgetter) -> np.ndarray | None:
+    """One index field of every leaf as int64, read in one C-level pass; None when a value
+    is None or beyond int64 (the caller then reads them as Python objects)."""
+    try:
+        return np.fromiter(map(field, leaves), np.int64, len(leaves))
+    except (TypeError, OverflowError):
+        return None
+
+
+def _stages(leaves: list[Step], num_stages: int) -> np.ndarray:
+    """Every leaf's stage, -1 for one that is not a stage of the plan (None included)."""
+    stage = _leaf_ints(leaves, _LEAF_STAGE)
+    if stage is None:
+        return np.array(
+            [x if x is not None and 0 <= x < num_stages else -1 for x in map(_LEAF_STAGE, leaves)],
+            dtype=np.int64,
+        )
+    return np.where((stage >= 0) & (stage < num_stages), stage, -1)
+
+
+def _microbatches(mb: list[int] | np.ndarray) -> np.ndarray:
     """Int64, or Python ints (dtype object) where the event keys could overflow int64."""
     try:
         array = np.array(mb, dtype=np.int64)
@@ -477,8 +514,8 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     mb = leaves.microbatch[sent]
     recv_stage = stage + _RECV_STAGE[route]
     mbs = mb.tolist()
-    sends = list(map(Step, _SEND_KINDS[route].tolist(), stage.tolist(), mbs))
-    recvs = list(map(Step, _RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs))
+    sends = make_steps(_SEND_KINDS[route].tolist(), stage.tolist(), mbs)
+    recvs = make_steps(_RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs)
     message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))
     message_time = message_time[leaves.owner[sent]]
     number = np.arange(1, len(sent) + 1)

@@ -102,9 +102,9 @@ class Instrumentation:
         self._patch(schedule, "step", self._step_wrapper(schedule.step))
         for stage in self.stages:
             for name, (kind, channel) in OP_SOURCES.items():
-                self._patch(
-                    stage, name, self._ops_wrapper(getattr(stage, name), stage, kind, channel)
-                )
+                messages = self._messages_of(stage, kind, channel)
+                if messages:  # else the stage has no such message (an end of the pipeline)
+                    self._patch(stage, name, self._ops_wrapper(getattr(stage, name), messages))
             if self.single or self.index.has_composites:  # else actions are the steps
                 for name, kind in _COMPUTE.items():
                     method = getattr(stage, name)
@@ -252,13 +252,16 @@ class Instrumentation:
 
     # -- messages --------------------------------------------------------------------------
 
-    def _ops_wrapper(
-        self, method: Callable[[int], list[Any]], stage: Any, kind: StepKind, channel: str
-    ) -> Callable[[int], list[Any]]:
-        by_microbatch = {
+    def _messages_of(self, stage: Any, kind: StepKind, channel: str) -> dict[Any, Message]:
+        """The stage's ``kind`` messages by micro-batch, made once at install."""
+        return {
             mb: Message.of(position, step, channel)
             for mb, (position, step) in self.index.of_stage(kind, stage.stage_index).items()
         }
+
+    def _ops_wrapper(
+        self, method: Callable[[int], list[Any]], by_microbatch: dict[Any, Message]
+    ) -> Callable[[int], list[Any]]:
         note = self.messages.note
 
         def recorded(chunk_id: int, *args: Any, **kwargs: Any) -> list[Any]:

@@ -118,7 +118,7 @@ class MessageLog(P2PBookkeeping):
         op not made by a recorded stage, e.g. torch's warm-up handshake). ``open_steps``:
         each op's SEND/RECV step is opened around its post, consecutive ops of one step in
         one step (single-stage schedules have no SEND/RECV actions of their own)."""
-        pending, recorder = self._pending, self.recorder
+        pending, recorder, metas, posted = self._pending, self.recorder, self._metas, self._posted
         tokens: list[Any] = []
         open_step: Step | None = None
         step_token = None
@@ -133,19 +133,19 @@ class MessageLog(P2PBookkeeping):
                     recorder.end_step(step_token)
                 open_step = message.step
                 step_token = recorder.begin_step(message.position, open_step)
-            tokens.append(self._report(op, message))
+            tensor = op.tensor
+            meta = metas.get((tensor.shape, tensor.dtype)) or self._meta_of(tensor)
+            tokens.append(posted(message.op, message.step, op.group_peer, message.channel, meta))
         if open_step is not None:
             recorder.end_step(step_token)
         return tokens
 
-    def _report(self, op: Any, message: Message) -> Any:
-        tensor = op.tensor
-        key = (tensor.shape, tensor.dtype)
-        meta = self._metas.get(key)
-        if meta is None:
-            sized = self._tensor_meta(tuple(key[0]), key[1])
-            meta = self._metas[key] = ReportedMeta(sized.shape, sized.nbytes, sized.dtype_name)
-        return self._posted(message.op, message.step, op.group_peer, message.channel, meta)
+    def _meta_of(self, tensor: Any) -> ReportedMeta:
+        """The report of a (shape, dtype) not seen before; kept for the next ones."""
+        sized = self._tensor_meta(tuple(tensor.shape), tensor.dtype)
+        meta = ReportedMeta(sized.shape, sized.nbytes, sized.dtype_name)
+        self._metas[(tensor.shape, tensor.dtype)] = meta
+        return meta
 
     def wrap_works(self, works: list[Any], tokens: list[Any]) -> list[Any]:
         """Works that report completion when waited: one per op when torch returned one per

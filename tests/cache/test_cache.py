@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from pipetrace.analyze import cache
 from pipetrace.analyze.load import load_run
+from pipetrace.analyze.model import plan_from_meta
 from pipetrace.cli import main
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.faults import Hang
@@ -227,7 +229,16 @@ def test_a_changed_meta_json_rebuilds_the_run(run, capsys, monkeypatch):
     assert load_run(run).meta["note"] == "edited"
 
 
-@pytest.mark.parametrize("damage", [_cut, _zeros, _bad_magic, _bad_index, _code_out_of_range])
+def _plan_rows_off(data: bytes) -> bytes:
+    """The first row of meta.json's plan given another length (in as many bytes): the rows
+    no longer add up to the codes kept."""
+    at = data.index(b'"meta_plan":[') + len(b'"meta_plan":[')
+    return data[:at] + str((data[at] - ord("0") + 1) % 10).encode() + data[at + 1 :]
+
+
+@pytest.mark.parametrize(
+    "damage", [_cut, _zeros, _bad_magic, _bad_index, _code_out_of_range, _plan_rows_off]
+)
 def test_a_damaged_run_entry_is_ignored_and_rebuilt(run, capsys, damage):
     plain = _analyze(run, capsys, "--no-cache")
     _analyze(run, capsys)
@@ -284,3 +295,53 @@ def test_the_run_entry_holds_the_whole_model(tmp_path, monkeypatch):
     assert len(built.ranks[0].memory) and built.pipelines.several
     _from_run_entry_only(monkeypatch)
     _assert_same(built, load_run(path))
+
+
+def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(tmp_path, monkeypatch):
+    """A log's edges are hashed once per process while its status holds: a rewrite in place
+    that restores the modification time still changes the status (its change time)."""
+    log = tmp_path / "rank-00000.ndjson"
+    log.write_bytes(b"a" * 10_000)
+    now = time.time_ns
+    monkeypatch.setattr(time, "time_ns", lambda: now() + 60 * 10**9)  # the log is settled
+    before = cache.LogKey.of(log)
+    assert cache.LogKey.of(log) == before
+    status = os.stat(log)
+    time.sleep(0.05)  # past a tick of the file system's clock
+    with open(log, "r+b") as handle:
+        handle.seek(9_000)
+        handle.write(b"b")
+    os.utime(log, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(log).st_size == status.st_size
+    assert cache.LogKey.of(log) != before
+
+
+def test_a_reopened_plan_is_made_when_first_read(run, monkeypatch):
+    """A reopen does not rebuild meta.json's plan (its Steps were most of a big reopen): it
+    is made on its first read, once, equal to the plan the first load built."""
+    built = load_run(run)
+    made = []
+
+    def counted(meta, rows):
+        made.append(len(rows))
+        return plan_from_meta(meta, rows)
+
+    monkeypatch.setattr("pipetrace.analyze.model.plan_from_meta", counted)
+    _from_run_entry_only(monkeypatch)
+    reopened = load_run(run)
+    assert made == []
+    assert built.plan is not None and reopened.plan == built.plan
+    assert reopened.plan is reopened.plan and made == [4]
+
+
+def test_a_plan_that_does_not_read_stays_unread_when_reopened(run, monkeypatch):
+    meta = orjson.loads((run / fmt.META_FILE).read_bytes())
+    meta["plan"][1][0] = "not a step"
+    (run / fmt.META_FILE).write_bytes(orjson.dumps(meta))
+    built = load_run(run)
+    assert built.plan is None
+    assert any("the plan cannot be read" in p.message for p in built.problems)
+    _from_run_entry_only(monkeypatch)
+    reopened = load_run(run)
+    assert reopened.plan is None
+    assert [p.to_json() for p in reopened.problems] == [p.to_json() for p in built.problems]

@@ -14,8 +14,10 @@ from pipetrace.cli import main
 from pipetrace.recorder.hooks import NullRecorder
 from pipetrace.schedule.ir import StepKind, format_step
 from pipetrace.torch_pipelining import SUPPORTED_TORCH_VERSIONS, record
+from pipetrace.torch_pipelining.instrument import Instrumentation
 from pipetrace.torch_pipelining.messages import Message, MessageLog
-from pipetrace.torch_pipelining.plan import gpipe_order, one_f_one_b_order
+from pipetrace.torch_pipelining.plan import gpipe_order, one_f_one_b_order, plan_of
+from pipetrace.torch_pipelining.replay import FakeStage, fake_p2p, fake_schedule
 from pipetrace.torch_pipelining.version import unsupported_reason
 
 torch = pytest.importorskip("torch")
@@ -183,3 +185,31 @@ def test_single_stage_ops_are_posted_inside_their_message_steps_and_complete_onc
     assert [work.wait() for work in wrapped] == ["waited"] * 4
     wrapped[0].wait()
     assert recorder.calls == [("done", ("send", 0)), ("done", ("send", 1)), ("done", ("recv", 0))]
+
+
+@pytest.mark.parametrize("schedule_class", ["Schedule1F1B", "ScheduleGPipe"])
+@pytest.mark.parametrize("stage_index", [0, 1, 3])
+def test_a_replayed_iteration_records_each_step_of_the_plan_once_in_order(
+    schedule_class, stage_index
+):
+    """Torch's calls of one single-stage iteration, replayed against a fake stage (the
+    bench's hook-cost figure runs the same): every plan step of the rank is opened and
+    closed once, in plan order, and every op is posted inside its step and completed once."""
+    stage = FakeStage(stage_index, 4, (2, 3))
+    schedule = fake_schedule(schedule_class, stage, 4)
+    plan = plan_of(schedule)
+    recorder = CallLog()
+    instrumentation = Instrumentation(schedule, plan, stage.group_rank, recorder)
+    with fake_p2p():
+        instrumentation.install()
+        try:
+            schedule.step()
+        finally:
+            instrumentation.undo()
+    texts = [format_step(step) for step in plan.steps(stage.group_rank)]
+    calls = recorder.calls
+    assert [call[1] for call in calls if call[0] == "begin"] == texts
+    assert [call[1] for call in calls if call[0] == "end"] == texts
+    posts = [call[1] for call in calls if call[0] == "post"]
+    assert len(posts) == sum(step.is_comm for step in plan.steps(stage.group_rank))
+    assert sorted(call[1] for call in calls if call[0] == "done") == sorted(posts)
