@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from baseline import checkout
+
 from pipetrace.analyze.cache import CACHE_DIR, RECENT_NS
 
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         arguments += ["--workers", str(args.workers)]
     sides = {"this tree": Path(__file__).resolve().parents[1]}
     if args.baseline:  # the same run analyzed by another revision, alternating with this tree
-        sides = {f"baseline {args.baseline}": _checkout(args.baseline), **sides}
+        sides = {f"baseline {args.baseline}": checkout(args.baseline), **sides}
     first: dict[str, Measured] = {}
     for _ in range(args.repeat):
         for side, root in sides.items():
@@ -190,19 +192,6 @@ def _run_size(run_dir: Path) -> tuple[int, int]:
             )
     print(f"run: {len(logs)} rank logs, {events:,} events, {size / 2**20:.1f} MiB")
     return events, size
-
-
-def _checkout(revision: str) -> Path:
-    """Another revision's pipetrace package, in a temporary directory."""
-    root = Path(tempfile.mkdtemp(prefix="pipetrace-baseline-"))
-    archive = subprocess.run(
-        ["git", "archive", revision, "pipetrace"],
-        check=True,
-        capture_output=True,
-        cwd=Path(__file__).resolve().parents[1],
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    return root
 
 
 def _report_first(side: str, result: Measured, events: int, size: int) -> None:

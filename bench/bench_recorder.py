@@ -1,16 +1,25 @@
 """Recorder cost: per event on the hot path, and step-time overhead on the 4-rank demo.
 
-    .venv/bin/python bench/bench_recorder.py [--events N] [--skip-demo] [--iterations N] [--aa]
+    .venv/bin/python bench/bench_recorder.py [--events N] [--skip-demo] [--rounds N]
+    .venv/bin/python bench/bench_recorder.py --baseline 6a2ddca --skip-demo   # hot path only
 
 Part 1 drives the real Recorder (writer thread running) through begin_step/end_step and
 p2p_posted/p2p_completed, timing batches of 1,000 events; it prints the median and p95 cost
 per event on the hot path, the all-in cost including encoding and writing, and the cost of the
-same calls on NullRecorder as the in-process baseline.
+same calls on NullRecorder as the in-process baseline. ``--baseline REV`` runs part 1 in child
+processes with this tree and with REV's pipetrace alternately (A B B A per round) and prints
+the ratio of their medians.
 
-Part 2 runs the 4-rank 1F1B demo once per rank, switching recording between off and
-`steps` between timed iterations (ABBA), and prints the step-time and CPU ratios (recording
-includes the memory samples); ``--aa`` runs it again with recording off on both sides, to
-show the noise floor.
+Part 2 runs the 4-rank 1F1B demo once per rank, one runner whose recorder is switched between
+three sides: ``off``, ``off'`` (off again: the A/A noise floor, measured in the same minutes
+as the A/B figure) and ``steps`` (recording, memory samples included). The run is a series of
+short blocks of ``--block-steps`` iterations, ordered in rounds of A A' B B A' A (rotated each
+round, so every side takes every position alike); each round gives one ratio per side against
+``off``, so a drift of the machine's load cancels within it. It prints the median ratio over
+the rounds with its interquartile range and standard error, for the job's wall time per block
+(first rank's start to last rank's end, one host's monotonic clock) and for the CPU time of
+all 4 processes (every thread, the writer's encoding included: each block ends with a flush),
+and where the CPU went: training thread, writer thread, the rest (gloo, watchdog).
 
 Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
 with and without counting what autograd saves (alternating, ratio of medians), and the
@@ -20,9 +29,16 @@ Recorder's `memory_sample` per call (changed values, so each writes an event).
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipetrace.recorder.hooks import NullRecorder
@@ -31,6 +47,8 @@ from pipetrace.recorder.setup import RecordSettings
 from pipetrace.schedule.builders import build_plan
 
 BATCH = 1000
+DEMO_SIDES = ("off", "off'", "steps")  # A, A' (the noise floor), B
+WRITER_THREAD = "pipetrace-flush"  # the EventWriter's thread, whose CPU is priced apart
 
 
 def drive(recorder, plan, events: int) -> list[float]:
@@ -59,7 +77,8 @@ def drive(recorder, plan, events: int) -> list[float]:
     return per_event
 
 
-def hot_path(events: int) -> None:
+def measure_hot_path(events: int) -> dict[str, float]:
+    """Hot-path median and p95, all-in and NullRecorder cost per event (µs), bytes/event."""
     plan = build_plan("1f1b", num_ranks=4, num_microbatches=8, comms=True)
     baseline = drive(NullRecorder(), plan, events)
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,16 +91,60 @@ def hot_path(events: int) -> None:
         recorder.end_run()
         all_in = (time.perf_counter_ns() - t0) / events
         size = sum(p.stat().st_size for p in Path(tmp).glob("rank-*.ndjson"))
-    q = statistics.quantiles(costs, n=20)
+    return {
+        "median": statistics.median(costs) / 1000,
+        "p95": statistics.quantiles(costs, n=20)[-1] / 1000,
+        "all_in": all_in / 1000,
+        "null": statistics.median(baseline) / 1000,
+        "bytes": size / events,
+    }
+
+
+def hot_path(events: int) -> None:
+    m = measure_hot_path(events)
     print(
-        f"hot path, {events} events: median {statistics.median(costs) / 1000:.2f} us/event, "
-        f"p95 {q[-1] / 1000:.2f} us (target: median <= 2 us)"
+        f"hot path, {events} events: median {m['median']:.2f} us/event, "
+        f"p95 {m['p95']:.2f} us (target: median <= 2 us)"
     )
     print(
-        f"all-in incl. background encoding + write: {all_in / 1000:.2f} us/event, "
-        f"{size / events:.0f} bytes/event on disk"
+        f"all-in incl. background encoding + write: {m['all_in']:.2f} us/event, "
+        f"{m['bytes']:.0f} bytes/event on disk"
     )
-    print(f"NullRecorder baseline: median {statistics.median(baseline) / 1000:.3f} us/event")
+    print(f"NullRecorder baseline: median {m['null']:.3f} us/event")
+
+
+def hot_path_against(revision: str, events: int, rounds: int) -> None:
+    """Part 1 in child processes, this tree and ``revision`` alternating A B B A per round;
+    the median over the children of each figure, and this tree's over the baseline's."""
+    from baseline import ROOT, checkout
+
+    sides = {"this tree": ROOT, f"baseline {revision}": checkout(revision)}
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    load_before = os.getloadavg()[0]
+    try:
+        for round_ in range(rounds):
+            order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
+            for side in order + order[::-1]:
+                env = {**os.environ, "PYTHONPATH": str(sides[side])}
+                command = [sys.executable, __file__, "--hot-path-json", f"--events={events}"]
+                out = subprocess.run(command, env=env, check=True, capture_output=True).stdout
+                runs[side].append(json.loads(out))
+    finally:
+        shutil.rmtree(sides[f"baseline {revision}"], ignore_errors=True)
+    print(
+        f"hot path, {events} events per child, {rounds} rounds A B B A "
+        f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after)"
+    )
+    medians = {
+        side: {key: statistics.median(m[key] for m in measured) for key in measured[0]}
+        for side, measured in runs.items()
+    }
+    ours, theirs = medians.values()
+    for key, label in (("median", "hot path median"), ("all_in", "all-in"), ("null", "null")):
+        print(
+            f"  {label:<16} this tree {ours[key]:.3f} us, baseline {theirs[key]:.3f} us, "
+            f"ratio {ours[key] / theirs[key]:.3f}"
+        )
 
 
 def _forward_backward_ns(stage, x, rounds: int) -> float:
@@ -138,7 +201,9 @@ class Switch:
     One runner over one copy of the model, so both sides run the same modules, tensors and
     memory: two runners over deep copies differed by 3-5 % with recording off on both (an
     A/A run), more than the recording's own cost. Switching rebinds the hooks themselves
-    (no delegating call): the executor and the P2P look them up on this object.
+    (no delegating call): the executor and the P2P look them up on this object, and the
+    executor asks `records_memory` at each iteration, so the off side neither samples memory
+    nor counts saved tensors.
     """
 
     _HOOKS = (
@@ -151,6 +216,7 @@ class Switch:
         "p2p_completed",
         "exception",
         "memory_sample",
+        "records_memory",
     )
 
     def __init__(self, recorder, record: bool) -> None:
@@ -158,31 +224,89 @@ class Switch:
         self.null = NullRecorder()
         self.begin_run = recorder.begin_run
         self.end_run = recorder.end_run
-        # Read once by the executor: it samples memory on both sides, and `use` turns the
-        # stages' counting of saved tensors on and off with the recording.
-        self.records_memory = recorder.records_memory
-        self.stages: list = []
         self.use(record)
 
     def use(self, record: bool) -> None:
         target = self.recorder if record else self.null
         for name in self._HOOKS:
             setattr(self, name, getattr(target, name))
-        for stage in self.stages:
-            stage.count_saved = record
 
 
-def _demo_rank(rank: int, iterations: int, port: int, results: object, sides: tuple) -> None:
-    """Each rank runs the demo once, switching recording between timed iterations (ABBA,
-    between barriers) so machine noise hits both sides alike. ``sides`` names what each side
-    records: ``("off", "steps")``, or ``("off", "off")`` for an A/A run."""
-    import os
+@dataclass(frozen=True)
+class Block:
+    """One rank's measures of one block of iterations on one side."""
+
+    side: str
+    start: float  # perf_counter (CLOCK_MONOTONIC: one clock for every process of the host)
+    end: float
+    cpu: float  # the process's CPU seconds, every thread
+    main: float  # the training thread's
+    writer: float  # the recorder's writer thread's
+
+
+def block_order(sides: Sequence[str], rounds: int) -> list[str]:
+    """Round r runs the sides rotated by r, then backwards (A A' B B A' A, A' B A A B A', ...):
+    a side's two blocks in a round are centred on its middle, so a steady drift of the load
+    cancels in the round's ratios, and every side takes every position equally often."""
+    order: list[str] = []
+    for round_ in range(rounds):
+        k = round_ % len(sides)
+        rotated = [*sides[k:], *sides[:k]]
+        order += rotated + rotated[::-1]
+    return order
+
+
+def _thread_cpu(name: str) -> float:
+    """CPU seconds of this process's thread called ``name`` (0 when there is none)."""
+    import threading
+
+    for thread in threading.enumerate():
+        if thread.name == name and thread.ident is not None:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return 0.0
+
+
+def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> list[Block]:
+    """Every block of ``order``, between barriers; the writer is flushed before a block's
+    CPU is read, so the encoding of its events is counted in it, not in the next block."""
+    import torch.distributed as dist
+
+    blocks = []
+    for side in order:
+        switch.use(side == "steps")
+        dist.barrier()
+        start, cpu, main, writer = (
+            time.perf_counter(),
+            time.process_time(),
+            time.thread_time(),
+            _thread_cpu(WRITER_THREAD),
+        )
+        for _ in range(block_steps):
+            runner.step(*batch)
+        end = time.perf_counter()
+        dist.barrier()
+        switch.recorder.flush()
+        blocks.append(
+            Block(
+                side,
+                start,
+                end,
+                time.process_time() - cpu,
+                time.thread_time() - main,
+                _thread_cpu(WRITER_THREAD) - writer,
+            )
+        )
+    return blocks
+
+
+def _demo_rank(rank: int, order: list[str], block_steps: int, port: int, results) -> None:
+    """One rank of the demo, recorded or not block by block as ``order`` says."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    from pipetrace.recorder.setup import RecordSettings, torch_recorder
+    from pipetrace.recorder.setup import torch_recorder
     from pipetrace.runtime.api import PipelineRunner
     from pipetrace.runtime.config import DemoConfig
     from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
@@ -193,7 +317,7 @@ def _demo_rank(rank: int, iterations: int, port: int, results: object, sides: tu
     dist.init_process_group("gloo", rank=rank, world_size=4, timeout=timedelta(seconds=120))
     plan = build_plan("1f1b", num_ranks=4, num_microbatches=8, comms=True)
     demo = DemoConfig()
-    inputs, targets = demo_batch(0, 8 * demo.microbatch_size, demo, seed=0)
+    batch = demo_batch(0, 8 * demo.microbatch_size, demo, seed=0)
     chunks = split_sequential(build_demo_model(plan.num_stages, demo, seed=0), plan.num_stages)
     with tempfile.TemporaryDirectory() as tmp:
         switch = Switch(torch_recorder(RecordSettings(run_dir=tmp, mode="steps")), False)
@@ -203,52 +327,114 @@ def _demo_rank(rank: int, iterations: int, port: int, results: object, sides: tu
             loss_fn=demo_loss,
             recorder=switch,
         )
-        switch.stages = list(runner.stages.values())
-        keys = [f"{i}:{side}" for i, side in enumerate(sides)]
-        times: dict[str, list[float]] = {key: [] for key in keys}
-        cpu: dict[str, list[float]] = {key: [] for key in keys}
-        for iteration in range(5 + iterations):
-            order = list(zip(keys, sides))
-            for key, side in order if iteration % 2 else order[::-1]:  # ABBA: no order bias
-                switch.use(side == "steps")
-                dist.barrier()
-                start, start_cpu = time.perf_counter(), time.process_time()
-                runner.step(inputs, targets)
-                end_cpu = time.process_time()  # this rank's CPU, background threads included
-                dist.barrier()
-                if iteration >= 5:
-                    times[key].append(time.perf_counter() - start)
-                    cpu[key].append(end_cpu - start_cpu)
+        blocks = _run_blocks(runner, switch, batch, order, block_steps)
         switch.use(True)
         runner.close()
-    results.put((rank, times, cpu))  # type: ignore[attr-defined]
+    results.put((rank, [asdict(b) for b in blocks]))
     dist.destroy_process_group()
 
 
-def demo_overhead(iterations: int, sides: tuple[str, str]) -> None:
+@dataclass(frozen=True)
+class JobBlock:
+    """One block over the 4 ranks: the job's wall time and the CPU of every process."""
+
+    side: str
+    wall: float
+    cpu: float
+    main: float
+    writer: float
+
+    @property
+    def threads(self) -> float:
+        """CPU of the threads recording runs on (training + writer): steadier than the
+        process's, whose gloo threads' CPU moves with the load."""
+        return self.main + self.writer
+
+
+def _job_blocks(per_rank: list[list[dict]]) -> list[JobBlock]:
+    blocks = []
+    for parts in zip(*per_rank):
+        blocks.append(
+            JobBlock(
+                parts[0]["side"],
+                max(p["end"] for p in parts) - min(p["start"] for p in parts),
+                sum(p["cpu"] for p in parts),
+                sum(p["main"] for p in parts),
+                sum(p["writer"] for p in parts),
+            )
+        )
+    return blocks
+
+
+def _round_ratios(blocks: list[JobBlock], measure: str) -> dict[str, list[float]]:
+    """Per round, each side's total ``measure`` over ``off``'s: one ratio per round."""
+    size = 2 * len(DEMO_SIDES)
+    ratios: dict[str, list[float]] = {side: [] for side in DEMO_SIDES[1:]}
+    for first in range(0, len(blocks) - size + 1, size):
+        totals = dict.fromkeys(DEMO_SIDES, 0.0)
+        for block in blocks[first : first + size]:
+            totals[block.side] += getattr(block, measure)
+        for side in ratios:
+            ratios[side].append(totals[side] / totals["off"])
+    return ratios
+
+
+def _summary(ratios: list[float]) -> str:
+    """Median overhead, its standard error (from the IQR, as for a normal spread) and IQR."""
+    q1, median, q3 = statistics.quantiles(ratios, n=4)
+    error = 1.2533 * (q3 - q1) / 1.349 / len(ratios) ** 0.5
+    return f"{median - 1:+.1%} ±{error:.1%} (IQR {q1 - 1:+.1%} .. {q3 - 1:+.1%})"
+
+
+def _print_demo(blocks: list[JobBlock], block_steps: int) -> None:
+    rounds = len(blocks) // (2 * len(DEMO_SIDES))
+    print(
+        f"4-rank 1f1b demo (M=8), {rounds} rounds of A A' B B A' A, {block_steps} iterations "
+        f"per block; median over rounds of each side / off, ± its standard error"
+    )
+    measures = (
+        ("wall", "job wall time", 1),
+        ("cpu", "CPU, 4 ranks", 2),
+        ("threads", "main + writer", 2),
+    )
+    for measure, label, target in measures:
+        ratios = _round_ratios(blocks, measure)
+        floor, recorded = _summary(ratios[DEMO_SIDES[1]]), _summary(ratios["steps"])
+        print(f"  {label:<14} off' (A/A): {floor}")
+        print(f"  {'':<14} steps (A/B): {recorded} (target <= {target} %)")
+    print("  per iteration, median over blocks (ms): wall / CPU = training thread + writer + rest")
+    for side in DEMO_SIDES:
+        mine = [b for b in blocks if b.side == side]
+
+        def ms(values, mine=mine) -> float:
+            return statistics.median(values(b) for b in mine) * 1e3 / block_steps
+
+        print(
+            f"  {side:<6} {ms(lambda b: b.wall):6.2f} / {ms(lambda b: b.cpu):6.2f} = "
+            f"{ms(lambda b: b.main):6.2f} + {ms(lambda b: b.writer):5.3f} + "
+            f"{ms(lambda b: b.cpu - b.main - b.writer):5.2f}"
+        )
+
+
+def demo_overhead(rounds: int, block_steps: int, warmup_rounds: int = 1) -> None:
     import torch.multiprocessing as mp
 
     from pipetrace.runtime.launch import free_port
 
+    order = block_order(DEMO_SIDES, warmup_rounds + rounds)
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
+    load_before = os.getloadavg()[0]
     mp.start_processes(
-        _demo_rank, args=(iterations, free_port(), results, sides), nprocs=4, start_method="spawn"
+        _demo_rank,
+        args=(order, block_steps, free_port(), results),
+        nprocs=4,
+        start_method="spawn",
     )
-    reports = sorted(results.get() for _ in range(4))
-    a, b = reports[0][1]
-    off, on = statistics.median(reports[0][1][a]), statistics.median(reports[0][1][b])
-    label = f"{a.split(':')[1]} vs {b.split(':')[1]}"
-    print(
-        f"4-rank 1f1b demo (M=8), {iterations} alternating iterations, {label}: median step "
-        f"time {off * 1e3:.2f} ms vs {on * 1e3:.2f} ms, {on / off - 1:+.1%} (target <= 1 %)"
-    )
-    cpu_off = sum(statistics.median(cpu[a]) for _, _, cpu in reports)
-    cpu_on = sum(statistics.median(cpu[b]) for _, _, cpu in reports)
-    print(
-        f"CPU per step, all 4 ranks, {label}: {cpu_off * 1e3:.2f} ms vs {cpu_on * 1e3:.2f} ms, "
-        f"{cpu_on / cpu_off - 1:+.1%} (target <= 2 %)"
-    )
+    per_rank = [blocks for _, blocks in sorted(results.get() for _ in range(4))]
+    print(f"load average {load_before:.2f} before the demo, {os.getloadavg()[0]:.2f} after")
+    warmup = warmup_rounds * 2 * len(DEMO_SIDES)
+    _print_demo(_job_blocks(per_rank)[warmup:], block_steps)
 
 
 def main() -> None:
@@ -257,20 +443,26 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--skip-demo", action="store_true")
+    parser.add_argument("--rounds", type=int, default=30, help="demo rounds (A A' B B A' A)")
+    parser.add_argument("--block-steps", type=int, default=2, help="demo iterations per block")
     parser.add_argument(
-        "--iterations", type=int, default=60, help="timed demo iterations per variant"
+        "--baseline", metavar="GIT_REV", help="part 1 against this revision, alternating"
     )
     parser.add_argument(
-        "--aa", action="store_true", help="also run the demo with recording off on both sides"
+        "--baseline-rounds", type=int, default=3, help="A B B A rounds with --baseline"
     )
+    parser.add_argument("--hot-path-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    hot_path(args.events)
-    memory_costs()
-    if args.skip_demo:
+    if args.hot_path_json:  # a --baseline child
+        print(json.dumps(measure_hot_path(args.events)))
         return
-    demo_overhead(args.iterations, ("off", "steps"))
-    if args.aa:
-        demo_overhead(args.iterations, ("off", "off"))
+    if args.baseline:
+        hot_path_against(args.baseline, args.events, args.baseline_rounds)
+    else:
+        hot_path(args.events)
+    memory_costs()
+    if not args.skip_demo:
+        demo_overhead(args.rounds, args.block_steps)
 
 
 if __name__ == "__main__":

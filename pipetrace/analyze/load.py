@@ -224,6 +224,22 @@ def _check_raw(
     if raw.error is not None:
         problems.append(InputProblem("warning", _short(raw.error, raw.path), rank))
         return False
+    reasons = _from_another_run(raw, rank, meta, world_size)
+    if reasons:
+        problems.append(
+            InputProblem(
+                "warning",
+                f"{name} is from another run ({'; '.join(reasons)}); treated as missing",
+                rank,
+            )
+        )
+        return False
+    problems += [InputProblem(severity, f"{name}: {text}", rank) for severity, text in _notes(raw)]
+    return True
+
+
+def _from_another_run(raw: RawRank, rank: int, meta: dict[str, Any], world_size: int) -> list[str]:
+    """Why the log belongs to another run than meta.json's (empty: it is this run's)."""
     header = raw.header
     reasons = []
     if header.get("rank") != rank:
@@ -236,55 +252,32 @@ def _check_raw(
     config = (raw.run_start or {}).get("config")
     if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
         reasons.append("its run configuration differs from meta.json's")
-    if reasons:
-        problems.append(
-            InputProblem(
-                "warning",
-                f"{name} is from another run ({'; '.join(reasons)}); treated as missing",
-                rank,
-            )
-        )
-        return False
+    return reasons
+
+
+def _notes(raw: RawRank) -> list[tuple[str, str]]:
+    """(severity, text) of what the parse found wrong or missing in a usable log."""
     p = raw.problems
+    notes = []
     if p.torn_last_line:
-        problems.append(
-            InputProblem(
-                "info",
-                f"{name}: torn last line skipped (the process was killed while writing)",
-                rank,
-            )
-        )
+        notes.append(("info", "torn last line skipped (the process was killed while writing)"))
     if p.corrupt_lines:
         where = f", first at line {p.first_corrupt_line}" if p.first_corrupt_line else ""
-        problems.append(
-            InputProblem(
-                "warning", f"{name}: {p.corrupt_lines} corrupt line(s) skipped{where}", rank
-            )
-        )
-    for note in [*p.damage(), *p.notes]:
-        problems.append(InputProblem("warning", f"{name}: {note}", rank))
+        notes.append(("warning", f"{p.corrupt_lines} corrupt line(s) skipped{where}"))
+    notes += [("warning", note) for note in [*p.damage(), *p.notes]]
     if not raw.events:
-        problems.append(
-            InputProblem("warning", f"{name}: no events after its header (nothing recorded)", rank)
-        )
+        notes.append(("warning", "no events after its header (nothing recorded)"))
     if raw.unknown_events:
-        problems.append(
-            InputProblem(
+        notes.append(
+            (
                 "info",
-                f"{name}: {raw.unknown_events} event(s) of unknown type "
-                "ignored (written by a newer pipetrace?)",
-                rank,
+                f"{raw.unknown_events} event(s) of unknown type ignored "
+                "(written by a newer pipetrace?)",
             )
         )
     if raw.run_start is None:
-        problems.append(
-            InputProblem(
-                "warning",
-                f"{name}: no run_start event; the rank's plan is taken from meta.json",
-                rank,
-            )
-        )
-    return True
+        notes.append(("warning", "no run_start event; the rank's plan is taken from meta.json"))
+    return notes
 
 
 def _short(message: str, path: str) -> str:
@@ -493,51 +486,14 @@ def _timeline(
     need every rank)."""
     lifecycle = [LifecycleEvent(e, t, f) for e, t, f in raw.lifecycle]
     info, models = clocks.offset_models(clocks.clock_events(lifecycle))
-    s, p = raw.steps, raw.p2p
-    steps = StepTable(
-        s["begin"],
-        s["end"],
-        s["it"],
-        s["pos"],
-        remap[s["code"]] if len(remap) else s["code"],
-        thread_map[s["thread"]].astype(np.int8) if len(thread_map) else s["thread"],
-        s["dbegin"],
-        s["dend"],
-    )
-    empty = np.empty(0, np.int32)
-    p2p = P2PTable(
-        p["post"],
-        p["done"],
-        p["it"],
-        p["op"],
-        p["peer"],
-        p["ch"],
-        p["seq"],
-        p["nbytes"],
-        shape_map[p["shape"]] if len(shape_map) else p["shape"],
-        dtype_map[p["dtype"]] if len(dtype_map) else p["dtype"],
-        remap[p["code"]] if len(remap) else p["code"],
-        empty,
-        empty.astype(np.int64),
-        p["dbegin"],
-        p["dend"],
-    )
-    its = sorted(raw.iterations)
-    rows = [raw.iterations[i] for i in its]
-    iterations = IterationTable(
-        np.array(its, np.int32),
-        np.array([r[0] for r in rows], np.int64),
-        np.array([r[1] for r in rows], np.int64),
-        np.array([np.nan if r[2] is None else r[2] for r in rows], np.float64),
-    )
     start = raw.run_start or {}
     stages = start.get("stages")
     return RankTimeline(
         rank=rank,
         present=True,
-        steps=steps,
-        p2p=p2p,
-        iterations=iterations,
+        steps=_step_table(raw.steps, remap, thread_map),
+        p2p=_p2p_table(raw.p2p, remap, shape_map, dtype_map),
+        iterations=_iteration_table(raw.iterations),
         status=RankStatus(RankState.ENDED, ""),
         clock=info,
         header=raw.header,
@@ -551,6 +507,60 @@ def _timeline(
         path=Path(raw.path),
         memory=MemoryTable(**raw.memory) if raw.memory else MemoryTable.empty(),
     ), models
+
+
+def _mapped(table: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """The rank's own codes as the run's (``table``: the run's code of each; empty: the
+    same)."""
+    return table[codes] if len(table) else codes
+
+
+def _step_table(s: dict[str, np.ndarray], remap: np.ndarray, thread_map: np.ndarray) -> StepTable:
+    thread = thread_map[s["thread"]].astype(np.int8) if len(thread_map) else s["thread"]
+    return StepTable(
+        s["begin"],
+        s["end"],
+        s["it"],
+        s["pos"],
+        _mapped(remap, s["code"]),
+        thread,
+        s["dbegin"],
+        s["dend"],
+    )
+
+
+def _p2p_table(
+    p: dict[str, np.ndarray], remap: np.ndarray, shape_map: np.ndarray, dtype_map: np.ndarray
+) -> P2PTable:
+    empty = np.empty(0, np.int32)
+    return P2PTable(
+        p["post"],
+        p["done"],
+        p["it"],
+        p["op"],
+        p["peer"],
+        p["ch"],
+        p["seq"],
+        p["nbytes"],
+        _mapped(shape_map, p["shape"]),
+        _mapped(dtype_map, p["dtype"]),
+        _mapped(remap, p["code"]),
+        empty,
+        empty.astype(np.int64),
+        p["dbegin"],
+        p["dend"],
+    )
+
+
+def _iteration_table(iterations: dict[int, list]) -> IterationTable:
+    its = sorted(iterations)
+    rows = [iterations[i] for i in its]
+    return IterationTable(
+        np.array(its, np.int32),
+        np.array([r[0] for r in rows], np.int64),
+        np.array([r[1] for r in rows], np.int64),
+        np.array([np.nan if r[2] is None else r[2] for r in rows], np.float64),
+    )
 
 
 def _missing(rank: int, raw: RawRank) -> RankTimeline:

@@ -109,6 +109,26 @@ def _match_general(parts: list[RankTimeline]) -> int:
     ch = np.concatenate([r.p2p.ch for r in parts]).astype(np.int64)
     seq = np.concatenate([r.p2p.seq for r in parts])
     post = np.concatenate([r.p2p.post for r in parts])
+    keys, order = _message_order(sender, receiver, it, ch, seq, op, post)
+    send_at, recv_at = _pair_in_groups([k[order] for k in keys], op[order])
+    s_idx, r_idx = order[send_at], order[recv_at]
+    by_rank = {r.rank: r for r in parts}
+    for a, b in ((s_idx, r_idx), (r_idx, s_idx)):
+        _write_matches(by_rank, rank_col, row_col, a, b)
+    return len(send_at)
+
+
+def _message_order(
+    sender: np.ndarray,
+    receiver: np.ndarray,
+    it: np.ndarray,
+    ch: np.ndarray,
+    seq: np.ndarray,
+    op: np.ndarray,
+    post: np.ndarray,
+) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """The ops sorted by message (sender, receiver, iteration, channel, seq), sends first in
+    each message, each rank's rows in post order; and the keys that tell the messages apart."""
     if (
         len(seq)
         and seq.min() >= 0
@@ -121,25 +141,27 @@ def _match_general(parts: list[RankTimeline]) -> int:
         and receiver.min() >= 0
         and receiver.max() < 2**31
     ):
-        # two int64 keys sort much faster than five
         # Two int64 keys sort much faster than five; the op goes in the lowest bit so that
         # sends come first in a group, and stable sorts keep each rank's rows (post order).
         pair = sender * (receiver.max() + 1) + receiver
         packed = (it << 34) | ((ch + 1) << 32) | (seq << 1)
-        keys: tuple[np.ndarray, ...] = (pair, packed)
         first = np.argsort(packed | op, kind="stable")
-        order = first[np.argsort(pair[first], kind="stable")]
-    else:
-        keys = (sender, receiver, it, ch, seq)
-        order = np.lexsort((post, op, seq, ch, it, receiver, sender))
-    sorted_keys = [k[order] for k in keys]
-    n = len(order)
+        return (pair, packed), first[np.argsort(pair[first], kind="stable")]
+    keys = (sender, receiver, it, ch, seq)
+    return keys, np.lexsort((post, op, seq, ch, it, receiver, sender))
+
+
+def _pair_in_groups(
+    sorted_keys: list[np.ndarray], op_sorted: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """In each group of equal keys (sends first), the k-th send pairs with the k-th recv:
+    the sorted positions of each paired send and of its recv."""
+    n = len(op_sorted)
     new_group = np.zeros(n, bool)
     new_group[:1] = True
     for k in sorted_keys:
         new_group[1:] |= k[1:] != k[:-1]
     group = np.cumsum(new_group) - 1
-    op_sorted = op[order]
     group_start = np.flatnonzero(new_group)
     sends_in_group = np.add.reduceat((op_sorted == OP_SEND).astype(np.int64), group_start)
     position = np.arange(n) - group_start[group]  # index within the group (sends come first)
@@ -148,21 +170,28 @@ def _match_general(parts: list[RankTimeline]) -> int:
     occurrence = np.where(is_recv_sorted, position - num_sends, position)
     group_size = np.diff(np.r_[group_start, n])[group]
     num_recvs = group_size - num_sends
-    paired_send = (~is_recv_sorted) & (occurrence < num_recvs)
-    send_at = np.flatnonzero(paired_send)
+    send_at = np.flatnonzero((~is_recv_sorted) & (occurrence < num_recvs))
     recv_at = group_start[group[send_at]] + num_sends[send_at] + occurrence[send_at]
-    s_idx, r_idx = order[send_at], order[recv_at]
-    by_rank = {r.rank: r for r in parts}
-    for a, b in ((s_idx, r_idx), (r_idx, s_idx)):
-        by_owner = np.argsort(rank_col[a], kind="stable")
-        a, b = a[by_owner], b[by_owner]
-        owner = rank_col[a]
-        cuts = np.flatnonzero(owner[1:] != owner[:-1]) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(a)]):
-            if hi <= lo:
-                continue
-            table = by_rank[int(owner[lo])].p2p
-            rows = row_col[a[lo:hi]]
-            table.match_rank[rows] = rank_col[b[lo:hi]]
-            table.match_index[rows] = row_col[b[lo:hi]]
-    return len(send_at)
+    return send_at, recv_at
+
+
+def _write_matches(
+    by_rank: dict[int, RankTimeline],
+    rank_col: np.ndarray,
+    row_col: np.ndarray,
+    a: np.ndarray,
+    b: np.ndarray,
+) -> None:
+    """Each op ``a`` (an index into the concatenated ops) is matched with ``b``: written
+    into its own rank's table, rank by rank."""
+    by_owner = np.argsort(rank_col[a], kind="stable")
+    a, b = a[by_owner], b[by_owner]
+    owner = rank_col[a]
+    cuts = np.flatnonzero(owner[1:] != owner[:-1]) + 1
+    for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(a)]):
+        if hi <= lo:
+            continue
+        table = by_rank[int(owner[lo])].p2p
+        rows = row_col[a[lo:hi]]
+        table.match_rank[rows] = rank_col[b[lo:hi]]
+        table.match_index[rows] = row_col[b[lo:hi]]

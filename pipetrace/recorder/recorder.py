@@ -2,7 +2,8 @@
 
 The hot path (`begin_step`, `end_step`, `p2p_posted`, `p2p_completed`) takes one monotonic
 clock reading (from the injected `Clock`, bound once) and appends a tuple; encoding to JSON
-happens on the writer's flush thread.
+happens on the writer's flush thread. A step's begin and its P2P ops append straight to the
+writer's queue (`EventWriter.append_unchecked`); the step's end checks the queue's bound.
 Each hook also notes progress for the watchdog and keeps the set of open steps and in-flight
 P2P ops, which is what a stall dump reports.
 
@@ -92,8 +93,9 @@ class Recorder:
         """Pipeline rank -> global rank, when the job has several pipelines (the runtime
         names peers by pipeline rank; the trace by global rank)."""
         self._writer: EventWriter | None = None
-        # The writer's append, bound once for the hot path (None until begin_run).
+        # The writer's appends, bound once for the hot path (refusing until begin_run).
         self._append: Callable[[tuple], None] = _not_recording
+        self._append_unchecked: Callable[[tuple], None] = _not_recording
         self._ids = itertools.count()
         self._iteration = -1
         self._in_iteration = False
@@ -102,7 +104,7 @@ class Recorder:
         self._epoch_anchor = clock.wall_ns()
         self._perf_anchor = clock.monotonic_ns()
         self.last_progress = self._perf_anchor
-        self.open_steps: dict[int, tuple[str, int, Step, int]] = {}  # id -> (thread, pos, step, it)
+        self.open_steps: dict[int, tuple] = {}  # id -> its step_begin record
         self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
         self._texts: dict[int, bytes] = {}
         self._literals = _JsonLiterals()
@@ -144,6 +146,7 @@ class Recorder:
             capacity=self.config.buffer_events,
         )
         self._append = self._writer.append
+        self._append_unchecked = self._writer.append_unchecked
         if self.rank == 0:
             write_meta(
                 run_dir,
@@ -203,7 +206,7 @@ class Recorder:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-            self._append = _not_recording
+            self._append = self._append_unchecked = _not_recording
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -256,8 +259,9 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         sid = next(self._ids)
-        self.open_steps[sid] = (thread, position, step, self._iteration)
-        self._append((_STEP_BEGIN, t, sid, self._iteration, position, step, thread))
+        record = (_STEP_BEGIN, t, sid, self._iteration, position, step, thread)
+        self.open_steps[sid] = record  # the record itself: one tuple per step, not two
+        self._append_unchecked(record)  # `end_step` checks the queue's bound
         profiler = self._profiler
         if self._timer is None and (profiler is None or not profiler.active()):
             return sid
@@ -327,7 +331,7 @@ class Recorder:
             stack,
         )
         self.inflight[pid] = record
-        self._append(record)
+        self._append_unchecked(record)
         return pid
 
     def p2p_enqueued(self, token: Any) -> None:
@@ -342,7 +346,7 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         self.inflight.pop(token, None)
-        self._append((_P2P_DONE, t, token))
+        self._append_unchecked((_P2P_DONE, t, token))
 
     def memory_sample(
         self,
@@ -441,7 +445,7 @@ class Recorder:
     def describe_open_steps(self) -> list[dict[str, Any]]:
         return [
             {"id": sid, "thread": thread, "pos": pos, "step": format_step(step), "it": it}
-            for sid, (thread, pos, step, it) in list(self.open_steps.items())
+            for _, _, sid, it, pos, step, thread in list(self.open_steps.values())
         ]
 
     def describe_inflight(self) -> list[dict[str, Any]]:

@@ -8,7 +8,10 @@ the kernel's hands even if the interpreter dies a moment later. A write cut shor
 can leave a torn last line; readers tolerate it.
 
 Memory is bounded: when ``capacity`` events are pending, the appending thread flushes them
-itself (backpressure) rather than dropping events or growing without limit.
+itself (backpressure) rather than dropping events or growing without limit. `append`
+checks that; `append_unchecked` (the queue's own append, no Python frame: the recorder's
+hottest calls) does not, so a caller using it also calls `append` every few events (the
+recorder: at every step's end), and the bound is exceeded by at most those few.
 
 The log is a new file (`create_new_file`): an existing file or a planted symbolic link at
 its path is refused, never truncated or followed.
@@ -48,6 +51,7 @@ class EventWriter:
         self._encode = encode
         self._capacity = capacity
         self._pending: deque[tuple] = deque()
+        self.append_unchecked: Callable[[tuple], None] = self._pending.append
         self._lock = threading.Lock()  # serialises encoding + writing, never the hot path
         self._fd: int | None = create_new_file(self.path)
         self.events_written = 0

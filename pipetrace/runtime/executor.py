@@ -22,7 +22,7 @@ from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
 from pipetrace.runtime import fsdp
 from pipetrace.runtime.config import CustomFunction
 from pipetrace.runtime.recv_ahead import RecvAhead
-from pipetrace.schedule.ir import Plan, Step, StepKind
+from pipetrace.schedule.ir import COLLECTIVE_KINDS, SEND_KINDS, Plan, Step, StepKind
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +30,10 @@ if TYPE_CHECKING:
     from pipetrace.runtime.activation_swap import SwapSteps
     from pipetrace.runtime.backend import Stage
     from pipetrace.runtime.p2p import P2P
+
+MEMORY_NEUTRAL = SEND_KINDS | COLLECTIVE_KINDS
+"""Steps that change no value of a memory sample: they keep or release no activation and
+fill or empty no mailbox (a sent tensor is not counted)."""
 
 Handler = Callable[[int, Step], "int | None"]
 """(position in the rank's plan, step) -> None, or the bytes an activation swap launch copies
@@ -178,12 +182,14 @@ class Executor:
         self._act_out: dict[tuple[int, int], torch.Tensor] = {}
         self._grad_in: dict[tuple[int, int], Any] = {}
         self._grad_out: dict[tuple[int, int], torch.Tensor] = {}
-        # stage index -> its slot in a memory sample (plan order); empty: no sampling
-        self._memory_slots: dict[int, int] = {}
-        if getattr(self.recorder, "records_memory", False):
-            self._memory_slots = {s: i for i, s in enumerate(plan.stages_of(rank))}
-            for stage in stages.values():
-                stage.count_saved = True
+        # stage index -> its slot in a memory sample (plan order)
+        self._memory_slots = {s: i for i, s in enumerate(plan.stages_of(rank))}
+        self._memory_stages = [stages[s] for s in self._memory_slots]
+        # Set by `_memory_sampler` at each iteration's start:
+        self._counting = False  # whether the stages count what they save
+        self._sampled = False  # whether an earlier iteration sampled memory
+        self._reads_allocator = False  # whether the device has an allocator to read
+        self._unsampled: frozenset[StepKind] = frozenset()  # kinds not followed by a sample
 
     # -- configuration ---------------------------------------------------------------------
 
@@ -258,7 +264,7 @@ class Executor:
         if self._ahead is not None:
             self._ahead.begin_iteration(self.p2p)
         begin, end = recorder.begin_step, recorder.end_step
-        sample = self._sample_memory if self._memory_slots else None
+        sample = self._memory_sampler()
         program = self._program
         if (
             self._step_order is not None
@@ -274,7 +280,7 @@ class Executor:
                 else:  # an activation swap launch: the bytes it copies go with the step
                     end(token, moved)
                 if sample is not None:
-                    sample(token)
+                    sample(token, step)
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -315,22 +321,51 @@ class Executor:
         if self._swap is not None:
             self._swap.close()
 
-    def _sample_memory(self, token: Any) -> None:
-        """The recorder's ``memory`` sample after the step of ``token``: per stage, the
-        activations kept for backward on the device, the received tensors not yet consumed,
-        and with swap steps the activations offloaded to the host (taken out of the first)."""
+    def _memory_sampler(self) -> Callable[[Any, Step], None] | None:
+        """What samples memory after each step of this iteration (None: nothing). Asked of
+        the recorder at each iteration's start, so that a recorder switched on and off
+        between iterations (bench/bench_recorder.py) costs nothing while off: the stages
+        count what they save only while memory is sampled.
+
+        The recorder writes a sample only when it differs from the one before, and the
+        steps of `MEMORY_NEUTRAL` kinds change none of its values; so after the run's first
+        sample they are not sampled at all (a third of the demo's samples, each costing
+        more than a step's events), unless the device's allocator is read (its bytes may
+        move at any step) or swap steps move activations in the background."""
+        records = bool(getattr(self.recorder, "records_memory", False))
+        if records != self._counting:
+            self._counting = records
+            for stage in self.stages.values():
+                stage.count_saved = records
+        if not records:
+            return None
+        self._reads_allocator = self._ops.allocator_bytes() is not None
+        every_step = self._reads_allocator or self._swap is not None or not self._sampled
+        self._unsampled = frozenset() if every_step else MEMORY_NEUTRAL
+        self._sampled = True
+        return self._sample_memory
+
+    def _sample_memory(self, token: Any, step: Step) -> None:
+        """The recorder's ``memory`` sample after ``step`` (whose token is ``token``): per
+        stage, the activations kept for backward on the device, the received tensors not yet
+        consumed, and with swap steps the activations offloaded to the host (taken out of
+        the first)."""
+        if step.kind in self._unsampled:
+            return
         slots = self._memory_slots
         inflight = [0] * len(slots)
         for box in (self._act_in, self._grad_in):
-            for (stage, _), value in list(box.items()):
-                inflight[slots[stage]] += 0 if value is None else value.nbytes
-        saved = [self.stages[stage].saved_bytes() for stage in slots]
+            if box:
+                for (stage, _), value in list(box.items()):
+                    if value is not None:
+                        inflight[slots[stage]] += value.nbytes
+        saved = [stage.saved_bytes() for stage in self._memory_stages]
         swapped = None
         if self._swap is not None:
             on_host = self._swap.swapped_bytes()
             swapped = [on_host.get(stage, 0) for stage in slots]
             saved = [kept - away for kept, away in zip(saved, swapped)]
-        allocator = self._ops.allocator_bytes()
+        allocator = self._ops.allocator_bytes() if self._reads_allocator else None
         self.recorder.memory_sample(token, saved, inflight, allocator, swapped)
 
     # -- compute ---------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from pipetrace.runtime.rank_cli import entry, run_this_rank
 from pipetrace.runtime.results import CaseResult
 from pipetrace.runtime.runner import PipelineRunner
 from pipetrace.runtime.split import stages_of_rank
+from pipetrace.schedule.ir import Plan
 
 
 def demo_kit(backend: str) -> DemoKit:
@@ -62,27 +63,12 @@ def _run_case(
         return run_config(kit, index, case, rank, on_loss)
     plan = case.plan()
     replicas = kit.replicas(case, rank)
-    tie = case.tie_weights
-    model = kit.build_model(plan.num_stages, case.demo, case.seed, tie_weights=tie)
+    runner = _runner(kit, case, spec, rank, replicas, plan)
     # The reference is built again from the seed: the same weights, separate parameters.
     reference = (
-        kit.build_model(plan.num_stages, case.demo, case.seed, tie_weights=tie)
+        kit.build_model(plan.num_stages, case.demo, case.seed, tie_weights=case.tie_weights)
         if case.check_parity
         else None
-    )
-    backend = replicas.backend
-    modules = stages_of_rank(backend.split_model(model, plan.num_stages), plan, replicas.pp_rank)
-    replicas.shard(modules)
-    runner = PipelineRunner(
-        backend,
-        modules,
-        schedule=plan,
-        loss_fn=kit.loss_fn,
-        overlap_p2p=case.overlap_p2p,
-        recorder=_recorder_for(case, spec, rank, replicas),
-        timeout=case.timeout,
-        run_config=case.to_dict(),
-        tied=case.demo.tied_names(plan.num_stages) if tie else None,
     )
     with runner:  # reports an exception to the recorder, or ends the recording cleanly
         for kind, fn in spec.custom_functions:
@@ -109,6 +95,33 @@ def _run_case(
                     if on_loss is not None:
                         on_loss(index, step, loss)
     return CaseResult(losses if losses else None, report)
+
+
+def _runner(
+    kit: DemoKit,
+    case: RunConfig,
+    spec: WorkerSpec,
+    rank: int,
+    replicas: Replicas,
+    plan: Plan,
+) -> PipelineRunner:
+    """The runner of this rank's stages of the demo model (sharded over the replicas with
+    FSDP)."""
+    model = kit.build_model(plan.num_stages, case.demo, case.seed, tie_weights=case.tie_weights)
+    backend = replicas.backend
+    modules = stages_of_rank(backend.split_model(model, plan.num_stages), plan, replicas.pp_rank)
+    replicas.shard(modules)
+    return PipelineRunner(
+        backend,
+        modules,
+        schedule=plan,
+        loss_fn=kit.loss_fn,
+        overlap_p2p=case.overlap_p2p,
+        recorder=_recorder_for(case, spec, rank, replicas),
+        timeout=case.timeout,
+        run_config=case.to_dict(),
+        tied=case.demo.tied_names(plan.num_stages) if case.tie_weights else None,
+    )
 
 
 def _train_step(

@@ -552,15 +552,41 @@ def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
     """Exactly one F and one B (or one I plus one W) per (stage, micro-batch), by counting."""
     if _covered_once(program, checked):
         return []
-    plan, stride = program.plan, program.mb_stride
     counts: Counter[int] = Counter()
     for ids, leaves in checked:  # -1 & 7 is 7: skipped ids never count
         counts.update([k for k in chain(ids, (k for _, k in leaves)) if k & 7 <= CODE_W])
-    present = [{k >> 3 for k in counts if k & 7 == code} for code in range(4)]
-    f, b, i, w = present
-    every = {s * stride + m for s in range(plan.num_stages) for m in range(plan.num_microbatches)}
     dups = sorted(k for k, n in counts.items() if n > 1)
-    cases = [
+    cases = _coverage_cases(program, counts)
+    wanted = set(dups) | {
+        (base << 3) + c for _, bases, _, codes in cases for base in bases for c in codes
+    }
+    where = program.locate(checked, wanted) if wanted else {}
+    findings = [_duplicate(program, k, counts[k], where[k]) for k in dups]
+    for kind, bases, text, codes in cases:
+        for base in sorted(bases):
+            s, m = divmod(base, program.mb_stride)
+            refs = [_ref(program, r, x) for c in codes for r, x in where.get((base << 3) + c, ())]
+            findings.append(
+                Finding(
+                    kind,
+                    "error",
+                    f"stage {s} micro-batch {m} " + text.format(s=s, m=m),
+                    tuple(sorted({ref.rank for ref in refs})),
+                    tuple(refs),
+                )
+            )
+    return findings
+
+
+def _coverage_cases(
+    program: Program, counts: Counter[int]
+) -> list[tuple[str, set[int], str, tuple[int, ...]]]:
+    """(finding kind, the (stage, micro-batch) keys it holds for, its text, the step codes
+    whose places it lists) of each way a (stage, micro-batch) is not covered once."""
+    plan, stride = program.plan, program.mb_stride
+    f, b, i, w = ({k >> 3 for k in counts if k & 7 == code} for code in range(4))
+    every = {s * stride + m for s in range(plan.num_stages) for m in range(plan.num_microbatches)}
+    return [
         ("missing_step", every - f, "has no forward ({s}F{m})", ()),
         (
             "missing_step",
@@ -577,38 +603,21 @@ def _check_coverage(program: Program, checked: Checked) -> list[Finding]:
         ("missing_step", i - w - b, "has {s}I{m} but no {s}W{m}", (CODE_I,)),
         ("missing_step", w - i - b, "has {s}W{m} but no {s}I{m}", (CODE_W,)),
     ]
-    wanted = set(dups) | {
-        (base << 3) + c for _, bases, _, codes in cases for base in bases for c in codes
-    }
-    where = program.locate(checked, wanted) if wanted else {}
-    findings = []
-    for k in dups:
-        s, m, letter = k // (8 * stride), (k >> 3) % stride, _KIND_NAMES[k & 7]
-        refs = [_ref(program, r, x) for r, x in where[k]]
-        findings.append(
-            Finding(
-                "duplicate_step",
-                "error",
-                f"{s}{letter}{m} appears {counts[k]} times: "
-                + ", ".join(f"rank {ref.rank} position {ref.position}" for ref in refs),
-                tuple(sorted({ref.rank for ref in refs})),
-                tuple(refs),
-            )
-        )
-    for kind, bases, text, codes in cases:
-        for base in sorted(bases):
-            s, m = divmod(base, stride)
-            refs = [_ref(program, r, x) for c in codes for r, x in where.get((base << 3) + c, ())]
-            findings.append(
-                Finding(
-                    kind,
-                    "error",
-                    f"stage {s} micro-batch {m} " + text.format(s=s, m=m),
-                    tuple(sorted({ref.rank for ref in refs})),
-                    tuple(refs),
-                )
-            )
-    return findings
+
+
+def _duplicate(program: Program, k: int, count: int, places: list) -> Finding:
+    """The step of key ``k`` appears ``count`` times, at ``places``."""
+    stride = program.mb_stride
+    s, m, letter = k // (8 * stride), (k >> 3) % stride, _KIND_NAMES[k & 7]
+    refs = [_ref(program, r, x) for r, x in places]
+    return Finding(
+        "duplicate_step",
+        "error",
+        f"{s}{letter}{m} appears {count} times: "
+        + ", ".join(f"rank {ref.rank} position {ref.position}" for ref in refs),
+        tuple(sorted({ref.rank for ref in refs})),
+        tuple(refs),
+    )
 
 
 def _check_tied(program: Program) -> list[Finding]:
