@@ -12,7 +12,6 @@ hidden until ``p`` and a big run has a thousand of them. What start-up needs of 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
@@ -21,7 +20,7 @@ import numpy as np
 from pipetrace.analyze.ideal import IdealTimeline
 from pipetrace.analyze.metrics import Metrics
 from pipetrace.analyze.model import Run
-from pipetrace.schedule.ir import Step, format_step
+from pipetrace.schedule.ir import format_step
 from pipetrace.schedule.simulate import SimResult
 from pipetrace.tui.lanes import PLAN, Lane, category_of_kind
 from pipetrace.tui.lazy import LazyMap
@@ -58,7 +57,7 @@ def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun 
         np.asarray(metrics.start_ns, np.int64) if len(metrics.start_ns) else np.zeros(1, np.int64)
     )
     its = np.asarray(metrics.iterations, np.int32) if metrics.iterations else np.zeros(1, np.int32)
-    simulated = [row for row in range(result.plan.num_ranks) if _executed(result, row)[0]]
+    simulated = [row for row in range(result.plan.num_ranks) if result.rank_steps(row)[0]]
     if run.pipelines.several:  # every replica runs the plan: each global rank its row's
         row_of = run.pipelines.pipeline_rank
         rows = set(simulated)
@@ -83,25 +82,10 @@ def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun 
     )
 
 
-def _executed(
-    result: SimResult, row: int
-) -> tuple[list[Step], Sequence[int], list[float], list[float]]:
-    """One simulated rank's steps, their positions (bubbles included), starts and ends.
-
-    Read from the executor's per-rank lists: `SimResult.timeline` makes a SimStep of every
-    step of every rank at once (about a second at 1024 ranks), and `SimResult` has no
-    per-rank view of them."""
-    outcome = result._outcome
-    steps = outcome.program.steps[row]
-    positions, start, end = outcome.program.positions[row], outcome.start[row], outcome.end[row]
-    n = min(len(steps), len(positions), len(start), len(end))
-    return steps[:n], positions[:n], start[:n], end[:n]
-
-
 def _extent(result: SimResult, row: int, starts: np.ndarray) -> tuple[int, int, int]:
     """A plan lane's item count, first begin and last end, without building it (rounded
     as `_lane` rounds each item, so equal to its ``begin.min()`` and ``end.max()``)."""
-    _, _, start, end = _executed(result, row)
+    _, _, start, end = result.rank_steps(row)
     first = np.float64(starts.min()) + np.rint(np.float64(min(start)))
     last = np.float64(starts.max()) + np.rint(np.float64(max(end)))
     return len(start) * len(starts), int(first), int(last)
@@ -110,7 +94,7 @@ def _extent(result: SimResult, row: int, starts: np.ndarray) -> tuple[int, int, 
 def _row_plan(run: Run, result: SimResult, row: int, plan_row: int) -> _RowPlan:
     """One simulated rank's steps; positions counted in ``plan_row``'s plan without bubbles
     (what the recorded steps carry)."""
-    steps, positions, start, end = _executed(result, row)
+    steps, positions, start, end = result.rank_steps(row)
     plan = result.plan.ranks[plan_row] if plan_row < result.plan.num_ranks else []
     nonbubble = np.cumsum([s is not None for s in plan]) - 1 if plan else np.empty(0, np.int64)
     pos = np.array(
