@@ -16,6 +16,7 @@ forward is counted first, so the peak includes both.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from numbers import Integral
@@ -183,15 +184,22 @@ class SimResult:
     @property
     def timeline(self) -> list[SimStep]:
         if self._timeline is None:
-            program = self._outcome.program
             self._timeline = [
                 SimStep(rank, position, format_step(step), step.kind.value, start, end)
-                for rank, (steps, positions, starts, ends) in enumerate(
-                    zip(program.steps, program.positions, self._outcome.start, self._outcome.end)
-                )
-                for step, position, start, end in zip(steps, positions, starts, ends)
+                for rank in range(len(self._outcome.program.steps))
+                for step, position, start, end in zip(*self.rank_steps(rank))
             ]
         return self._timeline
+
+    def rank_steps(self, rank: int) -> tuple[list[Step], Sequence[int], list[float], list[float]]:
+        """One rank's simulated steps as columns: the steps, their positions in the rank's
+        plan (bubbles included), starts and ends; as many as the rank ran. What `timeline`
+        holds for one rank, without making a `SimStep` of every step of every rank."""
+        outcome = self._outcome
+        steps, positions = outcome.program.steps[rank], outcome.program.positions[rank]
+        start, end = outcome.start[rank], outcome.end[rank]
+        n = min(len(steps), len(positions), len(start), len(end))
+        return steps[:n], positions[:n], start[:n], end[:n]
 
     def to_json(self, *, timeline: bool = False) -> dict[str, object]:
         data: dict[str, object] = {

@@ -117,7 +117,7 @@ class Lane:
     iter_spans: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty(0, np.int64))
     cat: np.ndarray = field(default=None)  # type: ignore[assignment]  # after the filter
     levels: np.ndarray | None = None  # int64 per item on a MEMORY lane: the bytes it shows
-    _coverage: dict[int, _Coverage] = field(default_factory=dict, repr=False)
+    _coverage: dict[int, _Coverage] | None = field(default=None, repr=False)
     _item_of_row: dict[int, int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -129,9 +129,17 @@ class Lane:
 
     def set_categories(self, cat: np.ndarray) -> None:
         self.cat = cat
-        self._coverage = {
-            int(c): _Coverage.of(self.begin[cat == c], self.end[cat == c]) for c in np.unique(cat)
-        }
+        self._coverage = None  # made again on the next draw: a lane may never be drawn
+
+    def coverage(self) -> dict[int, _Coverage]:
+        """Per category of ``cat``, its spans' coverage (made on the first draw)."""
+        if self._coverage is None:
+            cat = self.cat
+            self._coverage = {
+                int(c): _Coverage.of(self.begin[cat == c], self.end[cat == c])
+                for c in np.unique(cat)
+            }
+        return self._coverage
 
     def item_of_row(self, row: int) -> int | None:
         if self._item_of_row is None:
@@ -148,7 +156,8 @@ class Lane:
         (default: 4 per column) items are in view, each column also names its item.
         """
         bounds = t0 + dt * np.arange(width + 1, dtype=np.float64)
-        cats = sorted(self._coverage)
+        coverage = self.coverage()
+        cats = sorted(coverage)
         cols = np.arange(width)
         idle_code = BLANK
         if self.role in (MAIN, PLAN) and len(self.iter_spans[0]):
@@ -159,7 +168,7 @@ class Lane:
             idle_code = np.where(inside, BUBBLE, BLANK).astype(np.int8)
         if cats:
             cov = np.stack(
-                [np.diff(self._coverage[c].covered_until(bounds)) for c in cats] + [np.zeros(width)]
+                [np.diff(coverage[c].covered_until(bounds)) for c in cats] + [np.zeros(width)]
             )
             cov[-1] = np.maximum(dt - cov[:-1].sum(axis=0), 0)  # idle
             codes = np.array(cats + [0], np.int8)

@@ -4,27 +4,47 @@ The plan's simulation with this run's measured mean per-stage step costs and fre
 communication is the analysis's ideal timeline (`pipetrace.analyze.ideal`, not simulated
 again here); it is repeated at the start of every iteration, so each rank's planned order
 sits right under what it ran.
+
+A rank's planned lane and offsets are built on first lookup (`LazyMap`): the plan lanes are
+hidden until ``p`` and a big run has a thousand of them. What start-up needs of every rank
+(how many items, the time range) is read from the simulator's per-rank lists directly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
 from pipetrace.analyze.ideal import IdealTimeline
 from pipetrace.analyze.metrics import Metrics
 from pipetrace.analyze.model import Run
-from pipetrace.schedule.simulate import SimStep
+from pipetrace.schedule.ir import format_step
+from pipetrace.schedule.simulate import SimResult
 from pipetrace.tui.lanes import PLAN, Lane, category_of_kind
+from pipetrace.tui.lazy import LazyMap
+
+
+@dataclass(frozen=True)
+class _RowPlan:
+    """One simulated rank's steps as arrays: plan position (without bubbles), planned start
+    and end from the iteration start, catalog code and category."""
+
+    pos: np.ndarray
+    b: np.ndarray
+    e: np.ndarray
+    code: np.ndarray
+    cat: np.ndarray
 
 
 @dataclass
 class PlannedRun:
-    lanes: dict[int, Lane]  # rank -> its plan lane
+    lanes: LazyMap[int, Lane]  # rank -> its plan lane
     makespan_ns: float  # one iteration as planned
     # rank -> (plan position without bubbles) -> (planned start, end) from the iteration start
-    offsets: dict[int, dict[int, tuple[float, float]]]
+    offsets: LazyMap[int, dict[int, tuple[float, float]]]
+    extents: dict[int, tuple[int, int, int]]  # rank -> (items, first begin, last end)
 
 
 def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun | str:
@@ -37,62 +57,75 @@ def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun 
         np.asarray(metrics.start_ns, np.int64) if len(metrics.start_ns) else np.zeros(1, np.int64)
     )
     its = np.asarray(metrics.iterations, np.int32) if metrics.iterations else np.zeros(1, np.int32)
-    per_rank: dict[int, list[SimStep]] = {}
-    for s in result.timeline:
-        per_rank.setdefault(s.rank, []).append(s)
+    simulated = [row for row in range(result.plan.num_ranks) if result.rank_steps(row)[0]]
     if run.pipelines.several:  # every replica runs the plan: each global rank its row's
         row_of = run.pipelines.pipeline_rank
-        per_rank = {g: per_rank[row_of(g)] for g in range(run.world_size) if row_of(g) in per_rank}
-    lanes, offsets = {}, {}
-    for rank, sim in per_rank.items():
-        row = run.pipelines.pipeline_rank(rank)
-        pos = _plan_positions(result.plan.ranks[row] if row < result.plan.num_ranks else [], sim)
-        b = np.array([s.start for s in sim], np.float64)
-        e = np.array([s.end for s in sim], np.float64)
-        offsets[rank] = {int(p): (float(x), float(y)) for p, x, y in zip(pos, b, e)}
-        lanes[rank] = _lane(run, rank, sim, pos, b, e, starts, its, result.makespan)
-    return PlannedRun(lanes, float(result.makespan), offsets)
+        rows = set(simulated)
+        sim_row = {g: row_of(g) for g in range(run.world_size) if row_of(g) in rows}
+    else:
+        sim_row = {rank: rank for rank in simulated}
 
+    @cache
+    def row_plan(rank: int) -> _RowPlan:
+        return _row_plan(run, result, sim_row[rank], run.pipelines.pipeline_rank(rank))
 
-def _plan_positions(row: list, sim: list[SimStep]) -> np.ndarray:
-    """Each simulated step's position in the rank's plan without bubbles (what the
-    recorded steps carry)."""
-    nonbubble = np.cumsum([step is not None for step in row]) - 1 if row else np.empty(0, np.int64)
-    return np.array(
-        [int(nonbubble[s.position]) if s.position < len(nonbubble) else s.position for s in sim],
-        np.int64,
+    def lane(rank: int) -> Lane:
+        return _lane(rank, row_plan(rank), starts, its, result.makespan)
+
+    def offsets(rank: int) -> dict[int, tuple[float, float]]:
+        p = row_plan(rank)
+        return {int(q): (float(x), float(y)) for q, x, y in zip(p.pos, p.b, p.e)}
+
+    extents = {rank: _extent(result, row, starts) for rank, row in sim_row.items()}
+    return PlannedRun(
+        LazyMap(sim_row, lane), float(result.makespan), LazyMap(sim_row, offsets), extents
     )
 
 
-def _lane(
-    run: Run,
-    rank: int,
-    sim: list[SimStep],
-    pos: np.ndarray,
-    b: np.ndarray,
-    e: np.ndarray,
-    starts: np.ndarray,
-    its: np.ndarray,
-    makespan: float,
-) -> Lane:
+def _extent(result: SimResult, row: int, starts: np.ndarray) -> tuple[int, int, int]:
+    """A plan lane's item count, first begin and last end, without building it (rounded
+    as `_lane` rounds each item, so equal to its ``begin.min()`` and ``end.max()``)."""
+    _, _, start, end = result.rank_steps(row)
+    first = np.float64(starts.min()) + np.rint(np.float64(min(start)))
+    last = np.float64(starts.max()) + np.rint(np.float64(max(end)))
+    return len(start) * len(starts), int(first), int(last)
+
+
+def _row_plan(run: Run, result: SimResult, row: int, plan_row: int) -> _RowPlan:
+    """One simulated rank's steps; positions counted in ``plan_row``'s plan without bubbles
+    (what the recorded steps carry)."""
+    steps, positions, start, end = result.rank_steps(row)
+    plan = result.plan.ranks[plan_row] if plan_row < result.plan.num_ranks else []
+    nonbubble = np.cumsum([s is not None for s in plan]) - 1 if plan else np.empty(0, np.int64)
+    pos = np.array(
+        [int(nonbubble[p]) if p < len(nonbubble) else p for p in positions], np.int64
+    ).reshape(-1)
+    return _RowPlan(
+        pos,
+        np.array(start, np.float64),
+        np.array(end, np.float64),
+        np.array([run.catalog.code(format_step(s)) for s in steps], np.int32),
+        np.array([category_of_kind(s.kind.value) for s in steps], np.int8),
+    )
+
+
+def _lane(rank: int, plan: _RowPlan, starts: np.ndarray, its: np.ndarray, makespan: float) -> Lane:
     """One rank's planned steps (offsets ``b``..``e``) repeated from every iteration start."""
-    code = np.array([run.catalog.code(s.step) for s in sim], np.int32)
-    cat = np.array([category_of_kind(s.kind) for s in sim], np.int8)
-    n, k = len(sim), len(starts)
-    begin = (starts[:, None] + np.rint(b)[None, :]).astype(np.int64).ravel()
-    end = (starts[:, None] + np.rint(e)[None, :]).astype(np.int64).ravel()
+    n, k = len(plan.pos), len(starts)
+    begin = (starts[:, None] + np.rint(plan.b)[None, :]).astype(np.int64).ravel()
+    end = (starts[:, None] + np.rint(plan.e)[None, :]).astype(np.int64).ravel()
     order = np.argsort(begin, kind="stable")
     return Lane(
         rank,
         PLAN,
         "plan",
         PLAN,
-        np.tile(pos, k)[order],
+        np.tile(plan.pos, k)[order],
         begin[order],
         end[order],
         np.zeros(n * k, bool),
-        np.tile(code, k)[order],
+        np.tile(plan.code, k)[order],
         np.repeat(its, n)[order],
-        np.tile(cat, k)[order],
+        np.tile(plan.cat, k)[order],
         iter_spans=(starts, starts + int(np.rint(makespan))),
     )

@@ -84,7 +84,7 @@ def open_session(
     planned = planned_run(run, analysis.metrics, analysis.summary.bubble.ideal)
     note = planned if isinstance(planned, str) else ""
     planned_ok = planned if not isinstance(planned, str) else None
-    index = TimelineIndex(run, plan_lanes=planned_ok.lanes if planned_ok else None)
+    index = TimelineIndex(run, planned=planned_ok)
     views = [resolve_finding(index, f) for f in analysis.findings]
     report("indexing", 1, 1)
     return Session(run.path, run, analysis, index, planned_ok, note, views)
@@ -113,8 +113,8 @@ def resolve_finding(index: TimelineIndex, finding: Finding) -> FindingView:
         if rank in pointed or rank not in index.lanes_of_rank:
             continue
         for lane_id in index.lanes_of_rank[rank]:
-            lane = index.lanes[lane_id]
-            if lane.source == STEPS:
+            if index.specs[lane_id].source == STEPS:
+                lane = index.lanes[lane_id]
                 items.extend((lane_id, int(i)) for i in np.flatnonzero(lane.open))
     items = list(dict.fromkeys(items))
     # an open span runs to the end of the log (a hang: maybe minutes); its begin is what matters

@@ -5,6 +5,10 @@ a finding's step reference, the filter's dimming.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
 import numpy as np
 
 from pipetrace.analyze.derive import top_level
@@ -28,31 +32,44 @@ from pipetrace.tui.lanes import (
     THREAD,
     Lane,
 )
+from pipetrace.tui.lazy import LazyMap
+from pipetrace.tui.plan_lane import PlannedRun
 
 
 class TimelineIndex:
-    """Every lane of a run and the queries the timeline and details views make."""
+    """Every lane of a run and the queries the timeline and details views make.
 
-    def __init__(self, run: Run, *, plan_lanes: dict[int, Lane] | None = None) -> None:
+    A lane is built on first lookup (``lanes`` is a `LazyMap` by lane id): start-up only
+    needs each lane's role, size and time range (its `LaneSpec`), and a screen shows a few
+    dozen of a big run's thousands of lanes."""
+
+    def __init__(self, run: Run, *, planned: PlannedRun | None = None) -> None:
         self.run = run
-        self.lanes: list[Lane] = []
+        self.specs: list[LaneSpec] = []
         self.lanes_of_rank: dict[int, list[int]] = {}
         self.log_end: dict[int, int] = {}
         for rank in run.ranks:
             self.log_end[rank.rank] = rank.last_time()
-            lanes = _rank_lanes(run, rank.rank, self.log_end[rank.rank])
-            if plan_lanes and rank.rank in plan_lanes:
-                lanes.insert(1, plan_lanes[rank.rank])
+            specs = _rank_specs(run, rank.rank, self.log_end[rank.rank])
+            if planned and rank.rank in planned.lanes:
+                specs.insert(1, _plan_spec(planned, rank.rank))
             self.lanes_of_rank[rank.rank] = list(
-                range(len(self.lanes), len(self.lanes) + len(lanes))
+                range(len(self.specs), len(self.specs) + len(specs))
             )
-            self.lanes.extend(lanes)
-        begins = [int(ln.begin[0]) for ln in self.lanes if len(ln)]
-        ends = [int(ln.end.max()) for ln in self.lanes if len(ln)]
-        self.t_min = min(begins, default=0)
-        self.t_max = max(ends + [self.t_min + 1])
-        self.iterations, self.iter_begin, self.iter_end = _global_iterations(run)
+            self.specs.extend(specs)
+        self.lanes: LazyMap[int, Lane] = LazyMap(range(len(self.specs)), self._build)
+        spans = [spec.span for spec in self.specs if spec.size]
+        self.t_min = min((b for b, _ in spans), default=0)
+        self.t_max = max([e for _, e in spans] + [self.t_min + 1])
+        self.iterations, self.iter_begin, self.iter_end = _global_iterations(run, self.log_end)
+        self._matches: np.ndarray | None = None
         self._filter_mask: dict[int, np.ndarray] = {}
+
+    def _build(self, lane_id: int) -> Lane:
+        lane = self.specs[lane_id].build()
+        if self._matches is not None:
+            self._apply_filter(lane_id, lane)
+        return lane
 
     # -- lanes -----------------------------------------------------------------------------
 
@@ -80,7 +97,7 @@ class TimelineIndex:
             out.extend(
                 i
                 for i in ids
-                if shown[self.lanes[i].role] and (len(self.lanes[i]) or self.lanes[i].role == MAIN)
+                if shown[self.specs[i].role] and (self.specs[i].size or self.specs[i].role == MAIN)
             )
         return out
 
@@ -89,25 +106,34 @@ class TimelineIndex:
 
     def lane_of(self, rank: int, role: str) -> int | None:
         return next(
-            (i for i in self.lanes_of_rank.get(rank, []) if self.lanes[i].role == role), None
+            (i for i in self.lanes_of_rank.get(rank, []) if self.specs[i].role == role), None
         )
 
     # -- filter ----------------------------------------------------------------------------
 
     def set_filter(self, matches_code: np.ndarray | None) -> None:
         """Dim every item whose step code is not in ``matches_code`` (bool per catalog code);
-        None clears the filter."""
+        None clears the filter. Lanes not built yet get it when they are."""
+        self._matches = matches_code
         self._filter_mask.clear()
-        for lane_id, lane in enumerate(self.lanes):
+        for lane_id, lane in self.lanes.built().items():
             if matches_code is None:
                 lane.set_categories(lane.base_cat)
-                continue
-            ok = np.where(lane.code >= 0, matches_code[np.maximum(lane.code, 0)], False)
-            self._filter_mask[lane_id] = ok
-            lane.set_categories(np.where(ok, lane.base_cat, CAT_DIM).astype(np.int8))
+            else:
+                self._apply_filter(lane_id, lane)
+
+    def _apply_filter(self, lane_id: int, lane: Lane) -> None:
+        matches = self._matches
+        assert matches is not None
+        ok = np.where(lane.code >= 0, matches[np.maximum(lane.code, 0)], False)
+        self._filter_mask[lane_id] = ok
+        lane.set_categories(np.where(ok, lane.base_cat, CAT_DIM).astype(np.int8))
 
     def selectable(self, lane_id: int) -> np.ndarray | None:
         """Bool per item: not dimmed by the filter (None: every item)."""
+        if self._matches is None:
+            return None
+        self.lanes.get(lane_id)  # building a lane makes its mask
         return self._filter_mask.get(lane_id)
 
     # -- navigation ------------------------------------------------------------------------
@@ -155,9 +181,9 @@ class TimelineIndex:
     def step_item(self, rank: int, code: int, iteration: int) -> tuple[int, int] | None:
         """The lane item of a rank's step (by catalog code and iteration), main lane first."""
         for lane_id in self.lanes_of_rank.get(rank, []):
-            lane = self.lanes[lane_id]
-            if lane.source != STEPS:
+            if self.specs[lane_id].source != STEPS:
                 continue
+            lane = self.lanes[lane_id]
             hits = np.flatnonzero((lane.code == code) & (lane.it == iteration))
             if len(hits):
                 return lane_id, int(hits[0])
@@ -192,9 +218,9 @@ class TimelineIndex:
         if code < 0 or rank not in self.lanes_of_rank:
             return None
         for lane_id in self.lanes_of_rank[rank]:
-            lane = self.lanes[lane_id]
-            if lane.source != STEPS:
+            if self.specs[lane_id].source != STEPS:
                 continue
+            lane = self.lanes[lane_id]
             hits = np.flatnonzero(lane.code == code)
             if iteration is not None and iteration >= 0:
                 hits = hits[lane.it[hits] == iteration]
@@ -209,6 +235,84 @@ class TimelineIndex:
 # -- building ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LaneSpec:
+    """A lane before it is built: what choosing the lanes to draw and the run's time range
+    need (``span``: its first begin and last end, as the built lane's ``begin[0]`` and
+    ``end.max()``; meaningless when ``size`` is 0), and how to build it."""
+
+    rank: int
+    role: str
+    source: str
+    size: int
+    span: tuple[int, int]
+    build: Callable[[], Lane]
+
+
+def _span(begin: np.ndarray, end: np.ndarray) -> tuple[int, int]:
+    return (int(begin.min()), int(end.max())) if len(begin) else (0, 0)
+
+
+def _rank_specs(run: Run, rank_id: int, log_end: int) -> list[LaneSpec]:
+    """The rank's lanes top to bottom (without its plan lane): main, other threads, device,
+    memory, P2P."""
+    rank = run.ranks[rank_id]
+    steps = rank.steps
+    top = top_level(rank, run.catalog) if len(steps) else np.empty(0, np.int64)
+    thread_rows = [
+        (int(thread), np.flatnonzero(steps.thread == thread))
+        for thread in np.unique(steps.thread)
+        if int(thread) != MAIN_THREAD
+    ]
+    device = np.flatnonzero(device_rows(steps.dbegin, steps.dend))
+    memory_begin, memory_end = _memory_times(rank, log_end)
+    post, done, _ = _p2p_times(rank, log_end)
+
+    def step_spec(role: str, name: str, rows: np.ndarray) -> LaneSpec:
+        begin, end, _ = _step_times(steps, rows, log_end)
+        lane = partial(_step_lane, run, rank_id, role, name, rows, log_end)
+        return LaneSpec(rank_id, role, STEPS, len(rows), _span(begin, end), lane)
+
+    first_memory = (int(memory_begin[0]), int(memory_end.max())) if len(memory_begin) else (0, 0)
+    return [
+        step_spec(MAIN, "main", top),
+        *(step_spec(THREAD, _thread_label(run.threads[t]), rows) for t, rows in thread_rows),
+        LaneSpec(
+            rank_id,
+            DEVICE,
+            STEPS,
+            len(device),
+            _span(steps.dbegin[device], steps.dend[device]),
+            partial(_device_lane, run, rank_id),
+        ),
+        LaneSpec(
+            rank_id,
+            MEMORY,
+            SAMPLES,
+            len(memory_begin),
+            first_memory,
+            partial(_memory_lane, run, rank_id, log_end),
+        ),
+        LaneSpec(
+            rank_id,
+            COMM,
+            P2P,
+            len(post),
+            _span(post, done),
+            partial(_p2p_lane, run, rank_id, log_end),
+        ),
+    ]
+
+
+def _thread_label(name: str) -> str:
+    return SHORT_THREAD_NAMES.get(name, name[:4])
+
+
+def _plan_spec(planned: PlannedRun, rank_id: int) -> LaneSpec:
+    size, first, last = planned.extents[rank_id]
+    return LaneSpec(rank_id, PLAN, PLAN, size, (first, last), lambda: planned.lanes[rank_id])
+
+
 def _iteration_spans(rank) -> tuple[np.ndarray, np.ndarray]:
     t = rank.iterations
     ok = t.begin != OPEN
@@ -218,49 +322,31 @@ def _iteration_spans(rank) -> tuple[np.ndarray, np.ndarray]:
     return begin[order].astype(np.int64), end[order].astype(np.int64)
 
 
-def _rank_lanes(run: Run, rank_id: int, log_end: int) -> list[Lane]:
-    rank = run.ranks[rank_id]
-    catalog = run.catalog
-    spans = _iteration_spans(rank)
-    steps = rank.steps
-    lanes = []
-    top = top_level(rank, catalog) if len(steps) else np.empty(0, np.int64)
-    lanes.append(_step_lane(run, rank_id, MAIN, "main", top, log_end, spans))
-    for thread in np.unique(steps.thread):
-        if int(thread) == MAIN_THREAD:
-            continue
-        rows = np.flatnonzero(steps.thread == thread)
-        name = run.threads[int(thread)]
-        lanes.append(
-            _step_lane(
-                run, rank_id, THREAD, SHORT_THREAD_NAMES.get(name, name[:4]), rows, log_end, spans
-            )
-        )
-    lanes.append(_device_lane(run, rank_id))
-    lanes.append(_memory_lane(run, rank_id, log_end))
+def _p2p_times(rank, log_end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each P2P op's post, drawn end (an open op runs to the end of the log) and openness,
+    in row order."""
     p = rank.p2p
-    order = np.argsort(p.post, kind="stable")
-    done = p.done[order]
-    is_open = done == OPEN
-    code = p.code[order]
-    cat = np.where(p.op[order] == 0, CAT_SEND, CAT_RECV).astype(np.int8)
-    lanes.append(
-        Lane(
-            rank_id,
-            COMM,
-            "p2p",
-            P2P,
-            order.astype(np.int64),
-            p.post[order].astype(np.int64),
-            np.where(is_open, max(log_end, 0), done).astype(np.int64),
-            is_open,
-            code.astype(np.int32),
-            p.it[order].astype(np.int32),
-            cat,
-        )
+    is_open = p.done == OPEN
+    return p.post, np.where(is_open, max(log_end, 0), p.done), is_open
+
+
+def _p2p_lane(run: Run, rank_id: int, log_end: int) -> Lane:
+    p = run.ranks[rank_id].p2p
+    post, done, is_open = _p2p_times(run.ranks[rank_id], log_end)
+    order = np.argsort(post, kind="stable")
+    return Lane(
+        rank_id,
+        COMM,
+        "p2p",
+        P2P,
+        order.astype(np.int64),
+        post[order].astype(np.int64),
+        done[order].astype(np.int64),
+        is_open[order],
+        p.code[order].astype(np.int32),
+        p.it[order].astype(np.int32),
+        np.where(p.op[order] == 0, CAT_SEND, CAT_RECV).astype(np.int8),
     )
-    del catalog
-    return lanes
 
 
 def _device_lane(run: Run, rank_id: int) -> Lane:
@@ -285,13 +371,20 @@ def _device_lane(run: Run, rank_id: int) -> Lane:
     )
 
 
-def _memory_lane(run: Run, rank_id: int, log_end: int) -> Lane:
-    """The rank's memory samples (empty without): each holds until the next, the last until
-    the log ends; its level is the bytes of all the rank's stages (saved plus in flight).
-    Items carry the step after which they were taken, so the filter dims them with it."""
-    memory = run.ranks[rank_id].memory
-    begin = memory.t.astype(np.int64)
+def _memory_times(rank, log_end: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each memory sample's begin and end: it holds until the next, the last until the log
+    ends."""
+    begin = rank.memory.t.astype(np.int64)
     end = np.r_[begin[1:], max(log_end, int(begin[-1]))] if len(begin) else begin.copy()
+    return begin, end.astype(np.int64)
+
+
+def _memory_lane(run: Run, rank_id: int, log_end: int) -> Lane:
+    """The rank's memory samples (empty without); its level is the bytes of all the rank's
+    stages (saved plus in flight). Items carry the step after which they were taken, so the
+    filter dims them with it."""
+    memory = run.ranks[rank_id].memory
+    begin, end = _memory_times(run.ranks[rank_id], log_end)
     step = memory.step
     steps = run.ranks[rank_id].steps
     known = step >= 0
@@ -304,7 +397,7 @@ def _memory_lane(run: Run, rank_id: int, log_end: int) -> Lane:
         SAMPLES,
         np.arange(len(begin), dtype=np.int64),
         begin,
-        end.astype(np.int64),
+        end,
         np.zeros(len(begin), bool),
         code.astype(np.int32),
         it.astype(np.int32),
@@ -313,23 +406,22 @@ def _memory_lane(run: Run, rank_id: int, log_end: int) -> Lane:
     )
 
 
-def _step_lane(
-    run: Run,
-    rank_id: int,
-    role: str,
-    name: str,
-    rows: np.ndarray,
-    log_end: int,
-    spans: tuple[np.ndarray, np.ndarray],
-) -> Lane:
-    steps = run.ranks[rank_id].steps
+def _step_times(steps, rows: np.ndarray, log_end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The steps' begins, drawn ends (an open step runs to the end of the log) and
+    openness, in the order of ``rows``."""
     begin = steps.begin[rows]
-    order = np.argsort(begin, kind="stable")
-    rows = rows[order].astype(np.int64)
-    begin = begin[order].astype(np.int64)
     end = steps.end[rows]
     is_open = end == OPEN
-    end = np.where(is_open, np.maximum(log_end, begin), end).astype(np.int64)
+    return begin, np.where(is_open, np.maximum(log_end, begin), end), is_open
+
+
+def _step_lane(
+    run: Run, rank_id: int, role: str, name: str, rows: np.ndarray, log_end: int
+) -> Lane:
+    rank = run.ranks[rank_id]
+    steps = rank.steps
+    rows = rows[np.argsort(steps.begin[rows], kind="stable")].astype(np.int64)
+    begin, end, is_open = _step_times(steps, rows, log_end)
     code = steps.code[rows].astype(np.int32)
     cat = CATEGORY_OF_KIND_CODE[run.catalog.kind[code].astype(np.int64) + 1]
     return Lane(
@@ -338,18 +430,21 @@ def _step_lane(
         name,
         STEPS,
         rows,
-        begin,
-        end,
+        begin.astype(np.int64),
+        end.astype(np.int64),
         is_open,
         code,
         steps.it[rows].astype(np.int32),
         cat,
-        iter_spans=spans,
+        iter_spans=_iteration_spans(rank),
     )
 
 
-def _global_iterations(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per iteration seen on any rank: the earliest begin and the latest end over ranks."""
+def _global_iterations(
+    run: Run, log_end: dict[int, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per iteration seen on any rank: the earliest begin and the latest end over ranks
+    (an open iteration ends where its rank's log ends, ``log_end``)."""
     its = np.array(run.iterations(), np.int64)
     begin = np.full(len(its), np.iinfo(np.int64).max, np.int64)
     end = np.full(len(its), -1, np.int64)
@@ -360,7 +455,7 @@ def _global_iterations(run: Run) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         idx = np.searchsorted(its, t.it)
         ok = t.begin != OPEN
         np.minimum.at(begin, idx[ok], t.begin[ok])
-        stop = np.where(t.end == OPEN, rank.last_time(), t.end)
+        stop = np.where(t.end == OPEN, log_end[rank.rank], t.end)
         np.maximum.at(end, idx, stop)
     begin = np.where(begin == np.iinfo(np.int64).max, np.maximum(end, 0), begin)
     end = np.maximum(end, begin)
