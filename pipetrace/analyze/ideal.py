@@ -31,6 +31,9 @@ class IdealTimeline:
     bubble_ratio: float | None = None
     idle_fraction: float | None = None
     per_rank_bubble_ratio: list[float | None] = field(default_factory=list)
+    rank_spans: list[tuple[int, float, float]] = field(default_factory=list)
+    """Per rank of the plan: (steps simulated, first start, last end), what a view needs to
+    place the simulated rows without reading the simulation."""
     simulation: SimResult | None = LazyField(None)  # type: ignore[assignment]
     """A kept analysis's is simulated again when first read (`kept_analysis`)."""
 
@@ -75,8 +78,14 @@ def ideal_timeline(
         bubble_ratio=_finite(result.bubble_ratio),
         idle_fraction=float(result.idle_fraction),
         per_rank_bubble_ratio=[_finite(r.bubble_ratio) for r in result.per_rank],
+        rank_spans=[_span(result, row) for row in range(result.plan.num_ranks)],
         simulation=result,
     )
+
+
+def _span(result: SimResult, row: int) -> tuple[int, float, float]:
+    _, _, start, end = result.rank_steps(row)
+    return (len(start), float(min(start)), float(max(end))) if start else (0, 0.0, 0.0)
 
 
 def _mean(values: list[float]) -> float:

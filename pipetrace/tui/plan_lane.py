@@ -50,14 +50,14 @@ class PlannedRun:
 def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun | str:
     """The planned lanes from the analysis's ideal timeline, or a one-line reason why there
     are none."""
-    result = ideal.simulation
-    if result is None:
+    if not ideal.available:
         return ideal.explanation
     starts = (
         np.asarray(metrics.start_ns, np.int64) if len(metrics.start_ns) else np.zeros(1, np.int64)
     )
     its = np.asarray(metrics.iterations, np.int32) if metrics.iterations else np.zeros(1, np.int32)
-    simulated = [row for row in range(result.plan.num_ranks) if result.rank_steps(row)[0]]
+    spans = ideal.rank_spans
+    simulated = [row for row, (count, _, _) in enumerate(spans) if count]
     if run.pipelines.several:  # every replica runs the plan: each global rank its row's
         row_of = run.pipelines.pipeline_rank
         rows = set(simulated)
@@ -65,30 +65,33 @@ def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun 
     else:
         sim_row = {rank: rank for rank in simulated}
 
+    # the simulation itself is read only when a plan lane is first drawn (a kept analysis
+    # simulates it again then: `kept_analysis`)
     @cache
     def row_plan(rank: int) -> _RowPlan:
+        result = ideal.simulation
         return _row_plan(run, result, sim_row[rank], run.pipelines.pipeline_rank(rank))
 
     def lane(rank: int) -> Lane:
-        return _lane(rank, row_plan(rank), starts, its, result.makespan)
+        return _lane(rank, row_plan(rank), starts, its, ideal.makespan_ns)
 
     def offsets(rank: int) -> dict[int, tuple[float, float]]:
         p = row_plan(rank)
         return {int(q): (float(x), float(y)) for q, x, y in zip(p.pos, p.b, p.e)}
 
-    extents = {rank: _extent(result, row, starts) for rank, row in sim_row.items()}
+    extents = {rank: _extent(spans[row], starts) for rank, row in sim_row.items()}
     return PlannedRun(
-        LazyMap(sim_row, lane), float(result.makespan), LazyMap(sim_row, offsets), extents
+        LazyMap(sim_row, lane), float(ideal.makespan_ns), LazyMap(sim_row, offsets), extents
     )
 
 
-def _extent(result: SimResult, row: int, starts: np.ndarray) -> tuple[int, int, int]:
+def _extent(span: tuple[int, float, float], starts: np.ndarray) -> tuple[int, int, int]:
     """A plan lane's item count, first begin and last end, without building it (rounded
     as `_lane` rounds each item, so equal to its ``begin.min()`` and ``end.max()``)."""
-    _, _, start, end = result.rank_steps(row)
-    first = np.float64(starts.min()) + np.rint(np.float64(min(start)))
-    last = np.float64(starts.max()) + np.rint(np.float64(max(end)))
-    return len(start) * len(starts), int(first), int(last)
+    count, first_start, last_end = span
+    first = np.float64(starts.min()) + np.rint(np.float64(first_start))
+    last = np.float64(starts.max()) + np.rint(np.float64(last_end))
+    return count * len(starts), int(first), int(last)
 
 
 def _row_plan(run: Run, result: SimResult, row: int, plan_row: int) -> _RowPlan:
