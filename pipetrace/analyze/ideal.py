@@ -31,9 +31,10 @@ class IdealTimeline:
     bubble_ratio: float | None = None
     idle_fraction: float | None = None
     per_rank_bubble_ratio: list[float | None] = field(default_factory=list)
-    rank_spans: list[tuple[int, float, float]] = field(default_factory=list)
-    """Per rank of the plan: (steps simulated, first start, last end), what a view needs to
-    place the simulated rows without reading the simulation."""
+    rows: list[PlannedRow] = field(default_factory=list)
+    """Per rank of the plan, its simulated steps' places and times: what a view needs to
+    place and describe the planned steps without reading the simulation (which a kept
+    analysis makes again, `kept_analysis`)."""
     simulation: SimResult | None = LazyField(None)  # type: ignore[assignment]
     """A kept analysis's is simulated again when first read (`kept_analysis`)."""
 
@@ -78,14 +79,30 @@ def ideal_timeline(
         bubble_ratio=_finite(result.bubble_ratio),
         idle_fraction=float(result.idle_fraction),
         per_rank_bubble_ratio=[_finite(r.bubble_ratio) for r in result.per_rank],
-        rank_spans=[_span(result, row) for row in range(result.plan.num_ranks)],
+        rows=[_planned_row(result, row) for row in range(result.plan.num_ranks)],
         simulation=result,
     )
 
 
-def _span(result: SimResult, row: int) -> tuple[int, float, float]:
-    _, _, start, end = result.rank_steps(row)
-    return (len(start), float(min(start)), float(max(end))) if start else (0, 0.0, 0.0)
+@dataclass(frozen=True)
+class PlannedRow:
+    """One simulated rank's steps: each one's position in the rank's plan without bubbles
+    (what recorded steps carry), planned start and end from the iteration start (ns)."""
+
+    pos: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+
+def _planned_row(result: SimResult, row: int) -> PlannedRow:
+    _, positions, start, end = result.rank_steps(row)
+    plan = result.plan.ranks[row]
+    at = np.asarray(positions, np.int64).reshape(-1)
+    if plan:
+        nonbubble = np.cumsum([s is not None for s in plan]) - 1
+        inside = at < len(nonbubble)
+        at = np.where(inside, nonbubble[np.minimum(at, len(nonbubble) - 1)], at)
+    return PlannedRow(at, np.array(start, np.float64), np.array(end, np.float64))
 
 
 def _mean(values: list[float]) -> float:

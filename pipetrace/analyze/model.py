@@ -102,6 +102,7 @@ class StepCatalog:
     microbatch: np.ndarray  # int32, -1 when none
     _codes: dict[str, int] | None = field(default=None, repr=False)  # `text_codes`
     _steps: list[Step | None] | None = field(default=None, repr=False)
+    _one: dict[int, Step | None] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -166,13 +167,30 @@ class StepCatalog:
         return self._steps
 
     def step(self, code: int) -> Step | None:
-        """The parsed step of a code (None for a text that does not parse)."""
-        return self.steps[code] if code >= 0 else None
+        """The parsed step of a code (None for a text that does not parse). Made alone
+        while few were asked for (a view describing one step of a reopened run must not
+        make the few hundred thousand of `steps`), then all at once."""
+        if code < 0:
+            return None
+        built = self._steps
+        if (built is not None and code < len(built)) or len(self._one) >= _ONE_BY_ONE:
+            return self.steps[code]
+        one = self._one.get(code, _UNMADE)
+        if one is _UNMADE:
+            at = slice(code, code + 1)
+            one = self._one[code] = steps_of(
+                self.texts[at], self.kind[at], self.stage[at], self.microbatch[at]
+            )[0]
+        return one  # type: ignore[return-value]
 
     def kind_of(self, code: int) -> StepKind | None:
         k = int(self.kind[code]) if code >= 0 else -1
         return KINDS[k] if k >= 0 else None
 
+
+_ONE_BY_ONE = 256
+"""How many steps `StepCatalog.step` makes one by one before it makes every step."""
+_UNMADE = object()
 
 _SIMPLE_KIND_AT: tuple[StepKind | None, ...] = tuple(
     k if k in _SIMPLE_KINDS else None for k in KINDS

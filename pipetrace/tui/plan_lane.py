@@ -17,7 +17,7 @@ from functools import cache
 
 import numpy as np
 
-from pipetrace.analyze.ideal import IdealTimeline
+from pipetrace.analyze.ideal import IdealTimeline, PlannedRow
 from pipetrace.analyze.metrics import Metrics
 from pipetrace.analyze.model import Run
 from pipetrace.schedule.ir import format_step
@@ -56,12 +56,12 @@ def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun 
         np.asarray(metrics.start_ns, np.int64) if len(metrics.start_ns) else np.zeros(1, np.int64)
     )
     its = np.asarray(metrics.iterations, np.int32) if metrics.iterations else np.zeros(1, np.int32)
-    spans = ideal.rank_spans
-    simulated = [row for row, (count, _, _) in enumerate(spans) if count]
+    rows = ideal.rows
+    simulated = [row for row, planned in enumerate(rows) if len(planned.pos)]
     if run.pipelines.several:  # every replica runs the plan: each global rank its row's
         row_of = run.pipelines.pipeline_rank
-        rows = set(simulated)
-        sim_row = {g: row_of(g) for g in range(run.world_size) if row_of(g) in rows}
+        present = set(simulated)
+        sim_row = {g: row_of(g) for g in range(run.world_size) if row_of(g) in present}
     else:
         sim_row = {rank: rank for rank in simulated}
 
@@ -69,44 +69,36 @@ def planned_run(run: Run, metrics: Metrics, ideal: IdealTimeline) -> PlannedRun 
     # simulates it again then: `kept_analysis`)
     @cache
     def row_plan(rank: int) -> _RowPlan:
-        result = ideal.simulation
-        return _row_plan(run, result, sim_row[rank], run.pipelines.pipeline_rank(rank))
+        return _row_plan(run, ideal.simulation, sim_row[rank], rows[sim_row[rank]])
 
     def lane(rank: int) -> Lane:
         return _lane(rank, row_plan(rank), starts, its, ideal.makespan_ns)
 
     def offsets(rank: int) -> dict[int, tuple[float, float]]:
-        p = row_plan(rank)
-        return {int(q): (float(x), float(y)) for q, x, y in zip(p.pos, p.b, p.e)}
+        p = rows[sim_row[rank]]
+        return dict(zip(p.pos.tolist(), zip(p.start.tolist(), p.end.tolist())))
 
-    extents = {rank: _extent(spans[row], starts) for rank, row in sim_row.items()}
+    extents = {rank: _extent(rows[row], starts) for rank, row in sim_row.items()}
     return PlannedRun(
         LazyMap(sim_row, lane), float(ideal.makespan_ns), LazyMap(sim_row, offsets), extents
     )
 
 
-def _extent(span: tuple[int, float, float], starts: np.ndarray) -> tuple[int, int, int]:
+def _extent(row: PlannedRow, starts: np.ndarray) -> tuple[int, int, int]:
     """A plan lane's item count, first begin and last end, without building it (rounded
     as `_lane` rounds each item, so equal to its ``begin.min()`` and ``end.max()``)."""
-    count, first_start, last_end = span
-    first = np.float64(starts.min()) + np.rint(np.float64(first_start))
-    last = np.float64(starts.max()) + np.rint(np.float64(last_end))
-    return count * len(starts), int(first), int(last)
+    first = np.float64(starts.min()) + np.rint(row.start.min())
+    last = np.float64(starts.max()) + np.rint(row.end.max())
+    return len(row.pos) * len(starts), int(first), int(last)
 
 
-def _row_plan(run: Run, result: SimResult, row: int, plan_row: int) -> _RowPlan:
-    """One simulated rank's steps; positions counted in ``plan_row``'s plan without bubbles
-    (what the recorded steps carry)."""
-    steps, positions, start, end = result.rank_steps(row)
-    plan = result.plan.ranks[plan_row] if plan_row < result.plan.num_ranks else []
-    nonbubble = np.cumsum([s is not None for s in plan]) - 1 if plan else np.empty(0, np.int64)
-    pos = np.array(
-        [int(nonbubble[p]) if p < len(nonbubble) else p for p in positions], np.int64
-    ).reshape(-1)
+def _row_plan(run: Run, result: SimResult, row: int, planned: PlannedRow) -> _RowPlan:
+    """One simulated rank's steps: their places and times, and what each step is."""
+    steps = result.rank_steps(row)[0]
     return _RowPlan(
-        pos,
-        np.array(start, np.float64),
-        np.array(end, np.float64),
+        planned.pos,
+        planned.start,
+        planned.end,
         np.array([run.catalog.code(format_step(s)) for s in steps], np.int32),
         np.array([category_of_kind(s.kind.value) for s in steps], np.int8),
     )
