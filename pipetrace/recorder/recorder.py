@@ -112,19 +112,18 @@ class Recorder:
         self._device = device
         device_timing = device_timing or TimerSettings()
         self._device_poller = device_timing.poller
-        self._timer = (
-            None
-            if device is None
-            else DeviceTimer(
-                device,
-                now_ns=self.now_ns,
-                on_span=self._device_span,
-                on_anchor=self._device_anchor,
-                settings=device_timing,
-            )
-        )
+        self._timer = None if device is None else self._device_timer(device, device_timing)
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
         self._last_memory: tuple = ()  # the last memory sample written (only changes are)
+
+    def _device_timer(self, device: DeviceBackend, settings: TimerSettings) -> DeviceTimer:
+        return DeviceTimer(
+            device,
+            now_ns=self.now_ns,
+            on_span=self._device_span,
+            on_anchor=self._device_anchor,
+            settings=settings,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
 

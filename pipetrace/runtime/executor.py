@@ -134,22 +134,7 @@ class Executor:
         self._last_stage = plan.num_stages - 1
         self._loss_scale = 1.0 / plan.num_microbatches
         self._fsdp = self._ops.fsdp_steps(stages)
-        self._builtin: dict[StepKind, Handler] = {
-            StepKind.F: self._forward,
-            StepKind.B: self._backward,
-            StepKind.I: self._backward_input,
-            StepKind.W: self._backward_weight,
-            StepKind.SEND_F: self._send_f,
-            StepKind.SEND_B: self._send_b,
-            StepKind.RECV_F: self._recv_f,
-            StepKind.RECV_B: self._recv_b,
-            StepKind.UNSHARD: self._fsdp.unshard,
-            StepKind.RESHARD: self._fsdp.reshard,
-            StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
-            StepKind.OVERLAP_F_B: self._overlap,
-            StepKind.OVERLAP_B_F: self._overlap,
-            StepKind.TIED_REDUCE: self._tied_reduce,
-        }
+        self._builtin = self._builtin_handlers()
         self._steps = plan.steps(rank)
         self._swap: SwapSteps | None = None
         self._capturing: dict[tuple[int, int], Any] = {}  # swap groups whose forward is next
@@ -161,12 +146,8 @@ class Executor:
         self.context = StepContext(plan, rank, stages, self._run_default)
         if self._last_stage in stages:
             self.context.losses = stages[self._last_stage].losses
-        if p2p is None and any(step.is_comm for step in self._steps):
-            raise ValueError(f"rank {rank}'s plan sends or receives messages: it needs a P2P")
         self._tied = tied or {}
-        untied = {s.stage for s in self._steps if s.kind is StepKind.TIED_REDUCE} - set(self._tied)
-        if untied:
-            raise ValueError(f"rank {rank}'s plan has TIED_REDUCE for stages {sorted(untied)}")
+        self._check_needs()
         self._program: list[tuple[int, Step, Handler]] = []
         self._compile()
         # Recvs posted one message ahead where the transport matches by tag (gloo).
@@ -182,14 +163,43 @@ class Executor:
         self._act_out: dict[tuple[int, int], torch.Tensor] = {}
         self._grad_in: dict[tuple[int, int], Any] = {}
         self._grad_out: dict[tuple[int, int], torch.Tensor] = {}
+        self._init_memory_sampling()
+
+    def _init_memory_sampling(self) -> None:
         # stage index -> its slot in a memory sample (plan order)
-        self._memory_slots = {s: i for i, s in enumerate(plan.stages_of(rank))}
-        self._memory_stages = [stages[s] for s in self._memory_slots]
+        self._memory_slots = {s: i for i, s in enumerate(self.plan.stages_of(self.rank))}
+        self._memory_stages = [self.stages[s] for s in self._memory_slots]
         # Set by `_memory_sampler` at each iteration's start:
         self._counting = False  # whether the stages count what they save
         self._sampled = False  # whether an earlier iteration sampled memory
         self._reads_allocator = False  # whether the device has an allocator to read
         self._unsampled: frozenset[StepKind] = frozenset()  # kinds not followed by a sample
+
+    def _builtin_handlers(self) -> dict[StepKind, Handler]:
+        return {
+            StepKind.F: self._forward,
+            StepKind.B: self._backward,
+            StepKind.I: self._backward_input,
+            StepKind.W: self._backward_weight,
+            StepKind.SEND_F: self._send_f,
+            StepKind.SEND_B: self._send_b,
+            StepKind.RECV_F: self._recv_f,
+            StepKind.RECV_B: self._recv_b,
+            StepKind.UNSHARD: self._fsdp.unshard,
+            StepKind.RESHARD: self._fsdp.reshard,
+            StepKind.REDUCE_GRAD: self._fsdp.reduce_grad,
+            StepKind.OVERLAP_F_B: self._overlap,
+            StepKind.OVERLAP_B_F: self._overlap,
+            StepKind.TIED_REDUCE: self._tied_reduce,
+        }
+
+    def _check_needs(self) -> None:
+        """The plan's messages need a P2P, its TIED_REDUCE steps their tied parameters."""
+        if self.p2p is None and any(step.is_comm for step in self._steps):
+            raise ValueError(f"rank {self.rank}'s plan sends or receives messages: it needs a P2P")
+        untied = {s.stage for s in self._steps if s.kind is StepKind.TIED_REDUCE} - set(self._tied)
+        if untied:
+            raise ValueError(f"rank {self.rank}'s plan has TIED_REDUCE for stages {sorted(untied)}")
 
     # -- configuration ---------------------------------------------------------------------
 

@@ -159,11 +159,12 @@ def test_cuda_allocator_bytes_are_recorded_and_reported(tmp_path):
 
 def test_memory_samples_read_back_the_same_from_the_cache(tmp_path, monkeypatch):
     """The columnar cache keeps the memory columns (a cached reopen reports the same peaks)."""
-    from tests.cache.test_cache import _age, _from_cache_only
+    from pipetrace.testing.aging import age_logs
+    from tests.cache.test_cache import _from_cache_only
 
     run = tmp_path / "run"
     FakeCluster.of("zbv", ranks=2, microbatches=4, activation_bytes=ACTIVATION).record(run)
-    _age(run)
+    age_logs(run)
     parsed = analyze(load_run(run, workers=0)).to_json()["metrics"]["memory"]
     _from_cache_only(monkeypatch)
     cached = load_run(run, workers=0)
