@@ -24,7 +24,6 @@ from concurrent.futures import ProcessPoolExecutor
 _PR_SET_PDEATHSIG = 1
 """prctl(2): the signal the kernel sends this process when its parent thread exits."""
 _POLL_S = 0.5
-_STOP_ROUNDS = 20  # x _POLL_S: how long an interrupted load waits for its workers to go
 
 
 def usable_cpus() -> int:
@@ -76,15 +75,7 @@ def stop_workers(pool: ProcessPoolExecutor) -> None:
     if terminate is not None:
         terminate()
         return
-    # Before 3.14 the executor has no public way to stop running workers. A worker the pool
-    # was starting when the interrupt came shows up a moment later: stop until none is left
-    # (the pool's shutdown would wait for one still parsing).
-    for _ in range(_STOP_ROUNDS):
-        alive = [p for p in list((pool._processes or {}).values()) if p.is_alive()]
-        if not alive:
-            break
-        for process in alive:
-            process.terminate()
-        for process in alive:
-            process.join(_POLL_S)
+    # Before 3.14 the executor has no public way to stop running workers.
+    for process in list((pool._processes or {}).values()):
+        process.terminate()
     pool.shutdown(wait=True, cancel_futures=True)

@@ -70,6 +70,13 @@ def _survivors(processes: list[psutil.Process], timeout: float = 10.0) -> list[i
     return [p.pid for p in alive]
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """SIGINT back to its default in the child: a suite started in the background (``nohup
+    make test &``) inherits it ignored, and Python then never turns it into
+    KeyboardInterrupt, so the "user's Ctrl-C" would not reach the command at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(usable_cpus() < 2, reason="one usable CPU: logs are parsed in-process")
 @pytest.mark.parametrize(
     "command, sig",
@@ -83,7 +90,10 @@ def _survivors(processes: list[psutil.Process], timeout: float = 10.0) -> list[i
 def test_no_worker_outlives_a_killed_parent(tmp_path, command, sig):
     run = _blocking_run(tmp_path)
     proc = subprocess.Popen(
-        _command(command, run, tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        _command(command, run, tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=_ctrl_c_as_at_a_terminal,
     )
     workers: list[psutil.Process] = []
     try:
