@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import logging
 import os
 import pickle
@@ -68,13 +69,13 @@ def write(path: Path, key: str, parts: Parts) -> None:
     secret = _secret()
     if secret is None:
         return
-    buffer = _Buffer()
+    buffer = io.BytesIO()
     try:
         _Pickler(buffer, protocol=5).dump(parts)
     except (pickle.PicklingError, TypeError, AttributeError) as exc:
         _LOG.debug("%s: analysis not kept (%s)", path, exc)
         return
-    data = np.frombuffer(buffer.data, np.uint8)
+    data = np.frombuffer(buffer.getbuffer(), np.uint8)
     index = {"key": key, "version": KEPT_VERSION, "mac": _mac(secret, key, data)}
     column_cache.write_entry(path, index, {"pickle": data})
 
@@ -103,17 +104,6 @@ def read(path: Path, key: str) -> Parts | None:
     except (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError) as exc:
         _LOG.debug("%s: kept analysis ignored (%s)", path, exc)
         return None
-
-
-class _Buffer:
-    """A file-like sink that gathers the pickle in one bytearray."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, chunk: bytes) -> int:
-        self.data += chunk
-        return len(chunk)
 
 
 def _mac(secret: bytes, key: str, data: np.ndarray) -> str:
