@@ -204,28 +204,16 @@ def _mapped(fd: int, info: os.stat_result) -> mmap.mmap:
 
 def parse_and_store(log: Path) -> RawRank:
     """Parse the log and cache the result when the log held still while it was read."""
-    return _parse_and_store(log)[0]
-
-
-def parse_in_worker(log: Path) -> RawRank | None:
-    """`parse_and_store` in a worker process: None when the entry was written, for the
-    parent to read back (`load`), which costs both sides less than sending the columns back
-    pickled through the pool's pipe (measured: ~0.9 ms less per 10k-event log)."""
-    raw, stored = _parse_and_store(log)
-    return None if stored else raw
-
-
-def _parse_and_store(log: Path) -> tuple[RawRank, bool]:
     try:
         key = LogKey.of(log)
     except (OSError, TraceFormatError):
-        return parse_rank_file(log), False  # the parser says what is wrong with it
+        return parse_rank_file(log)  # the parser says what is wrong with it
     raw = parse_rank_file(log)
     if raw.error is None and time.time_ns() - key.mtime_ns >= RECENT_NS:
         with contextlib.suppress(OSError, TraceFormatError):
             if LogKey.of(log) == key:
-                return raw, store(log, key, raw)
-    return raw, False
+                store(log, key, raw)
+    return raw
 
 
 def store(log: Path, key: LogKey, raw: RawRank) -> bool:
@@ -238,11 +226,10 @@ Column = np.ndarray | list[np.ndarray]
 entry writes each rank's slice of a column without joining them in memory first."""
 
 
-def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) -> bool:
+def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) -> None:
     """Write an entry: ``index`` (JSON) with each array's spec added, then the arrays. A new
     temporary file is renamed into place, so readers see all or nothing, and no planted
-    link is followed; a directory that cannot be written is skipped with a debug note
-    (False: not written)."""
+    link is followed; a directory that cannot be written is skipped with a debug note."""
     columns = {name: a if isinstance(a, list) else [a] for name, a in arrays.items()}
     specs, offset = [], 0
     for name, parts in columns.items():
@@ -252,7 +239,7 @@ def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) 
         head = orjson.dumps({**index, "arrays": specs})
     except orjson.JSONEncodeError as exc:  # cannot happen for decoded JSON; never fail a load
         _LOG.debug("%s: not cached (%s)", target, exc)
-        return False
+        return
     start = _data_start(len(head))
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
@@ -269,8 +256,6 @@ def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) 
         _LOG.debug("%s: not cached (%s)", target, exc)
         with contextlib.suppress(OSError):
             temporary.unlink()
-        return False
-    return True
 
 
 def _pieces(head: bytes, start: int, columns: dict[str, list[np.ndarray]]) -> list[Any]:

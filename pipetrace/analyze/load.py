@@ -164,7 +164,6 @@ class _Parsing:
     ) -> None:
         self.paths, self.progress = paths, progress
         self.read = column_cache.parse_and_store if cache else parse_rank_file
-        self.read_in_worker = column_cache.parse_in_worker if cache else parse_rank_file
         loaded = (column_cache.load(p) for p in paths) if cache else ()
         self.cached = {p: raw for p, raw in zip(paths, loaded) if raw is not None}
         self.stale = [p for p in paths if p not in self.cached]
@@ -188,7 +187,7 @@ class _Parsing:
                 initializer=start_worker,
                 initargs=(os.getpid(),),
             )
-            self._futures = {p: self._pool.submit(self.read_in_worker, p) for p in self.stale}
+            self._futures = {p: self._pool.submit(self.read, p) for p in self.stale}
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -210,14 +209,12 @@ class _Parsing:
 
     def _result(self, path: Path) -> RawRank:
         try:
-            raw = self._futures[path].result()
+            return self._futures[path].result()
         except BrokenProcessPool:  # every pending log fails with it: which one killed it is unknown
             raise PipetraceError(
                 f"a process parsing the logs died (out of memory?) before {path.name} "
                 "was read; try again with --workers 0 to parse in one process"
             ) from None
-        # None: the worker cached it (`parse_in_worker`); parsed again if the entry went
-        return raw or column_cache.load(path) or self.read(path)
 
 
 def _check_raw(
