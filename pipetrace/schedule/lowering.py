@@ -17,7 +17,7 @@ import numpy as np
 
 from pipetrace.gc_pause import gc_paused
 
-from .execution import CODE_RECV_F, CODE_SEND_F, program_of
+from .execution import CODE_RECV_F, CODE_SEND_F, PlannedTimes, program_of
 from .ir import (
     SWAP_KINDS,
     Plan,
@@ -493,6 +493,19 @@ def _sorted_order(*columns: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
+@dataclass(slots=True)
+class _Messages:
+    """The messages `_add_messages` adds, one entry per sending leaf, in plan order: its
+    route (see `_ROUTES`), the sender's and the receiver's stage, the micro-batch and when
+    it is sent (the end of the leaf's step in the compute plan's simulation)."""
+
+    route: np.ndarray
+    stage: np.ndarray
+    recv_stage: np.ndarray
+    microbatch: np.ndarray
+    time: np.ndarray
+
+
 def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     """Simulate the compute plan, then place every message and compute step by its stamp.
 
@@ -500,8 +513,7 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     compute or 0 for a message, message number). One sort of all entries by rank, time,
     kind and number gives every rank's new list; it is done on arrays, as the plan has
     ~4e5 entries. With ``keep_program`` the entries' codes, stages and micro-batches, known
-    here, also give the lowered plan's compiled program (`execution.program_of`), which
-    the verifier and the simulator then reuse instead of reading every step back.
+    here, also give the lowered plan's compiled program (`_keep_program`).
     """
     run = _simulate(plan, _TIMED_COSTS)
     leaves = run.leaves
@@ -511,20 +523,24 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     peer = np.where(route >= 0, _neighbour_ranks(plan.placement)[route, leaves.stage], -1)
     sent = np.flatnonzero(peer >= 0)  # the leaves that send a message, in plan order
     route, stage, peer = route[sent], leaves.stage[sent], peer[sent]
-    mb = leaves.microbatch[sent]
-    recv_stage = stage + _RECV_STAGE[route]
-    mbs = mb.tolist()
+    compute_end = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))
+    messages = _Messages(
+        route,
+        stage,
+        stage + _RECV_STAGE[route],
+        leaves.microbatch[sent],
+        compute_end[leaves.owner[sent]],
+    )
+    mbs = messages.microbatch.tolist()
     sends = make_steps(_SEND_KINDS[route].tolist(), stage.tolist(), mbs)
-    recvs = make_steps(_RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs)
-    message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))
-    message_time = message_time[leaves.owner[sent]]
+    recvs = make_steps(_RECV_KINDS[route].tolist(), messages.recv_stage.tolist(), mbs)
     number = np.arange(1, len(sent) + 1)
     entry_rank = np.concatenate([step_rank, step_rank[leaves.owner[sent]], peer])
     entry_time = np.concatenate(
         [
             np.fromiter(chain.from_iterable(run.starts), np.int64, len(steps)),
-            message_time,
-            message_time,
+            messages.time,
+            messages.time,
         ]
     )
     entry_kind = np.concatenate([np.ones(len(steps), np.int64), np.zeros(2 * len(sent), np.int64)])
@@ -535,16 +551,41 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
     lowered = Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
     if keep_program:
-        simple = np.bincount(leaves.owner, minlength=len(steps)) == 1
-        leaf = np.searchsorted(leaves.owner, np.arange(len(steps)))  # each step's first leaf
-        codes = np.where(simple, leaves.kind[leaf], -1)  # _KINDS is in CODES order
-        fields = [
-            np.concatenate([codes, _SEND_CODE + route, _RECV_CODE + route])[order],
-            np.concatenate([np.where(simple, leaves.stage[leaf], 0), stage, recv_stage])[order],
-            np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
-        ]
-        program_of(lowered, [list(row) for row in rows], *fields, lowered=True)  # type: ignore[arg-type]
+        _keep_program(lowered, leaves, compute_end, messages, order)
     return lowered
+
+
+# The timed costs by kind F, B, I, W: what a lowered plan's `PlannedTimes` were simulated with.
+_PLANNED_COSTS = tuple(float(_TIMED_COSTS[kind]) for kind in _KINDS)
+
+
+def _keep_program(
+    lowered: Plan, leaves: _Leaves, compute_end: np.ndarray, messages: _Messages, order: np.ndarray
+) -> None:
+    """Make the lowered plan's program (`execution.program_of`) from the codes, stages and
+    micro-batches of its entries, known here, in the lowered order ``order``: the verifier
+    and the simulator then reuse it instead of reading every step back. When every step is
+    simple it carries the planned times (`execution.PlannedTimes`): composites cost their
+    longest part here but their longest thread in the simulator."""
+    num_steps = len(compute_end)
+    simple = np.bincount(leaves.owner, minlength=num_steps) == 1
+    leaf = np.searchsorted(leaves.owner, np.arange(num_steps))  # each step's first leaf
+    codes = np.where(simple, leaves.kind[leaf], -1)  # _KINDS is in CODES order
+    route, mb, time = messages.route, messages.microbatch, messages.time
+    fields = [
+        np.concatenate([codes, _SEND_CODE + route, _RECV_CODE + route])[order],
+        np.concatenate(
+            [np.where(simple, leaves.stage[leaf], 0), messages.stage, messages.recv_stage]
+        )[order],
+        np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
+    ]
+    planned = (
+        PlannedTimes(_PLANNED_COSTS, np.concatenate([compute_end, time, time])[order])
+        if simple.all()
+        else None
+    )
+    rows = [list(row) for row in lowered.ranks]
+    program_of(lowered, rows, *fields, lowered=True, planned=planned)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------
