@@ -222,9 +222,9 @@ def _needs_and_makes(
 def _leaves_of(steps: list[Step]) -> tuple[list[Step], np.ndarray]:
     """Every leaf (a step, or a composite's part) in plan order, and the index of the step
     it belongs to. Without composites the leaves are the steps: no list of them to make."""
-    parts = list(map(len, map(_SUB_STEPS, steps)))
-    if not any(parts):
+    if not any(map(_SUB_STEPS, steps)):
         return steps, np.arange(len(steps))
+    parts = list(map(len, map(_SUB_STEPS, steps)))
     leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
     return leaves, np.repeat(np.arange(len(steps)), [n or 1 for n in parts])
 
@@ -602,7 +602,8 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     entry_kind = np.concatenate([np.ones(len(steps), np.int64), np.zeros(2 * len(sent), np.int64)])
     entry_number = np.concatenate([np.zeros(len(steps), np.int64), number, number])
     order = _sorted_order(entry_rank, entry_time, entry_kind, entry_number)
-    items = list(map((steps + sends + recvs).__getitem__, order.tolist()))
+    every = chain(steps, sends, recvs)  # as an object array: no list of ~4e5 ints to index by
+    items = np.fromiter(every, object, len(order))[order].tolist()
     bounds = np.cumsum(np.bincount(entry_rank, minlength=plan.num_ranks)).tolist()
     rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
     lowered = Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
