@@ -36,7 +36,7 @@ import numpy as np
 import orjson
 
 from pipetrace import __version__, interning
-from pipetrace.analyze import model, parse, reader
+from pipetrace.analyze import model, parse, reader, templated
 from pipetrace.analyze.parse import (
     MEMORY_COLUMNS,
     MEMORY_GRIDS,
@@ -58,7 +58,7 @@ _MAGIC = b"PTCOLS\x00\x01"
 _ALIGN = 64
 _TEXT_PARTS = (np.int8, np.int32, np.int32)  # `parse.parse_texts`: kind, stage, micro-batch
 _LOG = logging.getLogger(__name__)
-_PARSER_MODULES = (parse, reader, model, interning, fmt, sys.modules[__name__])
+_PARSER_MODULES = (parse, reader, templated, model, interning, fmt, sys.modules[__name__])
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _PROBLEMS = asdict(LogProblems())
 
@@ -131,7 +131,8 @@ def _format_version() -> str:
     """The cache version and a hash of the source of every module that decides what a log
     parses to: any change to the parser (a new pipetrace, or a developer's edit) makes older
     entries stale by itself, so no entry outlives the code that made it."""
-    return source_digest(f"{CACHE_VERSION}", [Path(str(m.__file__)) for m in _PARSER_MODULES])
+    sources = [Path(str(m.__file__)) for m in _PARSER_MODULES]
+    return source_digest(f"{CACHE_VERSION}", sources + templated.compiled_sources())
 
 
 def source_digest(label: str, sources: Iterable[Path]) -> str:
@@ -203,21 +204,33 @@ def _mapped(fd: int, info: os.stat_result) -> mmap.mmap:
 
 def parse_and_store(log: Path) -> RawRank:
     """Parse the log and cache the result when the log held still while it was read."""
+    return _parse_and_store(log)[0]
+
+
+def parse_in_worker(log: Path) -> RawRank | None:
+    """`parse_and_store` in a worker process: None when the entry was written, for the
+    parent to read back (`load`), which costs both sides less than sending the columns back
+    pickled through the pool's pipe (measured: ~0.9 ms less per 10k-event log)."""
+    raw, stored = _parse_and_store(log)
+    return None if stored else raw
+
+
+def _parse_and_store(log: Path) -> tuple[RawRank, bool]:
     try:
         key = LogKey.of(log)
     except (OSError, TraceFormatError):
-        return parse_rank_file(log)  # the parser says what is wrong with it
+        return parse_rank_file(log), False  # the parser says what is wrong with it
     raw = parse_rank_file(log)
     if raw.error is None and time.time_ns() - key.mtime_ns >= RECENT_NS:
         with contextlib.suppress(OSError, TraceFormatError):
             if LogKey.of(log) == key:
-                store(log, key, raw)
-    return raw
+                return raw, store(log, key, raw)
+    return raw, False
 
 
-def store(log: Path, key: LogKey, raw: RawRank) -> None:
-    """Write the log's entry (`write_entry`)."""
-    write_entry(cache_path(log), {"key": asdict(key), "fields": _fields(raw)}, _arrays(raw))
+def store(log: Path, key: LogKey, raw: RawRank) -> bool:
+    """Write the log's entry (`write_entry`); was it written?"""
+    return write_entry(cache_path(log), {"key": asdict(key), "fields": _fields(raw)}, _arrays(raw))
 
 
 Column = np.ndarray | list[np.ndarray]
@@ -225,10 +238,11 @@ Column = np.ndarray | list[np.ndarray]
 entry writes each rank's slice of a column without joining them in memory first."""
 
 
-def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) -> None:
+def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) -> bool:
     """Write an entry: ``index`` (JSON) with each array's spec added, then the arrays. A new
     temporary file is renamed into place, so readers see all or nothing, and no planted
-    link is followed; a directory that cannot be written is skipped with a debug note."""
+    link is followed; a directory that cannot be written is skipped with a debug note
+    (False: not written)."""
     columns = {name: a if isinstance(a, list) else [a] for name, a in arrays.items()}
     specs, offset = [], 0
     for name, parts in columns.items():
@@ -238,25 +252,51 @@ def write_entry(target: Path, index: dict[str, Any], arrays: dict[str, Column]) 
         head = orjson.dumps({**index, "arrays": specs})
     except orjson.JSONEncodeError as exc:  # cannot happen for decoded JSON; never fail a load
         _LOG.debug("%s: not cached (%s)", target, exc)
-        return
+        return False
     start = _data_start(len(head))
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         target.parent.mkdir(exist_ok=True)
         if target.parent.is_symlink():
             raise OSError(f"{target.parent} is a symbolic link")
-        with os.fdopen(os.open(temporary, _NEW_FILE, 0o644), "wb") as handle:
-            handle.write(_MAGIC + len(head).to_bytes(8, "little") + head)
-            for (_, _, _, at), parts in zip(specs, columns.values()):
-                handle.seek(start + at)
-                for part in parts:
-                    handle.write(np.ascontiguousarray(part).data)
-            handle.truncate(start + offset)
+        fd = os.open(temporary, _NEW_FILE, 0o644)
+        try:
+            _write_all(fd, _pieces(_MAGIC + len(head).to_bytes(8, "little") + head, start, columns))
+        finally:
+            os.close(fd)
         os.replace(temporary, target)
     except OSError as exc:
         _LOG.debug("%s: not cached (%s)", target, exc)
         with contextlib.suppress(OSError):
             temporary.unlink()
+        return False
+    return True
+
+
+def _pieces(head: bytes, start: int, columns: dict[str, list[np.ndarray]]) -> list[Any]:
+    """An entry's bytes as buffers in file order: the head, then each column's parts, each
+    column starting at an `_ALIGN` boundary (zeros between)."""
+    pieces: list[Any] = [head, bytes(start - len(head))]
+    for parts in columns.values():
+        pieces += [np.ascontiguousarray(part).data.cast("B") for part in parts]
+        pad = -sum(part.nbytes for part in parts) % _ALIGN
+        if pad:
+            pieces.append(bytes(pad))
+    return pieces
+
+
+def _write_all(fd: int, pieces: list[Any]) -> None:
+    """Write the buffers with as few system calls as the kernel allows (``writev``: the
+    entries' 30 to 30,000 column parts cost ~25 µs a call when written one by one)."""
+    batch = 512  # below every system's IOV_MAX
+    for first in range(0, len(pieces), batch):
+        views = [memoryview(p) for p in pieces[first : first + batch] if len(p)]
+        while views:
+            written = os.writev(fd, views)
+            while views and written >= len(views[0]):
+                written -= len(views.pop(0))
+            if views:
+                views[0] = views[0][written:]
 
 
 def _arrays(raw: RawRank) -> dict[str, np.ndarray]:

@@ -54,7 +54,7 @@ from pipetrace.analyze.pipelines import pipelines_of
 from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.analyze.selection import RankSelection, format_rank_list
 from pipetrace.analyze.source import RunPaths, RunSource, open_source
-from pipetrace.analyze.workers import exit_with_parent, stop_workers, worker_count
+from pipetrace.analyze.workers import start_worker, stop_workers, worker_count
 from pipetrace.errors import PipetraceError
 from pipetrace.gc_pause import gc_paused
 from pipetrace.recorder import format as fmt
@@ -164,6 +164,7 @@ class _Parsing:
     ) -> None:
         self.paths, self.progress = paths, progress
         self.read = column_cache.parse_and_store if cache else parse_rank_file
+        self.read_in_worker = column_cache.parse_in_worker if cache else parse_rank_file
         loaded = (column_cache.load(p) for p in paths) if cache else ()
         self.cached = {p: raw for p, raw in zip(paths, loaded) if raw is not None}
         self.stale = [p for p in paths if p not in self.cached]
@@ -184,10 +185,10 @@ class _Parsing:
             self._pool = ProcessPoolExecutor(
                 self.workers,
                 mp_context=context,
-                initializer=exit_with_parent,
+                initializer=start_worker,
                 initargs=(os.getpid(),),
             )
-            self._futures = {p: self._pool.submit(self.read, p) for p in self.stale}
+            self._futures = {p: self._pool.submit(self.read_in_worker, p) for p in self.stale}
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -209,12 +210,14 @@ class _Parsing:
 
     def _result(self, path: Path) -> RawRank:
         try:
-            return self._futures[path].result()
+            raw = self._futures[path].result()
         except BrokenProcessPool:  # every pending log fails with it: which one killed it is unknown
             raise PipetraceError(
                 f"a process parsing the logs died (out of memory?) before {path.name} "
                 "was read; try again with --workers 0 to parse in one process"
             ) from None
+        # None: the worker cached it (`parse_in_worker`); parsed again if the entry went
+        return raw or column_cache.load(path) or self.read(path)
 
 
 def _check_raw(

@@ -1,10 +1,11 @@
 """One rank's event log -> raw columns (the loader's per-file work; runs in worker processes).
 
-The file is streamed in chunks (`reader.event_batches`); each chunk is decoded by one
-`orjson.loads` and turned into numpy columns by list comprehensions, so no Python object per
-event outlives its chunk. A chunk whose values do not have the documented types falls back
-to a checked, event-by-event path that drops (and counts) the bad lines. Times stay on the
-rank's own clock here; the loader aligns them.
+The file is streamed in chunks of whole lines (`reader.line_chunks`). A chunk of lines the
+recorder wrote from its templates is read by template matching (`templated`); any other is
+decoded by one `orjson.loads` and turned into numpy columns by list comprehensions, so no
+Python object per event outlives its chunk. A chunk whose values do not have the documented
+types falls back to a checked, event-by-event path that drops (and counts) the bad lines.
+Times stay on the rank's own clock here; the loader aligns them.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ import numpy as np
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS, parse_texts
 from pipetrace.analyze.reader import (
+    CHUNK_BYTES,
     ORDER_TOLERANCE_NS,
     SKIP,
     LogProblems,
     TraceFormatError,
-    event_batches,
+    decode_chunk,
+    line_chunks,
     open_log,
 )
+from pipetrace.analyze.templated import CHUNK_BYTES as templated_chunk_bytes
+from pipetrace.analyze.templated import TemplatedChunks, available
 from pipetrace.gc_pause import gc_paused
 from pipetrace.interning import Interner
 from pipetrace.recorder import format as fmt
@@ -121,13 +126,16 @@ def _dtype(column: str) -> Any:
     return _NARROW.get(column, _I64)
 
 
-def parse_rank_file(path: str | Path) -> RawRank:
-    """Parse one rank log; never raises for bad content (``error`` says why it is unusable)."""
+def parse_rank_file(path: str | Path, *, matching: bool = True) -> RawRank:
+    """Parse one rank log; never raises for bad content (``error`` says why it is unusable).
+    ``matching``: read the recorder's templated lines by matching when the compiled helper
+    is there (`templated`); False decodes every line as JSON, in the same chunks (the same
+    result, for comparing)."""
     with gc_paused():  # a chunk is tens of thousands of fresh dicts, none in a cycle
-        return _parse(path)
+        return _parse(path, matching and available())
 
 
-def _parse(path: str | Path) -> RawRank:
+def _parse(path: str | Path, matching: bool) -> RawRank:
     raw = RawRank(str(path))
     try:
         header, handle, _ = open_log(path)
@@ -140,29 +148,43 @@ def _parse(path: str | Path) -> RawRank:
     shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
     steps, p2p, ends = _Columns(_STEP_COLS), _Columns(_P2P_COLS), _Columns(_END_COLS)
     interners = (texts, threads, shapes, dtypes)
+    templated = TemplatedChunks(interners) if matching else None
     last_t = header["t0"] if fmt.is_int64(header.get("t0")) else None
     try:
-        for items, first_line in event_batches(handle, raw.problems):
-            marks = [len(i.values) for i in interners]
-            try:
-                columns = _fast_batch(items, raw, interners)
-                _check_new_values(interners, marks)
-            except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
-                for interner, mark in zip(interners, marks):
-                    interner.truncate(mark)
-                columns = _slow_batch(items, first_line, raw, interners)
+        # the same chunks either way: a text's code depends on where chunks end
+        chunk_bytes = templated_chunk_bytes if available() else CHUNK_BYTES
+        for chunk, first_line, lines in line_chunks(handle, raw.problems, chunk_bytes=chunk_bytes):
+            columns = templated.columns(chunk, lines) if templated and lines else None
+            if columns is None:
+                items = decode_chunk(chunk, first_line, lines, raw.problems)
+                columns = _decoded_columns(items, first_line, raw, interners)
+                lines = len(items)
             sb, pp, en, other, times = columns
             last_t = _check_order(times, last_t, raw.problems)
             steps.add(sb)
             p2p.add(pp)
             ends.add(en)
-            raw.events += len(items)
+            raw.events += lines
             for event in other:
                 _lifecycle(event, raw)
     except OSError as exc:
         raw.problems.notes.append(f"read error: {exc}")
     _finish(raw, steps, p2p, ends)
     return raw
+
+
+def _decoded_columns(items: list, first_line: int, raw: RawRank, interners: tuple[Interner, ...]):
+    """Columns of a chunk decoded as JSON: trusting the types, or event by event when a
+    value does not have its documented type."""
+    marks = [len(i.values) for i in interners]
+    try:
+        columns = _fast_batch(items, raw, interners)
+        _check_new_values(interners, marks)
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError):
+        for interner, mark in zip(interners, marks):
+            interner.truncate(mark)
+        columns = _slow_batch(items, first_line, raw, interners)
+    return columns
 
 
 def _check_order(times: np.ndarray, last_t: int | None, problems: LogProblems) -> int | None:

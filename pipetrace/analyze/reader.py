@@ -223,20 +223,15 @@ def open_log(path: str | Path) -> tuple[dict[str, Any], Any, int]:
     return header, handle, len(first)
 
 
-def event_batches(
+def line_chunks(
     handle: Any, problems: LogProblems, *, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[tuple[list[Any], int]]:
-    """Stream a log (positioned after its header) as batches of decoded lines.
+) -> Iterator[tuple[bytes, int, int]]:
+    """Stream a log (positioned after its header) as chunks of whole lines.
 
-    Yields ``(items, first_line_number)``: each batch is one `orjson.loads` of a whole chunk of
-    lines (turned into a JSON array), which costs far less per line than one call per line.
-    ``items[i]`` is line ``first_line_number + i``. A chunk that does not decode that way (a
-    corrupt line) is decoded line by line instead; an undecodable line is counted in
-    ``problems`` and stands as `SKIP` in ``items``. An unterminated unparsable last line is
-    reported as torn. Items are not validated here: they may be any JSON value.
+    Yields ``(chunk, first_line_number, lines)``: ``lines`` lines joined by newlines, without
+    the last one; last, an unterminated final line with ``lines`` 0. A line longer than
+    `MAX_LINE_BYTES` is dropped (counted as corrupt in ``problems``).
     """
-    loads = orjson.loads
-    decode_error = orjson.JSONDecodeError
     line_number = 2  # line 1 is the header
     rest = b""
     skipping = False  # inside a line longer than MAX_LINE_BYTES, dropped up to its end
@@ -261,24 +256,35 @@ def event_batches(
                 continue
             chunk, rest = data[:cut], data[cut + 1 :]
             lines = _newlines(chunk) + 1
-            try:
-                items = loads(b"[" + chunk.replace(b"\n", b",") + b"]")
-                if len(items) != lines:  # e.g. a line holding "1,2": not one value per line
-                    raise ValueError
-            except (decode_error, ValueError):
-                items = _decode_lines(chunk.split(b"\n"), line_number, problems)
-            yield items, line_number
+            yield chunk, line_number, lines
             line_number += lines
         if skipping:
             problems.note_corrupt(line_number)
         if rest:
-            try:
-                items = [loads(rest)]
-            except decode_error:
-                problems.torn_last_line = True
-                items = []
-            if items:
-                yield items, line_number
+            yield rest, line_number, 0
+
+
+def decode_chunk(chunk: bytes, first_line: int, lines: int, problems: LogProblems) -> list[Any]:
+    """The lines of a `line_chunks` chunk, decoded: by one `orjson.loads` of the whole chunk
+    turned into a JSON array, which costs far less per line than one call per line. A chunk
+    that does not decode that way (a corrupt line) is decoded line by line instead; an
+    undecodable line is counted in ``problems`` and stands as `SKIP`. An unterminated
+    unparsable last line (``lines`` 0) is reported as torn and gives no item."""
+    loads = orjson.loads
+    decode_error = orjson.JSONDecodeError
+    if not lines:
+        try:
+            return [loads(chunk)]
+        except decode_error:
+            problems.torn_last_line = True
+            return []
+    try:
+        items = loads(b"[" + chunk.replace(b"\n", b",") + b"]")
+        if len(items) != lines:  # e.g. a line holding "1,2": not one value per line
+            raise ValueError
+    except (decode_error, ValueError):
+        items = _decode_lines(chunk.split(b"\n"), first_line, problems)
+    return items
 
 
 def _newlines(data: bytes) -> int:

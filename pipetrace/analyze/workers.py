@@ -24,6 +24,8 @@ from concurrent.futures import ProcessPoolExecutor
 _PR_SET_PDEATHSIG = 1
 """prctl(2): the signal the kernel sends this process when its parent thread exits."""
 _POLL_S = 0.5
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+"""mallopt(3) parameters (glibc's malloc.h)."""
 
 
 def usable_cpus() -> int:
@@ -39,8 +41,29 @@ def worker_count(requested: int, logs: int) -> int:
     return max(0, min(requested, logs, usable_cpus()))
 
 
+def start_worker(parent_pid: int) -> None:
+    """Pool initializer: `exit_with_parent`, and `keep_freed_memory`."""
+    exit_with_parent(parent_pid)
+    keep_freed_memory()
+
+
+def keep_freed_memory() -> None:
+    """Keep memory freed by this process for its next allocations instead of handing it
+    back to the system at once: a parser allocates and frees megabytes per log, and glibc's
+    defaults gave every new allocation fresh pages, whose faults cost a third of the parse
+    (measured: 1.7 ms of system time per 10k-event log, 0.1 ms with these settings).
+    glibc only; elsewhere nothing changes."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_TRIM_THRESHOLD, 256 << 20)  # free heap top kept up to this size
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)  # blocks below this come from the heap, reused
+
+
 def exit_with_parent(parent_pid: int) -> None:
-    """Pool initializer: end this worker when ``parent_pid`` goes away.
+    """End this worker when ``parent_pid`` goes away.
 
     On Linux the kernel does it (``PR_SET_PDEATHSIG``, SIGKILL); elsewhere a daemon thread
     polls the parent. The parent may already be gone by the time this runs: checked last.

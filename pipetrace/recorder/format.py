@@ -453,21 +453,34 @@ EVENTS: dict[str, Record] = {
 EVENT_TYPES = tuple(EVENTS)
 
 
-def line_template(event: Record) -> bytes:
-    """A ``%`` template of the line orjson writes for ``event``, for writers that skip building
-    a dict. Its values are ``t`` and then the required fields in declared order: an int field
-    takes an int, any other a JSON literal (bytes from ``orjson.dumps``). The fields readers do
-    without, which must come last, are left out: a writer inserts ``,"name":<JSON>`` before
-    the final ``}`` of the line for each one it writes."""
-    parts = [b'{"e":"%s"' % event.name.encode(), b'"t":%d']
+def template_parts(
+    event: Record, optional: tuple[str, ...] = ()
+) -> tuple[list[tuple[bytes, FieldType]], bytes]:
+    """The line orjson writes for ``event`` as literal texts, each followed by a value of its
+    type, and the text after the last value: ``t``, then the required fields in declared
+    order, then the ``optional`` ones named (a writer appends a field readers do without
+    before the final ``}``). The recorder's templates and the reader's template matching
+    (`pipetrace.analyze.templated`) are both made from this."""
+    parts = [(b'{"e":"%s","t":' % event.name.encode(), INT)]
     fields = list(event.fields)
     while fields and not fields[-1].required:
         fields.pop()
+    by_name = {f.name: f for f in event.fields}
     for f in fields:
         if not f.required:
             raise ValueError(f"{event.name}.{f.name}: a field readers do without comes first")
-        parts.append(b'"%s":%s' % (f.name.encode(), b"%d" if f.type is INT else b"%s"))
-    return b",".join(parts) + b"}\n"
+    for f in fields + [by_name[name] for name in optional]:
+        parts.append((b',"%s":' % f.name.encode(), f.type))
+    return parts, b"}"
+
+
+def line_template(event: Record) -> bytes:
+    """A ``%`` template of the line orjson writes for ``event`` (`template_parts`), for writers
+    that skip building a dict: an int field takes an int, any other a JSON literal (bytes
+    from ``orjson.dumps``). Fields readers do without are left out: a writer inserts
+    ``,"name":<JSON>`` before the final ``}`` of the line for each one it writes."""
+    parts, tail = template_parts(event)
+    return b"".join(text + (b"%d" if kind is INT else b"%s") for text, kind in parts) + tail + b"\n"
 
 
 def node_run_id(host: str, pid: int, start: str) -> str:
