@@ -78,6 +78,19 @@ class ProgramArrays:
     stages: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class PlannedTimes:
+    """When the lowering's simulation placed each step of the plan it lowered, over every
+    step of every rank (as `ProgramArrays`): a compute step's end, either end of a message
+    the end of the compute step that produced it. ``costs`` are what it simulated with,
+    by kind F, B, I, W. Kept because the eager run of that plan with those costs and
+    nothing on the wire ends every step at these times (`planned_outcome`), so the
+    simulator need not run it."""
+
+    costs: tuple[float, float, float, float]
+    times: np.ndarray
+
+
 Indices = list[int] | np.ndarray  # stages or micro-batches of every step, as ints
 
 # per rank: step ids to check, and (index, id) of composite leaves (see Program.checked_ids)
@@ -115,6 +128,8 @@ class Program:
     """Made by :func:`.lowering.lower` for the plan it made: its rows are projections of
     one global order in which every send directly precedes its recv, so every rank runs to
     the end under every semantics, with no untagged mix-up (see `_runs_through`)."""
+    planned: PlannedTimes | None = None
+    """Given by :func:`.lowering.lower` with ``lowered`` when every step is simple."""
 
     def rank_slices(self, flat: list[T]) -> Iterator[list[T]]:
         """A list over every step of every rank (as in ``arrays``) cut into per-rank lists."""
@@ -239,11 +254,13 @@ def program_of(
     mbs: Indices,
     *,
     lowered: bool = False,
+    planned: PlannedTimes | None = None,
 ) -> Program:
     """The program of ``plan`` from every step's code (see ``CODES``; -1 for FSDP and
     composite steps), stage and micro-batch, over ``rows`` (its steps without bubbles)
     concatenated; it becomes the kept program. For a caller that made the plan and so
-    knows these already (:func:`.lowering.lower`, which passes ``lowered``)."""
+    knows these already (:func:`.lowering.lower`, which passes ``lowered`` and
+    ``planned``)."""
     stride = max(plan.num_microbatches, 1)
     stage = _int_array(stages, stride)
     ids = _step_ids(codes, stage, _int_array(mbs, stride), stride)
@@ -277,6 +294,7 @@ def program_of(
         per_rank(peers),
         ProgramArrays(ranks, ids, keys, peers, stage),
         lowered,
+        planned,
     )
     _remember(plan, program)
     return program
@@ -447,6 +465,32 @@ def _runs_through(program: Program) -> bool:
         and last.program is program
         and program.keys == last.keys
     )
+
+
+def planned_outcome(program: Program, costs: tuple[float, float, float, float]) -> Outcome | None:
+    """The eager run of a lowered plan whose compute steps cost ``costs`` (by kind F, B, I,
+    W) and whose messages take no time on the wire, read from the lowering's simulation
+    instead of run: None unless that simulation used the same costs (`PlannedTimes`) and
+    the program is still as lowered (`_runs_through`).
+
+    Why the two agree: `lower` sorts each rank's steps by (time, messages first), both ends
+    of a message at the end of the compute step that produced it. So a send comes right
+    after its producer (nothing between them moves the rank's clock past that end), and a
+    recv's message was sent at its stamp, which is no later than the start of any compute
+    step after it; every input of a compute step arrived by a recv before it or was made
+    before it on its rank. By induction in that order, the rank's clock after each step is
+    the running maximum of the planned times: a compute step's end is above every stamp
+    before it, a recv waits until its stamp, a send leaves the clock as it was.
+    """
+    planned = program.planned
+    if planned is None or planned.costs != costs or not _runs_through(program):
+        return None
+    ranks, times = program.arrays.ranks, planned.times
+    lift = ranks * (int(times.max(initial=0)) + 1)  # each rank's maximum starts afresh
+    end = np.maximum.accumulate(times + lift) - lift
+    ends = list(program.rank_slices(end.astype(np.float64).tolist()))
+    starts = [[0.0, *row[:-1]] if row else [] for row in ends]  # each step after the last
+    return Outcome(program, "eager", list(map(len, program.keys)), starts, ends, [])
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from pipetrace.gc_pause import gc_paused
 
-from .execution import CODE_RECV_F, CODE_SEND_F, program_of
+from .execution import CODE_RECV_F, CODE_SEND_F, PlannedTimes, program_of
 from .ir import (
     SWAP_KINDS,
     Plan,
@@ -60,17 +60,19 @@ def _describe_event(key: int) -> str:
     return f"{stage}B{mb} or {stage}I{mb}" if key & 1 else f"{stage}F{mb}"
 
 
-# An op is (needs, makes, cost): the event keys a step waits for and produces, and its duration.
-Op = tuple[tuple[int, ...], tuple[int, ...], int]
+# An op is (first need, second need, make, cost): two events it waits for, the one it
+# produces, and its duration. A simple step is one op; a composite several (`_split`).
+Op = tuple[int, int, int, int]
 
 
 @dataclass(slots=True)
 class _Run:
-    """The outcome of simulating a compute plan: per rank, its steps and their start/end times."""
+    """The outcome of simulating a compute plan: per rank its steps, and when each step
+    starts and ends, over every rank's steps in order."""
 
     steps: list[list[Step]]
-    starts: list[list[int]]
-    ends: list[list[int]]
+    start: np.ndarray
+    end: np.ndarray
     leaves: _Leaves
 
 
@@ -108,13 +110,19 @@ def _reject(plan: Plan, rank: int, position: int, step: Step, leaf: Step) -> Non
 
 @dataclass(slots=True)
 class _Compiled:
-    """Each rank's steps (bubbles dropped) and, in parallel, their ops, whose event keys
-    are numbered 0..; ``events[k]`` is event k's key and ``none`` the number of `_NONE`."""
+    """Each rank's steps (bubbles dropped) and their ops, whose event keys are numbered
+    0..; ``events[k]`` is event k's key, ``none`` the number of `_NONE` (always there) and
+    ``nothing`` of `_NOTHING` (what an op that makes nothing makes). ``main[j]`` is the op
+    of step j (over every rank's steps, in order) that takes its time, counted over every
+    rank's ops; None when every step is simple (one op each). ``cost`` is each step's."""
 
     steps: list[list[Step]]
     ops: list[list[Op]]
+    main: np.ndarray | None
+    cost: np.ndarray
     events: list[int]
     none: int
+    nothing: int
     leaves: _Leaves
 
 
@@ -144,23 +152,24 @@ def _compile(plan: Plan, costs: dict[StepKind, int]) -> _Compiled:
         first = int(np.argmax(bad))
         _reject_leaf(plan, int(ranks[first]), steps[owner[first]], leaves[first])
     microbatch = _microbatches(mb)
-    (first_need, second_need, make), events, none = _numbered_events(
+    (first_need, second_need, make), events, (none, nothing) = _numbered_events(
         kind, stage, microbatch, num_stages, plan.num_microbatches
     )
-    cost_of = np.array([costs[k] for k in _KINDS], dtype=np.int64)
+    cost = np.array([costs[k] for k in _KINDS], dtype=np.int64)[kind]
     ops: list[Op] = list(
-        zip(
-            zip(first_need.tolist(), second_need.tolist()),
-            zip(make.tolist()),
-            cost_of[kind].tolist(),
-        )
+        zip(first_need.tolist(), second_need.tolist(), make.tolist(), cost.tolist())
     )
-    if len(leaves) != len(steps):
-        ops = _merged(ops, owner.tolist(), steps)
-    bounds = list(accumulate(map(len, rows), initial=0))
-    per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
     leaf_table = _Leaves(owner, ranks, kind, stage, microbatch)
-    return _Compiled(rows, per_rank, events, none, leaf_table)
+    if len(leaves) == len(steps):
+        bounds = list(accumulate(map(len, rows), initial=0))
+        per_rank = [ops[a:b] for a, b in zip(bounds, bounds[1:])]
+        return _Compiled(rows, per_rank, None, cost, events, none, nothing, leaf_table)
+    parts, main_in_step = _expanded(ops, owner.tolist(), steps, (none, nothing))
+    step_bounds = list(accumulate(map(len, rows), initial=0))
+    per_rank = [list(chain.from_iterable(parts[a:b])) for a, b in zip(step_bounds, step_bounds[1:])]
+    main = np.cumsum([0, *map(len, parts[:-1])]) + main_in_step
+    step_cost = np.maximum.reduceat(cost, np.searchsorted(owner, np.arange(len(steps))))
+    return _Compiled(rows, per_rank, main, step_cost, events, none, nothing, leaf_table)
 
 
 Events = tuple[np.ndarray, np.ndarray, np.ndarray]  # per leaf: first need, second, make
@@ -168,11 +177,11 @@ Events = tuple[np.ndarray, np.ndarray, np.ndarray]  # per leaf: first need, seco
 
 def _numbered_events(
     kind: np.ndarray, stage: np.ndarray, mb: np.ndarray, num_stages: int, num_mbs: int
-) -> tuple[Events, list[int], int]:
+) -> tuple[Events, list[int], tuple[int, int]]:
     """Each leaf's needs and make as event numbers 0.., every event's key (see above) by
-    number, and the number of `_NONE`. With micro-batches in range the numbers are
-    computed, ``2 * (stage * M + mb) + 1`` for an activation; otherwise the keys are
-    numbered in sorted order."""
+    number, and the numbers of `_NONE` and `_NOTHING`. With micro-batches in range the
+    numbers are computed, ``2 * (stage * M + mb) + 1`` for an activation; otherwise the
+    keys are numbered in sorted order."""
     last = num_stages - 1
     if mb.dtype != object and mb.min(initial=0) >= 0 and mb.max(initial=-1) < num_mbs:
         size = 2 * num_stages * num_mbs
@@ -180,12 +189,12 @@ def _numbered_events(
         numbered = _needs_and_makes(kind, stage, activation, 2 * num_mbs, (0, size + 1), last)
         both = np.arange(size) >> 1
         keys = (((both // num_mbs) << _MB_BITS) | (both % num_mbs)) << 1
-        return numbered, [_NONE, *(keys + (np.arange(size) & 1)).tolist(), _NOTHING], 0
+        return numbered, [_NONE, *(keys + (np.arange(size) & 1)).tolist(), _NOTHING], (0, size + 1)
     activation = ((stage.astype(mb.dtype) << _MB_BITS) | mb) << 1
     keyed = _needs_and_makes(kind, stage, activation, _ONE_STAGE, (_NONE, _NOTHING), last)
-    events, dense = np.unique(np.concatenate([[_NONE], *keyed]), return_inverse=True)
-    first_need, second_need, make = np.split(dense[1:], 3)
-    return (first_need, second_need, make), events.tolist(), int(dense[0])
+    events, dense = np.unique(np.concatenate([[_NONE, _NOTHING], *keyed]), return_inverse=True)
+    first_need, second_need, make = np.split(dense[2:], 3)
+    return (first_need, second_need, make), events.tolist(), (int(dense[0]), int(dense[1]))
 
 
 def _needs_and_makes(
@@ -213,9 +222,9 @@ def _needs_and_makes(
 def _leaves_of(steps: list[Step]) -> tuple[list[Step], np.ndarray]:
     """Every leaf (a step, or a composite's part) in plan order, and the index of the step
     it belongs to. Without composites the leaves are the steps: no list of them to make."""
-    parts = list(map(len, map(_SUB_STEPS, steps)))
-    if not any(parts):
+    if not any(map(_SUB_STEPS, steps)):
         return steps, np.arange(len(steps))
+    parts = list(map(len, map(_SUB_STEPS, steps)))
     leaves = [leaf for step in steps for leaf in step.sub_steps or (step,)]
     return leaves, np.repeat(np.arange(len(steps)), [n or 1 for n in parts])
 
@@ -249,14 +258,39 @@ def _microbatches(mb: list[int] | np.ndarray) -> np.ndarray:
     return array if np.abs(array).max(initial=0) < 1 << 29 else np.array(mb, dtype=object)
 
 
-def _merged(ops: list[Op], owner: list[int], steps: list[Step]) -> list[Op]:
-    """Per step, its leaves' ops merged (`_merge_ops`)."""
+def _expanded(
+    ops: list[Op], owner: list[int], steps: list[Step], sentinels: tuple[int, int]
+) -> tuple[list[list[Op]], list[int]]:
+    """Per step, its ops (a simple step's own; a composite's leaves' merged by `_merge_ops`
+    and split by `_split`) and which of them takes its time. ``sentinels``: the numbers of
+    `_NONE` and `_NOTHING`."""
     parts: list[list[Op]] = [[] for _ in steps]
     for op, step in zip(ops, owner):
         parts[step].append(op)
-    return [
-        part[0] if len(part) == 1 else _merge_ops(part, step) for part, step in zip(parts, steps)
-    ]
+    result, main = [], []
+    for part, step in zip(parts, steps):
+        if len(part) == 1:
+            result.append(part)
+            main.append(0)
+            continue
+        needs, makes, cost = _merge_ops(part, step)
+        result.append(_split(needs, makes, cost, *sentinels))
+        main.append(len(result[-1]) - len(makes))
+    return result, main
+
+
+def _split(
+    needs: tuple[int, ...], makes: tuple[int, ...], cost: int, none: int, nothing: int
+) -> list[Op]:
+    """One merged op as ops of two needs and one make: its needs two by two in ops that
+    take no time and make nothing, the last two with its first make and its whole cost,
+    then its other makes in ops that take no time. Run in a row on one rank they start
+    once every need is ready and make every output at the end, as the merged op would."""
+    pairs = [(*needs[i : i + 2], none, none)[:2] for i in range(0, len(needs), 2)] or [(none, none)]
+    ops = [(first, second, nothing, 0) for first, second in pairs[:-1]]
+    ops.append((*pairs[-1], makes[0], cost))
+    ops.extend((none, none, make, 0) for make in makes[1:])
+    return ops
 
 
 def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
@@ -265,29 +299,46 @@ def _reject_leaf(plan: Plan, rank: int, step: Step, leaf: Step) -> None:
     _reject(plan, rank, position, step, leaf)
 
 
-def _merge_ops(parts: list[Op], composite: Step) -> Op:
+def _merge_ops(parts: list[Op], composite: Step) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     """A composite waits for every part's inputs but those an earlier part on the same
     thread makes (an OVERLAP_B_F's I before its W, `thread_parts`), makes every part's
-    outputs and lasts as long as its longest part (one slot on the unit grid)."""
+    outputs and lasts as long as its longest part (one slot on the unit grid): its needs,
+    makes and cost."""
     threads = [t for t, group in enumerate(thread_parts(composite)) for _ in group]
     made: set[tuple[int, int]] = set()
     needs: dict[int, None] = {}
-    for (part_needs, part_makes, _), thread in zip(parts, threads):
-        needs.update((k, None) for k in part_needs if (k, thread) not in made)
-        made.update((k, thread) for k in part_makes)
-    makes = tuple(k for _, part_makes, _ in parts for k in part_makes)
-    return tuple(needs), makes, max(cost for _, _, cost in parts)
+    for (first, second, make, _), thread in zip(parts, threads):
+        needs.update((k, None) for k in (first, second) if (k, thread) not in made)
+        made.add((make, thread))
+    return tuple(needs), tuple(op[2] for op in parts), max(op[3] for op in parts)
 
 
 def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
-    """Run every rank's steps in order as early as their inputs allow.
+    """Run every rank's steps in order as early as their inputs allow (`_run_ops`).
 
-    A rank blocked on a missing input parks on that event and is woken when it is produced,
-    so each step is examined a bounded number of times. Raises ScheduleError naming every
-    rank that can never finish.
+    Raises ScheduleError naming every rank that can never finish.
     """
     compiled = _compile(plan, costs)
-    all_steps, all_ops = compiled.steps, compiled.ops
+    position, done, starts = _run_ops(compiled)
+    stuck = [r for r, ops in enumerate(compiled.ops) if position[r] < len(ops)]
+    if stuck:
+        raise ScheduleError(_stuck_message(compiled, position, done, stuck))
+    start = np.fromiter(chain.from_iterable(starts), np.int64, sum(map(len, starts)))
+    if compiled.main is not None:
+        start = start[compiled.main]
+    return _Run(compiled.steps, start, start + compiled.cost, compiled.leaves)
+
+
+def _run_ops(compiled: _Compiled) -> tuple[list[int], list[int | None], list[list[int]]]:
+    """Each rank runs its ops in order, each as soon as the rank is free and both its needs
+    exist; a rank missing one parks on that event and is woken when it is made, so each op
+    is examined a bounded number of times. Returns where each rank stopped, when each event
+    was made (None: never) and each op's start.
+
+    A rank's ``now`` is the earliest its next op can start: raised to each need's time as
+    it is found ready, so a rank woken after parking starts from there.
+    """
+    all_ops = compiled.ops
     num_ranks = len(all_ops)
     done: list[int | None] = [None] * len(compiled.events)  # event -> when available
     done[compiled.none] = 0  # `_NONE`: an input a step does not have
@@ -295,53 +346,56 @@ def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
     position = [0] * num_ranks
     free_at = [0] * num_ranks
     starts: list[list[int]] = [[] for _ in range(num_ranks)]
-    ends: list[list[int]] = [[] for _ in range(num_ranks)]
     runnable = list(range(num_ranks))
     while runnable:
         rank = runnable.pop()
-        ops, rank_starts, rank_ends = all_ops[rank], starts[rank], ends[rank]
+        ops, rank_starts = all_ops[rank], starts[rank]
         i, now, n = position[rank], free_at[rank], len(ops)
         while i < n:
-            needs, makes, cost = ops[i]
-            start = now
-            for key in needs:
-                ready = done[key]
-                if ready is None:
-                    waiting = parked[key]
-                    if waiting is None:
-                        parked[key] = [rank]
-                    else:
-                        waiting.append(rank)
-                    break
-                if ready > start:
-                    start = ready
-            else:
-                now = start + cost
-                rank_starts.append(start)
-                rank_ends.append(now)
-                for key in makes:
-                    done[key] = now
-                    waiting = parked[key]
+            first, second, make, cost = ops[i]
+            ready = done[first]
+            if ready is not None:
+                if ready > now:
+                    now = ready
+                ready = done[second]
+                if ready is not None:
+                    if ready > now:
+                        now = ready
+                    rank_starts.append(now)
+                    now += cost
+                    done[make] = now
+                    waiting = parked[make]
                     if waiting:
                         runnable.extend(waiting)
-                        parked[key] = None
-                i += 1
-                continue
+                        parked[make] = None
+                    i += 1
+                    continue
+                first = second  # the need it waits for
+            waiting = parked[first]
+            if waiting is None:
+                parked[first] = [rank]
+            else:
+                waiting.append(rank)
             break
         position[rank], free_at[rank] = i, now
-    stuck = [r for r in range(num_ranks) if position[r] < len(all_ops[r])]
-    if stuck:
-        raise ScheduleError(_stuck_message(compiled, position, done, stuck))
-    return _Run(all_steps, starts, ends, compiled.leaves)
+    return position, done, starts
 
 
 def _stuck_message(
     compiled: _Compiled, position: list[int], done: list[int | None], stuck: list[int]
 ) -> str:
     lines = []
+    op_bounds = list(accumulate(map(len, compiled.ops), initial=0))
+    step_bounds = list(accumulate(map(len, compiled.steps), initial=0))
     for rank in stuck:
-        i = position[rank]
-        needs = compiled.ops[rank][i][0]
+        ops = compiled.ops[rank]
+        if compiled.main is None:
+            i = first = last = position[rank]
+        else:  # the step whose ops include the one it stopped at, and its ops with needs
+            main = compiled.main[step_bounds[rank] : step_bounds[rank + 1]] - op_bounds[rank]
+            i = int(np.searchsorted(main, position[rank]))
+            first, last = int(main[i - 1]) + 1 if i else 0, int(main[i])
+        needs = [k for op in ops[first : last + 1] for k in op[:2]]
         missing = [_describe_event(compiled.events[k]) for k in needs if done[k] is None]
         lines.append(
             f"rank {rank} waits forever at its compute step {i} "
@@ -359,7 +413,9 @@ def layout_bubbles(plan: Plan) -> Plan:
     with gc_paused():
         run = _simulate(plan, _UNIT_COSTS)
         rows: list[list[Step | None]] = []
-        for steps, starts in zip(run.steps, run.starts, strict=True):
+        every_start, bounds = run.start.tolist(), list(accumulate(map(len, run.steps), initial=0))
+        for steps, a, b in zip(run.steps, bounds, bounds[1:], strict=False):
+            starts = every_start[a:b]
             row: list[Step | None] = [None] * (starts[-1] + 1 if starts else 0)
             for step, start in zip(steps, starts, strict=True):
                 row[start] = step
@@ -493,6 +549,19 @@ def _sorted_order(*columns: np.ndarray) -> np.ndarray:
     return np.argsort(key, kind="stable")
 
 
+@dataclass(slots=True)
+class _Messages:
+    """The messages `_add_messages` adds, one entry per sending leaf, in plan order: its
+    route (see `_ROUTES`), the sender's and the receiver's stage, the micro-batch and when
+    it is sent (the end of the leaf's step in the compute plan's simulation)."""
+
+    route: np.ndarray
+    stage: np.ndarray
+    recv_stage: np.ndarray
+    microbatch: np.ndarray
+    time: np.ndarray
+
+
 def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     """Simulate the compute plan, then place every message and compute step by its stamp.
 
@@ -500,8 +569,7 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     compute or 0 for a message, message number). One sort of all entries by rank, time,
     kind and number gives every rank's new list; it is done on arrays, as the plan has
     ~4e5 entries. With ``keep_program`` the entries' codes, stages and micro-batches, known
-    here, also give the lowered plan's compiled program (`execution.program_of`), which
-    the verifier and the simulator then reuse instead of reading every step back.
+    here, also give the lowered plan's compiled program (`_keep_program`).
     """
     run = _simulate(plan, _TIMED_COSTS)
     leaves = run.leaves
@@ -511,40 +579,70 @@ def _add_messages(plan: Plan, *, keep_program: bool) -> Plan:
     peer = np.where(route >= 0, _neighbour_ranks(plan.placement)[route, leaves.stage], -1)
     sent = np.flatnonzero(peer >= 0)  # the leaves that send a message, in plan order
     route, stage, peer = route[sent], leaves.stage[sent], peer[sent]
-    mb = leaves.microbatch[sent]
-    recv_stage = stage + _RECV_STAGE[route]
-    mbs = mb.tolist()
+    compute_end = run.end
+    messages = _Messages(
+        route,
+        stage,
+        stage + _RECV_STAGE[route],
+        leaves.microbatch[sent],
+        compute_end[leaves.owner[sent]],
+    )
+    mbs = messages.microbatch.tolist()
     sends = make_steps(_SEND_KINDS[route].tolist(), stage.tolist(), mbs)
-    recvs = make_steps(_RECV_KINDS[route].tolist(), recv_stage.tolist(), mbs)
-    message_time = np.fromiter(chain.from_iterable(run.ends), np.int64, len(steps))
-    message_time = message_time[leaves.owner[sent]]
+    recvs = make_steps(_RECV_KINDS[route].tolist(), messages.recv_stage.tolist(), mbs)
     number = np.arange(1, len(sent) + 1)
     entry_rank = np.concatenate([step_rank, step_rank[leaves.owner[sent]], peer])
     entry_time = np.concatenate(
         [
-            np.fromiter(chain.from_iterable(run.starts), np.int64, len(steps)),
-            message_time,
-            message_time,
+            run.start,
+            messages.time,
+            messages.time,
         ]
     )
     entry_kind = np.concatenate([np.ones(len(steps), np.int64), np.zeros(2 * len(sent), np.int64)])
     entry_number = np.concatenate([np.zeros(len(steps), np.int64), number, number])
     order = _sorted_order(entry_rank, entry_time, entry_kind, entry_number)
-    items = list(map((steps + sends + recvs).__getitem__, order.tolist()))
+    every = chain(steps, sends, recvs)  # as an object array: no list of ~4e5 ints to index by
+    items = np.fromiter(every, object, len(order))[order].tolist()
     bounds = np.cumsum(np.bincount(entry_rank, minlength=plan.num_ranks)).tolist()
     rows: list[list[Step | None]] = [items[a:b] for a, b in zip([0, *bounds], bounds)]
     lowered = Plan(plan.num_microbatches, plan.placement, rows, plan.name, dict(plan.params))
     if keep_program:
-        simple = np.bincount(leaves.owner, minlength=len(steps)) == 1
-        leaf = np.searchsorted(leaves.owner, np.arange(len(steps)))  # each step's first leaf
-        codes = np.where(simple, leaves.kind[leaf], -1)  # _KINDS is in CODES order
-        fields = [
-            np.concatenate([codes, _SEND_CODE + route, _RECV_CODE + route])[order],
-            np.concatenate([np.where(simple, leaves.stage[leaf], 0), stage, recv_stage])[order],
-            np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
-        ]
-        program_of(lowered, [list(row) for row in rows], *fields, lowered=True)  # type: ignore[arg-type]
+        _keep_program(lowered, leaves, compute_end, messages, order)
     return lowered
+
+
+# The timed costs by kind F, B, I, W: what a lowered plan's `PlannedTimes` were simulated with.
+_PLANNED_COSTS = tuple(float(_TIMED_COSTS[kind]) for kind in _KINDS)
+
+
+def _keep_program(
+    lowered: Plan, leaves: _Leaves, compute_end: np.ndarray, messages: _Messages, order: np.ndarray
+) -> None:
+    """Make the lowered plan's program (`execution.program_of`) from the codes, stages and
+    micro-batches of its entries, known here, in the lowered order ``order``: the verifier
+    and the simulator then reuse it instead of reading every step back. When every step is
+    simple it carries the planned times (`execution.PlannedTimes`): composites cost their
+    longest part here but their longest thread in the simulator."""
+    num_steps = len(compute_end)
+    simple = np.bincount(leaves.owner, minlength=num_steps) == 1
+    leaf = np.searchsorted(leaves.owner, np.arange(num_steps))  # each step's first leaf
+    codes = np.where(simple, leaves.kind[leaf], -1)  # _KINDS is in CODES order
+    route, mb, time = messages.route, messages.microbatch, messages.time
+    fields = [
+        np.concatenate([codes, _SEND_CODE + route, _RECV_CODE + route])[order],
+        np.concatenate(
+            [np.where(simple, leaves.stage[leaf], 0), messages.stage, messages.recv_stage]
+        )[order],
+        np.concatenate([np.where(simple, leaves.microbatch[leaf], 0), mb, mb])[order],
+    ]
+    planned = (
+        PlannedTimes(_PLANNED_COSTS, np.concatenate([compute_end, time, time])[order])
+        if simple.all()
+        else None
+    )
+    rows = [list(row) for row in lowered.ranks]
+    program_of(lowered, rows, *fields, lowered=True, planned=planned)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------

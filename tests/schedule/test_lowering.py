@@ -401,6 +401,24 @@ def test_missing_step_names_what_is_waited_for() -> None:
     assert "rank 1" not in text
 
 
+def test_stuck_composite_names_its_step_and_every_missing_input() -> None:
+    """A composite runs as several ops (two inputs each): the message names the composite
+    by its index among the rank's steps and what it waits for, whichever op it stopped at."""
+    plan = plan_from_csv(
+        "0F0,0F1,(0I0;0W0;0F2)OVERLAP_B_F,(0I1;0W1;0F3)OVERLAP_B_F,0B2,0B3\n"
+        "1F0,(1I0;1W0;1F1)OVERLAP_B_F,(1I1;1W1;1F2)OVERLAP_B_F,(1I2;1W2;1F3)OVERLAP_B_F,1B3\n"
+    )
+    del plan.ranks[0][1]  # 0F1: rank 1's first composite waits for it, rank 0's for rank 1
+    for make in (lower, layout_bubbles):
+        with pytest.raises(ScheduleError) as info:
+            make(plan)
+        assert str(info.value) == (
+            "the compute plan cannot run to the end (deadlock): rank 0 waits forever at its "
+            "compute step 1 ((0I0;0W0;0F2)OVERLAP_B_F) for 1B0 or 1I0; rank 1 waits forever "
+            "at its compute step 1 ((1I0;1W0;1F1)OVERLAP_B_F) for 0F1"
+        )
+
+
 def test_lower_rejects_comms_and_misplaced_steps() -> None:
     lowered = build_plan("1f1b", num_ranks=2, num_microbatches=2, comms=True)
     with pytest.raises(ScheduleError, match="compute-only"):

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipetrace.schedule.builders import build_plan
+from pipetrace.schedule.builders import OVERLAP_BF_SCHEDULES, SCHEDULE_NAMES, build_plan
+from pipetrace.schedule.execution import compile_plan, planned_outcome
 from pipetrace.schedule.ir import Plan, ScheduleError, Step, StepKind, infer_placement, parse_step
 from pipetrace.schedule.simulate import Costs, simulate
 
@@ -285,3 +286,33 @@ def test_timing_invariants(params: tuple[str, int, int, int], cost: Costs) -> No
     for step in rendezvous.timeline:
         assert by_step[(step.rank, step.position)] <= step.end + 1e-9
     assert fifo.makespan == rendezvous.makespan
+
+
+@pytest.mark.parametrize(
+    ("name", "overlap"),
+    [(name, False) for name in SCHEDULE_NAMES] + [(name, True) for name in OVERLAP_BF_SCHEDULES],
+)
+def test_a_built_plan_times_as_a_copy_run_step_by_step(name: str, overlap: bool) -> None:
+    """A plan fresh from `lower`, simulated eagerly with the costs the lowering simulated
+    with, reads its times from the lowering (`planned_outcome`); a copy of the plan is
+    compiled anew and run step by step. Both must say the same, to the timeline."""
+    v = 1 if name in ("gpipe", "1f1b") else 2
+    for ranks, microbatches in ((1, 2), (2, 4), (3, 6), (4, 8), (4, 13)):
+        try:
+            plan = build_plan(
+                name,
+                num_ranks=ranks,
+                num_microbatches=microbatches,
+                stages_per_rank=v,
+                comms=True,
+                overlap_bf=overlap,
+            )
+        except ScheduleError:  # M not allowed for this schedule
+            continue
+        read = planned_outcome(compile_plan(plan), (1.0, 2.0, 1.0, 1.0)) is not None
+        assert read == (not overlap and name != "dualpipev")  # composites are run
+        planned = simulate(plan, Costs(F=1, B=2)).to_json(timeline=True)
+        rows = [list(row) for row in plan.ranks]
+        copy = Plan(plan.num_microbatches, plan.placement, rows, plan.name, plan.params)
+        run = simulate(copy, Costs(F=1, B=2)).to_json(timeline=True)
+        assert planned["timeline"] and run == planned
