@@ -3,7 +3,8 @@
 The hot path (`begin_step`, `end_step`, `p2p_posted`, `p2p_completed`) takes one monotonic
 clock reading (from the injected `Clock`, bound once) and appends a tuple; encoding to JSON
 happens on the writer's flush thread. A step's begin and its P2P ops append straight to the
-writer's queue (`EventWriter.append_unchecked`); the step's end checks the queue's bound.
+writer's queue (`EventWriter.append_unchecked`), and so does a memory sample (it follows
+its step's end); the step's end checks the queue's bound.
 Each hook also notes progress for the watchdog and keeps the set of open steps and in-flight
 P2P ops, which is what a stall dump reports.
 
@@ -355,13 +356,15 @@ class Recorder:
         allocator: tuple[int, int] | None,
         swapped: list[int] | None = None,
     ) -> None:
-        """A ``memory`` event, when a value differs from the previous sample's."""
+        """A ``memory`` event, when a value differs from the previous sample's. Appended
+        unchecked: it follows its step's `end_step`, which checked the queue's bound."""
         sample = (saved, inflight, allocator, swapped)
         if sample == self._last_memory:
             return
         self._last_memory = sample
         sid = token[0] if type(token) is tuple else token
-        self._append((_MEMORY, self._monotonic_ns(), sid, saved, inflight, *sample[2:]))
+        t = self._monotonic_ns()
+        self._append_unchecked((_MEMORY, t, sid, saved, inflight, allocator, swapped))
 
     # -- device timing ---------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import add, methodcaller
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 MEMORY_NEUTRAL = SEND_KINDS | COLLECTIVE_KINDS
 """Steps that change no value of a memory sample: they keep or release no activation and
 fill or empty no mailbox (a sent tensor is not counted)."""
+
+_saved_bytes = methodcaller("saved_bytes")
 
 Handler = Callable[[int, Step], "int | None"]
 """(position in the rank's plan, step) -> None, or the bytes an activation swap launch copies
@@ -169,6 +172,12 @@ class Executor:
         # stage index -> its slot in a memory sample (plan order)
         self._memory_slots = {s: i for i, s in enumerate(self.plan.stages_of(self.rank))}
         self._memory_stages = [self.stages[s] for s in self._memory_slots]
+        # Per slot, the bytes in `_act_in` and in `_grad_in`, kept as the mailboxes fill and
+        # empty while the stages count (a sample then reads them instead of scanning the
+        # mailboxes). Two lists: an overlapped pair's forward (activations) and backward
+        # (gradients) update them from two threads, each only its own.
+        self._act_bytes = [0] * len(self._memory_slots)
+        self._grad_bytes = [0] * len(self._memory_slots)
         # Set by `_memory_sampler` at each iteration's start:
         self._counting = False  # whether the stages count what they save
         self._sampled = False  # whether an earlier iteration sampled memory
@@ -347,6 +356,8 @@ class Executor:
             self._counting = records
             for stage in self.stages.values():
                 stage.count_saved = records
+            if records:
+                self._count_mailboxes()
         if not records:
             return None
         self._reads_allocator = self._ops.allocator_bytes() is not None
@@ -355,25 +366,29 @@ class Executor:
         self._sampled = True
         return self._sample_memory
 
+    def _count_mailboxes(self) -> None:
+        """The mailboxes' bytes per slot, counted afresh (counting starts: from here on
+        they are kept up to date as the mailboxes fill and empty)."""
+        slots = self._memory_slots
+        for box, counts in ((self._act_in, self._act_bytes), (self._grad_in, self._grad_bytes)):
+            counts[:] = [0] * len(slots)
+            for (stage, _), value in list(box.items()):
+                if value is not None:
+                    counts[slots[stage]] += value.nbytes
+
     def _sample_memory(self, token: Any, step: Step) -> None:
         """The recorder's ``memory`` sample after ``step`` (whose token is ``token``): per
         stage, the activations kept for backward on the device, the received tensors not yet
-        consumed, and with swap steps the activations offloaded to the host (taken out of
-        the first)."""
+        consumed (the mailboxes' counts), and with swap steps the activations offloaded to
+        the host (taken out of the first)."""
         if step.kind in self._unsampled:
             return
-        slots = self._memory_slots
-        inflight = [0] * len(slots)
-        for box in (self._act_in, self._grad_in):
-            if box:
-                for (stage, _), value in list(box.items()):
-                    if value is not None:
-                        inflight[slots[stage]] += value.nbytes
-        saved = [stage.saved_bytes() for stage in self._memory_stages]
+        inflight = list(map(add, self._act_bytes, self._grad_bytes))
+        saved = list(map(_saved_bytes, self._memory_stages))
         swapped = None
         if self._swap is not None:
             on_host = self._swap.swapped_bytes()
-            swapped = [on_host.get(stage, 0) for stage in slots]
+            swapped = [on_host.get(stage, 0) for stage in self._memory_slots]
             saved = [kept - away for kept, away in zip(saved, swapped)]
         allocator = self._ops.allocator_bytes() if self._reads_allocator else None
         self.recorder.memory_sample(token, saved, inflight, allocator, swapped)
@@ -389,6 +404,8 @@ class Executor:
             x = self.context.inputs[mb]
         else:
             x = self._act_in.pop((s, mb))
+            if self._counting:
+                self._act_bytes[self._memory_slots[s]] -= x.nbytes
             if type(x) is self._pending:
                 x = x.wait()
         hooks = self._capturing.pop((s, mb), None) if self._capturing else None
@@ -402,6 +419,8 @@ class Executor:
             return
         if self._placement[s + 1] == self.rank:
             self._act_in[(s + 1, mb)] = out
+            if self._counting:
+                self._act_bytes[self._memory_slots[s + 1]] += out.nbytes
         else:
             self._act_out[(s, mb)] = out
 
@@ -424,6 +443,8 @@ class Executor:
         if s == self._last_stage:
             return None
         grad = self._grad_in.pop((s, mb))
+        if self._counting and grad is not None:
+            self._grad_bytes[self._memory_slots[s]] -= grad.nbytes
         if type(grad) is self._pending:
             grad = grad.wait()
         return grad
@@ -433,6 +454,8 @@ class Executor:
             return
         if self._placement[s - 1] == self.rank:
             self._grad_in[(s - 1, mb)] = dx
+            if self._counting and dx is not None:
+                self._grad_bytes[self._memory_slots[s - 1]] += dx.nbytes
         else:
             self._grad_out[(s, mb)] = dx  # type: ignore[assignment]
 
@@ -510,12 +533,20 @@ class Executor:
     def _recv_f(self, position: int, step: Step) -> None:
         s = step.stage
         peer = self._placement[s - 1]
-        self._act_in[(s, step.microbatch)] = self._receive(position, step, peer, "F", s - 1)
+        received = self._act_in[(s, step.microbatch)] = self._receive(
+            position, step, peer, "F", s - 1
+        )
+        if self._counting:
+            self._act_bytes[self._memory_slots[s]] += received.nbytes
 
     def _recv_b(self, position: int, step: Step) -> None:
         s = step.stage
         peer = self._placement[s + 1]
-        self._grad_in[(s, step.microbatch)] = self._receive(position, step, peer, "B", s + 1)
+        received = self._grad_in[(s, step.microbatch)] = self._receive(
+            position, step, peer, "B", s + 1
+        )
+        if self._counting:
+            self._grad_bytes[self._memory_slots[s]] += received.nbytes
 
     def _receive(self, position: int, step: Step, peer: int, channel: str, src: int) -> Any:
         """The message of a RECV step: the tensor (plain mode, waited here) or a pending recv
