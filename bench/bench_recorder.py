@@ -242,6 +242,28 @@ class Block:
     cpu: float  # the process's CPU seconds, every thread
     main: float  # the training thread's
     writer: float  # the recorder's writer thread's
+    gc: float  # seconds in garbage collections (any thread), part of the above
+
+
+class GcTime:
+    """Seconds this process spends in garbage collections, summed by `gc.callbacks`.
+
+    Which side of an alternating comparison a collection lands on depends on where the
+    process's count of live container objects crosses the collector's threshold, not only
+    on what each side allocates; this shows where it landed."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.total = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._start
 
 
 def block_order(sides: Sequence[str], rounds: int) -> list[str]:
@@ -272,14 +294,16 @@ def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> li
     import torch.distributed as dist
 
     blocks = []
+    gc_time = GcTime()
     for side in order:
         switch.use(side == "steps")
         dist.barrier()
-        start, cpu, main, writer = (
+        start, cpu, main, writer, gc = (
             time.perf_counter(),
             time.process_time(),
             time.thread_time(),
             _thread_cpu(WRITER_THREAD),
+            gc_time.total,
         )
         for _ in range(block_steps):
             runner.step(*batch)
@@ -294,6 +318,7 @@ def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> li
                 time.process_time() - cpu,
                 time.thread_time() - main,
                 _thread_cpu(WRITER_THREAD) - writer,
+                gc_time.total - gc,
             )
         )
     return blocks
@@ -343,6 +368,7 @@ class JobBlock:
     cpu: float
     main: float
     writer: float
+    gc: float
 
     @property
     def threads(self) -> float:
@@ -361,6 +387,7 @@ def _job_blocks(per_rank: list[list[dict]]) -> list[JobBlock]:
                 sum(p["cpu"] for p in parts),
                 sum(p["main"] for p in parts),
                 sum(p["writer"] for p in parts),
+                sum(p["gc"] for p in parts),
             )
         )
     return blocks
@@ -414,6 +441,11 @@ def _print_demo(blocks: list[JobBlock], block_steps: int) -> None:
             f"{ms(lambda b: b.main):6.2f} + {ms(lambda b: b.writer):5.3f} + "
             f"{ms(lambda b: b.cpu - b.main - b.writer):5.2f}"
         )
+    print("  garbage collections (4 ranks), mean ms per iteration and share of blocks with one:")
+    for side in DEMO_SIDES:
+        gcs = [b.gc for b in blocks if b.side == side]
+        with_gc = sum(1 for g in gcs if g > 0) / len(gcs)
+        print(f"  {side:<6} {statistics.mean(gcs) * 1e3 / block_steps:6.3f} ms, {with_gc:.0%}")
 
 
 def demo_overhead(rounds: int, block_steps: int, warmup_rounds: int = 1) -> None:

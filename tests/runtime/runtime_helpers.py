@@ -18,8 +18,10 @@ class ListRecorder:
     """Keeps every hook call as a dict (thread-safe: OVERLAP_F_B calls from two threads);
     writes them to ``path`` at `end_run` or `exception`, if a path is given."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, records_memory: bool = False) -> None:
         self.path = path
+        self.records_memory = records_memory
+        """Whether the executor samples memory (asked at each iteration: may be switched)."""
         self.events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._tokens = 0
@@ -72,6 +74,16 @@ class ListRecorder:
 
     def p2p_completed(self, token: Any) -> None:
         self._add(event="p2p_completed", posted=token)
+
+    def memory_sample(
+        self,
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: Any,
+        swapped: list[int] | None = None,
+    ) -> None:
+        self._add(event="memory_sample", step=token, saved=saved, inflight=inflight)
 
     def exception(self, exc: BaseException) -> None:
         self._add(event="exception", error=f"{type(exc).__name__}: {exc}")

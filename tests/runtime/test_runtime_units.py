@@ -373,3 +373,46 @@ def test_demo_worker_outside_its_launcher_names_what_is_missing(monkeypatch):
     result = CliRunner().invoke(main, ["--schedule", "1f1b"])
     assert result.exit_code == 2
     assert "RANK and WORLD_SIZE not set: start this under torchrun" in result.output
+
+
+def _samples_by_step(recorder: ListRecorder, iteration: int) -> dict[str, list[int]]:
+    """Iteration ``iteration``'s memory samples: the in-flight bytes after each step."""
+    begins, start = {}, None
+    for i, event in enumerate(recorder.events):
+        if event["event"] == "begin_iteration" and event["iteration"] == iteration:
+            start = i
+        elif start is not None and event["event"] == "begin_step":
+            begins[event["token"]] = event["step"]
+        elif start is not None and event["event"] == "end_iteration":
+            break
+    samples = recorder.events[start:i] if start is not None else []
+    return {begins[e["step"]]: e["inflight"] for e in samples if e["event"] == "memory_sample"}
+
+
+def test_memory_samples_count_local_hand_offs_until_consumed():
+    """A one-rank plan's hand-offs: the activation F(s) passes on counts in stage s+1's slot
+    until that stage's forward takes it, a gradient in stage s-1's until its backward does
+    (the composite's forward and backward hand over on two threads). A recorder switched on
+    again after an unrecorded iteration samples the same bytes."""
+    _, stages = make_stages(3)
+    plan = Plan(2, (0, 0, 0), MIXED_ROWS)
+    recorder = ListRecorder(records_memory=True)
+    executor = Executor(plan=plan, rank=0, stages=stages, p2p=None, recorder=recorder)
+    inputs, targets = demo_batch(0, 2 * DEMO.microbatch_size, DEMO, seed=0)
+    batch = inputs.split(DEMO.microbatch_size), targets.split(DEMO.microbatch_size)
+    for iteration in range(3):
+        recorder.records_memory = iteration != 1  # off for the middle one
+        executor.run_iteration(*batch)
+    executor.close()
+    one = DEMO.microbatch_size * DEMO.width * 8  # an activation or its gradient, float64
+    first = _samples_by_step(recorder, 0)
+    assert first["0F0"] == [0, one, 0] and first["1F0"] == [0, 0, one]
+    assert first["2F0"] == [0, 0, 0]  # the last stage keeps its loss, hands nothing on
+    assert first["(2F1;2I0)OVERLAP_F_B"] == [0, one, 0]  # 2F1 took its input, 2I0 gave dx
+    assert first["1B0"] == [one, 0, 0] and first["0I0"] == [0, 0, 0]
+    assert first["0RESHARD"] == [0, 0, 0]
+    assert _samples_by_step(recorder, 1) == {}
+    third = _samples_by_step(recorder, 2)
+    assert third == {step: first[step] for step in third}
+    # after the first sample, steps that move no bytes are not sampled
+    assert set(first) - set(third) == {"0UNSHARD", "0REDUCE_GRAD", "0RESHARD"}
