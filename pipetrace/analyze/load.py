@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from itertools import count, filterfalse
+from itertools import compress, count, filterfalse
 from pathlib import Path
 from typing import Any
 
@@ -397,7 +397,7 @@ class _Assembly:
         new = remap >= known  # the rank's texts no earlier rank had: the next codes, in its order
         parts = tuple(part[new] for part in raw.text_parts)  # parsed by the worker
         self.text_parts.append(parts)
-        self.steps += steps_of([text for text, n in zip(raw.texts, new.tolist()) if n], *parts)
+        self.steps += steps_of(list(compress(raw.texts, new.tolist())), *parts)
         timeline, self.models[rank] = _timeline(
             rank,
             raw,
@@ -493,7 +493,7 @@ class _Assembly:
 
 def _ran_plan(raw: RawRank) -> list[str]:
     """The plan the rank ran (run_start's, bubbles removed), empty without a run_start."""
-    return [] if raw.run_start is None else [str(t) for t in raw.run_start.get("plan") or ()]
+    return [] if raw.run_start is None else list(map(str, raw.run_start.get("plan") or ()))
 
 
 def _timeline(
