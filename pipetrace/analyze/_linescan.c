@@ -10,8 +10,9 @@
  * matches is therefore exactly the JSON object its template describes: the caller gets the
  * values a JSON decoder would have given, at a fraction of the cost.
  *
- * `codes` turns the (offset, length) of string values into the caller's interned codes,
- * through a dict of the raw bytes; a value not seen before goes to a Python callback.
+ * `codes` turns the (offset, length) of string values into the caller's interned codes:
+ * a value met earlier in the same call is found in a small table of its bytes, another
+ * through the caller's dict of raw bytes, and a value never seen goes to a Python callback.
  *
  * The Python side is `pipetrace/analyze/templated.py`.
  */
@@ -261,15 +262,62 @@ done:
 PyDoc_STRVAR(codes_doc,
              "codes(chunk, rows, column, known, on_miss, out) -> bool\n\n"
              "For each row of rows (a 2-d int64 array), the code of the bytes\n"
-             "chunk[row[column] : row[column] + row[column + 1]]: known[bytes] if there,\n"
-             "else on_miss(bytes), which is then kept in known. Codes go to out (int32).\n"
+             "chunk[row[column] : row[column] + row[column + 1]]: the code of an earlier\n"
+             "row with the same bytes, else known[bytes] if there, else on_miss(bytes),\n"
+             "which is then kept in known. Codes go to out (int32).\n"
              "False (and out incomplete) as soon as a code is negative: the caller's sign\n"
              "that the value cannot be used.");
+
+/* The values met in one `codes` call, by their bytes: most rows repeat a value an earlier
+ * row of the chunk had, and finding it here costs no Python object. */
+#define SEEN_SLOTS 4096 /* a power of two */
+typedef struct {
+    const char *text;
+    int64_t length;
+    int32_t code;
+} Seen;
+
+static uint64_t hash_bytes(const char *text, int64_t length) {
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (int64_t i = 0; i < length; i++) h = (h ^ (unsigned char)text[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* The code of a value through the caller's dict (then its callback); -1: an error is set,
+ * -2: the callback refused the value. */
+static long code_of(const char *text, int64_t length, PyObject *known, PyObject *on_miss) {
+    PyObject *key = PyBytes_FromStringAndSize(text, length);
+    if (key == NULL) return -1;
+    PyObject *value = PyDict_GetItemWithError(known, key); /* borrowed */
+    if (value == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+        value = PyObject_CallOneArg(on_miss, key);
+        if (value == NULL || PyDict_SetItem(known, key, value) < 0) {
+            Py_XDECREF(value);
+            Py_DECREF(key);
+            return -1;
+        }
+        Py_DECREF(value); /* known holds it */
+    }
+    Py_DECREF(key);
+    long code = PyLong_AsLong(value);
+    if (code == -1 && PyErr_Occurred()) return -1;
+    if (code < 0) return -2;
+    if (code > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "codes: a code beyond int32");
+        return -1;
+    }
+    return code;
+}
 
 static PyObject *codes(PyObject *self, PyObject *args) {
     Py_buffer chunk = {0}, rows = {0}, out = {0};
     Py_ssize_t column;
     PyObject *rows_object, *known, *on_miss, *result = NULL;
+    Seen *seen = NULL;
     if (!PyArg_ParseTuple(args, "y*OnO!Ow*", &chunk, &rows_object, &column, &PyDict_Type,
                           &known, &on_miss, &out))
         return NULL;
@@ -282,12 +330,15 @@ static PyObject *codes(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "codes: rows (n, width) int64, out int32 of n");
         goto done;
     }
-    Py_ssize_t n = rows.shape[0], width = rows.shape[1];
+    seen = PyMem_Calloc(SEEN_SLOTS, sizeof(Seen));
+    if (seen == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t n = rows.shape[0], width = rows.shape[1], filled = 0;
     const int64_t *row = rows.buf;
     int32_t *code_out = out.buf;
-    const char *base = chunk.buf, *previous = NULL;
-    Py_ssize_t previous_len = -1;
-    long previous_code = 0;
+    const char *base = chunk.buf;
     for (Py_ssize_t i = 0; i < n; i++, row += width) {
         int64_t offset = row[column], length = row[column + 1];
         if (offset < 0 || length < 0 || offset + length > chunk.len) {
@@ -295,42 +346,29 @@ static PyObject *codes(PyObject *self, PyObject *args) {
             goto done;
         }
         const char *text = base + offset;
-        if (length == previous_len && memcmp(text, previous, length) == 0) {
-            code_out[i] = (int32_t)previous_code;
+        uint64_t slot = hash_bytes(text, length) & (SEEN_SLOTS - 1);
+        while (seen[slot].text != NULL &&
+               (seen[slot].length != length || memcmp(seen[slot].text, text, length) != 0))
+            slot = (slot + 1) & (SEEN_SLOTS - 1);
+        if (seen[slot].text != NULL) {
+            code_out[i] = seen[slot].code;
             continue;
         }
-        PyObject *key = PyBytes_FromStringAndSize(text, length);
-        if (key == NULL) goto done;
-        PyObject *value = PyDict_GetItemWithError(known, key); /* borrowed */
-        if (value == NULL) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(key);
-                goto done;
-            }
-            value = PyObject_CallOneArg(on_miss, key);
-            if (value == NULL || PyDict_SetItem(known, key, value) < 0) {
-                Py_XDECREF(value);
-                Py_DECREF(key);
-                goto done;
-            }
-            Py_DECREF(value); /* known holds it */
-        }
-        Py_DECREF(key);
-        long code = PyLong_AsLong(value);
-        if (code == -1 && PyErr_Occurred()) goto done;
-        if (code < 0) {
+        long code = code_of(text, length, known, on_miss);
+        if (code == -1) goto done;
+        if (code == -2) {
             result = Py_NewRef(Py_False);
             goto done;
         }
-        if (code > INT32_MAX) {
-            PyErr_SetString(PyExc_OverflowError, "codes: a code beyond int32");
-            goto done;
-        }
         code_out[i] = (int32_t)code;
-        previous = text, previous_len = length, previous_code = code;
+        if (filled < SEEN_SLOTS / 2) { /* past half full, the rest go through the dict */
+            seen[slot] = (Seen){text, length, (int32_t)code};
+            filled++;
+        }
     }
     result = Py_NewRef(Py_True);
 done:
+    PyMem_Free(seen);
     PyBuffer_Release(&chunk);
     PyBuffer_Release(&rows);
     PyBuffer_Release(&out);

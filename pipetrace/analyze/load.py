@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from itertools import count, filterfalse
+from itertools import compress, count, filterfalse
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +172,7 @@ class _Parsing:
             workers = len(self.stale) if size >= _PARALLEL_MIN_BYTES else 0
         self.workers = worker_count(workers, len(self.stale))
         self._pool: ProcessPoolExecutor | None = None
-        self._futures: dict[Path, Future[RawRank]] = {}
+        self._futures: dict[Path, tuple[Future[list[RawRank | None]], int]] = {}
 
     def __enter__(self) -> _Parsing:
         if self.workers > 1:
@@ -187,7 +187,11 @@ class _Parsing:
                 initializer=start_worker,
                 initargs=(os.getpid(),),
             )
-            self._futures = {p: self._pool.submit(self.read, p) for p in self.stale}
+            size = _batch_size(len(self.stale), self.workers)
+            for start in range(0, len(self.stale), size):
+                batch = self.stale[start : start + size]
+                future = self._pool.submit(_parse_batch, self.read, batch)
+                self._futures.update((path, (future, i)) for i, path in enumerate(batch))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
@@ -208,13 +212,30 @@ class _Parsing:
                 self.progress(done, len(self.paths))
 
     def _result(self, path: Path) -> RawRank:
+        future, index = self._futures.pop(path)
         try:
-            return self._futures[path].result()
+            batch = future.result()
         except BrokenProcessPool:  # every pending log fails with it: which one killed it is unknown
             raise PipetraceError(
                 f"a process parsing the logs died (out of memory?) before {path.name} "
                 "was read; try again with --workers 0 to parse in one process"
             ) from None
+        raw, batch[index] = batch[index], None  # the batch must not keep it alive
+        assert raw is not None
+        return raw
+
+
+def _batch_size(logs: int, workers: int) -> int:
+    """Logs per task: a few per task cost the pool's hand-over (a worker that finished waits
+    for the loading process's queue thread to send it more, and that thread waits for the
+    interpreter lock) once per few logs instead of once per log, while still ~8 tasks per
+    worker balance the load. 16 at most: a task's results wait in memory until assembled."""
+    return max(1, min(16, logs // (8 * workers)))
+
+
+def _parse_batch(read: Callable[[Path], RawRank], paths: list[Path]) -> list[RawRank | None]:
+    """A pool task: several logs parsed (`_Parsing`)."""
+    return [read(path) for path in paths]
 
 
 def _check_raw(
@@ -376,7 +397,7 @@ class _Assembly:
         new = remap >= known  # the rank's texts no earlier rank had: the next codes, in its order
         parts = tuple(part[new] for part in raw.text_parts)  # parsed by the worker
         self.text_parts.append(parts)
-        self.steps += steps_of([text for text, n in zip(raw.texts, new.tolist()) if n], *parts)
+        self.steps += steps_of(list(compress(raw.texts, new.tolist())), *parts)
         timeline, self.models[rank] = _timeline(
             rank,
             raw,
@@ -472,7 +493,7 @@ class _Assembly:
 
 def _ran_plan(raw: RawRank) -> list[str]:
     """The plan the rank ran (run_start's, bubbles removed), empty without a run_start."""
-    return [] if raw.run_start is None else [str(t) for t in raw.run_start.get("plan") or ()]
+    return [] if raw.run_start is None else list(map(str, raw.run_start.get("plan") or ()))
 
 
 def _timeline(

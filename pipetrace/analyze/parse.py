@@ -21,7 +21,6 @@ import numpy as np
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS, parse_texts
 from pipetrace.analyze.reader import (
-    CHUNK_BYTES,
     ORDER_TOLERANCE_NS,
     SKIP,
     LogProblems,
@@ -30,8 +29,7 @@ from pipetrace.analyze.reader import (
     line_chunks,
     open_log,
 )
-from pipetrace.analyze.templated import CHUNK_BYTES as templated_chunk_bytes
-from pipetrace.analyze.templated import TemplatedChunks, available
+from pipetrace.analyze.templated import TemplatedChunks, available, chunk_bytes
 from pipetrace.gc_pause import gc_paused
 from pipetrace.interning import Interner
 from pipetrace.recorder import format as fmt
@@ -151,9 +149,8 @@ def _parse(path: str | Path, matching: bool) -> RawRank:
     templated = TemplatedChunks(interners) if matching else None
     last_t = header["t0"] if fmt.is_int64(header.get("t0")) else None
     try:
-        # the same chunks either way: a text's code depends on where chunks end
-        chunk_bytes = templated_chunk_bytes if available() else CHUNK_BYTES
-        for chunk, first_line, lines in line_chunks(handle, raw.problems, chunk_bytes=chunk_bytes):
+        chunks = line_chunks(handle, raw.problems, chunk_bytes=chunk_bytes())
+        for chunk, first_line, lines in chunks:
             columns = templated.columns(chunk, lines) if templated and lines else None
             if columns is None:
                 items = decode_chunk(chunk, first_line, lines, raw.problems)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from pipetrace.analyze import reader
 from pipetrace.interning import Interner
 from pipetrace.recorder import format as fmt
 
@@ -56,6 +57,12 @@ def available() -> bool:
     return _linescan is not None
 
 
+def chunk_bytes() -> int:
+    """The chunk size of every parse in this process, whichever path reads each chunk (a new
+    text's code depends on where chunks end): `CHUNK_BYTES` with the helper."""
+    return CHUNK_BYTES if available() else reader.CHUNK_BYTES
+
+
 def compiled_sources() -> list[Path]:
     """The helper's C source and built library, for the parser's cache key."""
     built = [Path(_linescan.__file__)] if _linescan is not None else []
@@ -85,27 +92,18 @@ _SCAN, _WIDTHS, _COLUMNS = _layout()
 class TemplatedChunks:
     """One log's chunks read by template matching; codes come from the log's interners.
 
-    The raw bytes of each string value seen are kept with their code, so most values cost
-    a dict lookup (or nothing, when a row repeats the row before it)."""
+    Each string field has a dict of the raw bytes of the values seen with their codes (a
+    value met earlier in the same chunk costs not even that: `_linescan.codes`), and a
+    function that interns a value not seen before."""
 
     def __init__(self, interners: tuple[Interner, ...]) -> None:
         texts, threads, shapes, dtypes = interners
-        self._texts = self._coder(lambda raw: texts.get(raw.decode()))
-        self._threads = self._coder(lambda raw: threads.get(raw.decode()))
-        self._shapes = self._coder(lambda raw: shapes.get(tuple(orjson.loads(raw))))
-        self._dtypes = self._coder(lambda raw: dtypes.get(raw.decode()))
-        self._ops = self._enumeration(fmt.OPS)
-        self._channels = self._enumeration(fmt.CHANNELS)
-
-    @staticmethod
-    def _coder(on_miss: Callable[[bytes], int]) -> tuple[dict[bytes, int], Callable]:
-        return {}, on_miss
-
-    @staticmethod
-    def _enumeration(names: tuple[str, ...]) -> tuple[dict[bytes, int], Callable]:
-        """Codes of a closed set of values: another value sends the chunk to the general
-        path (which keeps or counts it as it always did)."""
-        return {name.encode(): code for code, name in enumerate(names)}, lambda raw: -1
+        self._texts = ({}, lambda raw: texts.get(raw.decode()))
+        self._threads = ({}, lambda raw: threads.get(raw.decode()))
+        self._shapes = ({}, lambda raw: shapes.get(tuple(orjson.loads(raw))))
+        self._dtypes = ({}, lambda raw: dtypes.get(raw.decode()))
+        self._ops = _enumeration(fmt.OPS)
+        self._channels = _enumeration(fmt.CHANNELS)
 
     def columns(self, chunk: bytes, lines: int) -> tuple | None:
         """`parse._fast_batch`'s columns of a chunk of ``lines`` whole lines (joined by
@@ -124,18 +122,16 @@ class TemplatedChunks:
         channels = self._codes(chunk, pp, _P2P_POST, "ch", self._channels)
         if ops is None or channels is None:
             return None
-        # interned in the general path's order: a new text gets the same code there
+        # interned in the general path's order (steps' texts, then ops'): the same codes
         step_cols = {
             **_ints(sb, _STEP_BEGIN, ("t", "id", "it", "pos")),
             "code": self._codes(chunk, sb, _STEP_BEGIN, "step", self._texts),
             "thread": self._codes(chunk, sb, _STEP_BEGIN, "th", self._threads),
         }
         p2p_cols = {
-            **_ints(pp, _P2P_POST, ("t", "id", "it")),
+            **_ints(pp, _P2P_POST, ("t", "id", "it", "peer", "seq")),
             "op": ops.astype(np.int8),
-            **_ints(pp, _P2P_POST, ("peer",)),
             "ch": channels.astype(np.int8),
-            **_ints(pp, _P2P_POST, ("seq",)),
             "nbytes": pp[:, _COLUMNS[_P2P_POST]["bytes"]].copy(),
             "shape": self._codes(chunk, pp, _P2P_POST, "shape", self._shapes),
             "dtype": self._codes(chunk, pp, _P2P_POST, "dtype", self._dtypes),
@@ -150,6 +146,12 @@ class TemplatedChunks:
         known, on_miss = coder
         ok = _linescan.codes(chunk, rows, _COLUMNS[group][field], known, on_miss, out)
         return out if ok else None
+
+
+def _enumeration(names: tuple[str, ...]) -> tuple[dict[bytes, int], Callable[[bytes], int]]:
+    """Codes of a closed set of values: another value sends the chunk to the general path
+    (which keeps or counts it as it always did)."""
+    return {name.encode(): code for code, name in enumerate(names)}, lambda raw: -1
 
 
 def _ints(rows: np.ndarray, group: int, fields: tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -63,6 +63,11 @@ def load_options(command: Callable[..., Any]) -> Callable[..., Any]:
         **kwargs: Any,
     ) -> Any:
         select = RankSelection(ranks, replica) if ranks is not None or replica is not None else None
-        return command(*args, loading=Loading(not no_cache, select), **kwargs)
+        try:
+            return command(*args, loading=Loading(not no_cache, select), **kwargs)
+        finally:
+            from pipetrace.analyze.run_cache import wait_for_writes  # imports numpy: not for --help
+
+            wait_for_writes()  # the run entry written behind the command (`run_cache`)
 
     return with_loading

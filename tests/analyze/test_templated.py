@@ -111,3 +111,22 @@ def test_changed_lines_read_the_same(synthetic_log, tmp_path, edits, blank):
     log = tmp_path / f"rank-{len(edits)}-{blank}.ndjson"
     log.write_bytes(b"\n".join(lines))
     assert_same(parse_rank_file(log), parse_rank_file(log, matching=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pieces=st.lists(
+        st.one_of(
+            st.binary(max_size=120),
+            st.sampled_from([text for old, new in EDITS for text in (old, new)]),
+        ),
+        max_size=40,
+    )
+)
+def test_arbitrary_bytes_read_the_same(tmp_path_factory, pieces):
+    """Bytes of any kind between real lines: never a crash, and the same reading."""
+    real = (SAMPLES / "clean-1f1b" / "rank-00001.ndjson").read_bytes().split(b"\n")
+    body = b"\n".join(real[1:8]) + b"".join(pieces) + b"\n" + b"\n".join(real[8:20])
+    log = tmp_path_factory.mktemp("bytes") / "rank-00001.ndjson"
+    log.write_bytes(real[0] + b"\n" + body)
+    assert_same(parse_rank_file(log), parse_rank_file(log, matching=False))
