@@ -19,7 +19,8 @@ round, so every side takes every position alike); each round gives one ratio per
 the rounds with its interquartile range and standard error, for the job's wall time per block
 (first rank's start to last rank's end, one host's monotonic clock) and for the CPU time of
 all 4 processes (every thread, the writer's encoding included: each block ends with a flush),
-and where the CPU went: training thread, writer thread, the rest (gloo, watchdog).
+and where the CPU went: training thread, writer thread, the rest (gloo, watchdog), and the
+time spent in garbage collections on each side.
 
 Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
 with and without counting what autograd saves (alternating, ratio of medians), and the
