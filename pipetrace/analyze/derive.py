@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipetrace.analyze.model import (
-    COMPOSITE_CODES,
+    IS_COMPOSITE,
     KIND_CODE,
     MAIN_THREAD,
     OP_SEND,
@@ -36,7 +36,7 @@ def _top_level(rank: RankTimeline, catalog: StepCatalog) -> np.ndarray:
     main = np.flatnonzero(steps.thread == MAIN_THREAD)
     if len(main) < 2:
         return main
-    is_composite = np.isin(catalog.kind[steps.code[main]], COMPOSITE_CODES)
+    is_composite = IS_COMPOSITE[catalog.kind[steps.code[main]]]
     if not is_composite.any():
         return main
     pos, it = steps.pos[main], steps.it[main]

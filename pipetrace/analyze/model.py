@@ -58,6 +58,7 @@ def kind_table(kinds) -> np.ndarray:
 IS_COMPUTE = kind_table(COMPUTE_KINDS)
 IS_COMPUTE_OR_COMPOSITE = kind_table(COMPUTE_KINDS | {StepKind.OVERLAP_F_B})
 IS_COMM = kind_table({StepKind.SEND_F, StepKind.SEND_B, StepKind.RECV_F, StepKind.RECV_B})
+IS_COMPOSITE = kind_table({StepKind.OVERLAP_F_B, StepKind.OVERLAP_B_F})
 SEND_CODES = np.array([KIND_CODE[StepKind.SEND_F], KIND_CODE[StepKind.SEND_B]], dtype=np.int8)
 RECV_CODES = np.array([KIND_CODE[StepKind.RECV_F], KIND_CODE[StepKind.RECV_B]], dtype=np.int8)
 
