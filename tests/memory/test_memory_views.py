@@ -20,6 +20,7 @@ from pipetrace.tui.app import PipetraceApp
 from pipetrace.tui.describe import describe
 from pipetrace.tui.lanes import MEMORY
 from pipetrace.tui.session import open_session
+from tests.tui.conftest import wait_loaded
 
 ACTIVATION = 1 << 20
 
@@ -62,11 +63,7 @@ def test_the_memory_lane_draws_levels_up_to_full_blocks(gpipe_run):
     async def screen() -> str:
         app = PipetraceApp(gpipe_run)
         async with app.run_test(size=(120, 30)) as pilot:
-            await app.workers.wait_for_complete()
-            for _ in range(50):
-                await pilot.pause()
-                if app.state is not None and app.state.cursor is not None:
-                    break
+            await wait_loaded(pilot)
             await pilot.press("z")  # the whole run
             await pilot.pause()
             strips = app.screen._compositor.render_strips()
@@ -101,8 +98,6 @@ def test_the_export_has_a_memory_counter_per_rank(gpipe_run):
 
 def test_memory_lanes_snapshot(snap_compare, gpipe_run):
     """GPipe's ramp on the ``mem`` lanes of both ranks, the whole run in view."""
-    from tests.tui.conftest import wait_loaded
-
     assert snap_compare(
         PipetraceApp(gpipe_run), press=["z"], terminal_size=(100, 24), run_before=wait_loaded
     )

@@ -22,6 +22,7 @@ from pipetrace.cli import main
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.config import DemoConfig, RunConfig
 from pipetrace.schedule.ir import StepKind
+from tests.tui.conftest import wait_loaded
 
 pytest.importorskip("mindspore")
 pytestmark = pytest.mark.multiproc
@@ -89,12 +90,7 @@ async def _open_in_tui(run_dir) -> tuple[str, str | None]:
 
     app = PipetraceApp(run_dir)
     async with app.run_test(size=(100, 30)) as pilot:
-        await app.workers.wait_for_complete()
-        for _ in range(50):
-            await pilot.pause()
-            if app.state is not None and (app.state.cursor is not None or app.load_error):
-                break
-        await pilot.pause()
+        await wait_loaded(pilot)
         text = "\n".join(
             "".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips()
         )

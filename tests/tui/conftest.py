@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pipetrace.analyze.run_cache import wait_for_writes
 from pipetrace.runtime.faults import Crash
 from pipetrace.schedule.ir import Plan, parse_step
 from pipetrace.testing.cluster import FakeCluster
@@ -65,14 +66,22 @@ def overlap_run(tmp_path_factory) -> Path:
 
 
 async def wait_loaded(pilot) -> None:
-    """Wait for the background load and the first view."""
+    """Wait for the background load and the first view, drawn.
+
+    The first view's move sets the cursor at once but redraws the title, ruler and
+    timeline on the frames after it; and the load leaves its run entry being written in a
+    thread (`run_cache`), which competes for the interpreter with those frames. So: the
+    cursor, then the write, then a few frames (one was not always enough: a snapshot once
+    caught the whole-run view under the first view's details)."""
     app = pilot.app
     await app.workers.wait_for_complete()
     for _ in range(50):
         await pilot.pause()
         if app.state is not None and (app.state.cursor is not None or app.load_error):
             break
-    await pilot.pause()
+    wait_for_writes()
+    for _ in range(3):
+        await pilot.pause()
 
 
 def screen_text(app) -> str:
