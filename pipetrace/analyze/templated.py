@@ -48,7 +48,7 @@ _GENERAL = frozenset({fmt.STEP_BEGIN, fmt.P2P_POST, fmt.STEP_END, fmt.P2P_DONE})
 _I64 = np.int64
 CHUNK_BYTES = 1 << 20
 """Bytes read per chunk: matching holds no Python object per line, so bigger chunks than
-the JSON path's only spread the per-chunk work thinner (1 MiB: 0.6x the time per log of
+the JSON path's only spread the per-chunk work thinner (1 MiB: 0.6-0.9x the time per log of
 128 KiB chunks, measured on bench_analyze's logs)."""
 
 
