@@ -1,10 +1,15 @@
-"""The one compiled part of pipetrace (everything else is declared in pyproject.toml).
+"""The compiled parts of pipetrace (everything else is declared in pyproject.toml), each
+one C file against Python's API, no other library:
 
-`pipetrace/analyze/_linescan.c`: template matching of the recorder's event lines
-(`pipetrace/analyze/templated.py`), plain C against Python's API, no other library.
-Optional: where no C compiler is found the install goes on without it and analysis decodes
-every line as JSON (the same results, 2-4x slower). Declared here, not in pyproject.toml,
-because setuptools still calls its pyproject form experimental.
+- `pipetrace/analyze/_linescan.c`: template matching of the recorder's event lines
+  (`pipetrace/analyze/templated.py`);
+- `pipetrace/recorder/_encode.c`: the recorder's records written as those lines
+  (`pipetrace/recorder/encoding.py`).
+
+Both optional: where no C compiler is found the install goes on without them, and the same
+work is done in Python (the same results, slower: analysis 2-4x, recording's encoding
+several times). Declared here, not in pyproject.toml, because setuptools still calls its
+pyproject form experimental.
 """
 
 from setuptools import Extension, setup
@@ -15,6 +20,11 @@ setup(
             "pipetrace.analyze._linescan",
             sources=["pipetrace/analyze/_linescan.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "pipetrace.recorder._encode",
+            sources=["pipetrace/recorder/_encode.c"],
+            optional=True,
+        ),
     ]
 )

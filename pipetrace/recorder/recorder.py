@@ -36,6 +36,15 @@ from pipetrace.recorder.device.anchor import Anchor
 from pipetrace.recorder.device.protocol import DeviceBackend
 from pipetrace.recorder.device.spans import DeviceSpan, PendingWork
 from pipetrace.recorder.device.timer import DeviceTimer, TimerSettings
+from pipetrace.recorder.encoding import (
+    MEMORY,
+    OTHER,
+    P2P_DONE,
+    P2P_POST,
+    STEP_BEGIN,
+    STEP_END,
+    LineEncoder,
+)
 from pipetrace.recorder.hooks import Config, Place
 from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
@@ -43,9 +52,6 @@ from pipetrace.schedule.ir import Plan, Step, format_step
 
 if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
-
-# Tuple tags on the hot path; `_encode` turns each into its documented JSON event.
-_STEP_BEGIN, _STEP_END, _P2P_POST, _P2P_DONE, _OTHER, _MEMORY = range(6)
 
 
 class ProfilerRanges(Protocol):
@@ -90,9 +96,6 @@ class Recorder:
         self._profiler = profiler
         self._clock_exchange = clock_exchange
         self.world_size = 1
-        self._peers: tuple[int, ...] | None = None
-        """Pipeline rank -> global rank, when the job has several pipelines (the runtime
-        names peers by pipeline rank; the trace by global rank)."""
         self._writer: EventWriter | None = None
         # The writer's appends, bound once for the hot path (refusing until begin_run).
         self._append: Callable[[tuple], None] = _not_recording
@@ -107,8 +110,7 @@ class Recorder:
         self.last_progress = self._perf_anchor
         self.open_steps: dict[int, tuple] = {}  # id -> its step_begin record
         self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
-        self._texts: dict[int, bytes] = {}
-        self._literals = _JsonLiterals()
+        self._encoder: LineEncoder | None = None  # made in begin_run, when peers are known
         self._watchdog = None
         self._device = device
         device_timing = device_timing or TimerSettings()
@@ -135,13 +137,16 @@ class Recorder:
         exchange use the global rank ``place`` gives (the same without one)."""
         self.rank = rank if place is None else place.global_rank
         self.world_size = world_size if place is None else place.world_size
-        self._peers = None if place is None else place.pipeline_ranks
         run_dir = self.config.run_dir
         run_dir_claim.claim(run_dir, run_dir_claim.current_run_id())
+        # Pipeline rank -> global rank when the job has several pipelines: the runtime names
+        # peers by pipeline rank, the trace by global rank.
+        peers = None if place is None else place.pipeline_ranks
+        self._encoder = LineEncoder(self._epoch_anchor - self._perf_anchor, peers)
         self._writer = EventWriter(
             fmt.rank_log_path(run_dir, self.rank),
             self._header(place),
-            self._encode_lines,
+            self._encoder,
             flush_interval=self.config.flush_interval,
             capacity=self.config.buffer_events,
         )
@@ -245,7 +250,10 @@ class Recorder:
         if self._timer is not None and not self._device_poller:
             self._timer.poll()
         if self._writer is not None:
-            self._writer.request_flush()
+            # Here, not on the writer's thread: with the records encoded in C a flush costs
+            # less than waking that thread and handing it the interpreter lock, which the
+            # training thread then waits to get back (docs/performance.md, "Recorder").
+            self._writer.flush()
 
     @property
     def watched(self) -> bool:
@@ -259,7 +267,7 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         sid = next(self._ids)
-        record = (_STEP_BEGIN, t, sid, self._iteration, position, step, thread)
+        record = (STEP_BEGIN, t, sid, self._iteration, position, step, thread)
         self.open_steps[sid] = record  # the record itself: one tuple per step, not two
         self._append_unchecked(record)  # `end_step` checks the queue's bound
         profiler = self._profiler
@@ -290,9 +298,9 @@ class Recorder:
                 self._profiler.end(handle)
         self.open_steps.pop(token, None)
         if nbytes is None:
-            self._append((_STEP_END, t, token))
+            self._append((STEP_END, t, token))
         else:
-            self._append((_STEP_END, t, token, nbytes))
+            self._append((STEP_END, t, token, nbytes))
 
     def p2p_posted(
         self,
@@ -316,7 +324,7 @@ class Recorder:
             self._p2p_timings[pid] = self._timer.begin(pid, format_step(step), stream, "p2p")
         stack = _short_stack() if self._stacks else None
         record = (
-            _P2P_POST,
+            P2P_POST,
             t,
             pid,
             self._iteration,
@@ -346,7 +354,7 @@ class Recorder:
         t = self._monotonic_ns()
         self.last_progress = t
         self.inflight.pop(token, None)
-        self._append_unchecked((_P2P_DONE, t, token))
+        self._append_unchecked((P2P_DONE, t, token))
 
     def memory_sample(
         self,
@@ -364,7 +372,7 @@ class Recorder:
         self._last_memory = sample
         sid = token[0] if type(token) is tuple else token
         t = self._monotonic_ns()
-        self._append_unchecked((_MEMORY, t, sid, saved, inflight, allocator, swapped))
+        self._append_unchecked((MEMORY, t, sid, saved, inflight, allocator, swapped))
 
     # -- device timing ---------------------------------------------------------------------
 
@@ -408,7 +416,7 @@ class Recorder:
         fields = {"index": anchor.index, "uncertainty_ns": anchor.uncertainty_ns}
         fields["rate"] = anchor.rate
         monotonic = anchor.host_ns - self._epoch_anchor + self._perf_anchor
-        self._writer.append((_OTHER, monotonic, fmt.DEVICE_ANCHOR, fields))
+        self._writer.append((OTHER, monotonic, fmt.DEVICE_ANCHOR, fields))
 
     def describe_device_pending(self) -> dict[str, list[dict[str, Any]]]:
         """``{"device_pending": [...]}``: work enqueued and not completed on the device,
@@ -451,117 +459,23 @@ class Recorder:
         ]
 
     def describe_inflight(self) -> list[dict[str, Any]]:
-        return [orjson.loads(self._encode(record)) for record in list(self.inflight.values())]
+        encoder = self._encoder
+        if encoder is None:
+            return []
+        return [orjson.loads(encoder.lines([record])) for record in list(self.inflight.values())]
 
     def now_ns(self) -> int:
         """Wall-clock nanoseconds on this rank's event clock."""
         return self._epoch_anchor + (self._monotonic_ns() - self._perf_anchor)
 
-    # -- encoding (flush thread) -----------------------------------------------------------
+    # -- other events ----------------------------------------------------------------------
 
     def _other(self, event: str, *, progress: bool = True, **fields: Any) -> None:
         t = self._monotonic_ns()
         if progress:  # the watchdog's own events must not count as progress
             self.last_progress = t
         if self._writer is not None:
-            self._writer.append((_OTHER, t, event, fields))
-
-    def _text(self, step: Step) -> bytes:
-        """The step's text as a JSON string literal, computed once per step."""
-        key = id(step)
-        text = self._texts.get(key)
-        if text is None:
-            # Plans keep their Step objects alive for the whole run, so ids stay unique.
-            text = self._texts[key] = orjson.dumps(format_step(step))
-        return text
-
-    def _encode(self, record: tuple) -> bytes:
-        """One event line (for stall dumps; the writer encodes whole batches)."""
-        return bytes(self._encode_lines([record]))
-
-    def _encode_lines(self, records: list[tuple]) -> bytearray:
-        """The event lines of a batch of records, in order. The hot event types are formatted
-        from the byte templates that `fmt.line_template` derives from their declarations
-        (about 3x cheaper than building a dict for orjson, measured in
-        bench/bench_recorder.py); their strings go in as cached JSON literals, so the output
-        is the JSON orjson would write. One loop over the batch with everything bound to
-        locals: a call and the attribute lookups per event cost as much as the formatting."""
-        offset = self._epoch_anchor - self._perf_anchor
-        texts, text, literal = self._texts, self._text, self._literals
-        step_begin, step_end, p2p_done = _STEP_BEGIN_LINE, _STEP_END_LINE, _P2P_DONE_LINE
-        begin_tag, end_tag, done_tag, post_tag = _STEP_BEGIN, _STEP_END, _P2P_DONE, _P2P_POST
-        out = bytearray()
-        for record in records:
-            tag = record[0]
-            if tag == end_tag:
-                if len(record) == 3:
-                    out += step_end % (record[1] + offset, record[2])
-                else:  # a swap launch's bytes
-                    out += (step_end % (record[1] + offset, record[2]))[:-2]
-                    out += b',"bytes":%d}\n' % record[3]
-            elif tag == begin_tag:
-                _, t, sid, it, pos, step, thread = record
-                step_text = texts.get(id(step)) or text(step)
-                out += step_begin % (t + offset, sid, it, pos, step_text, literal[thread])
-            elif tag == done_tag:
-                out += p2p_done % (record[1] + offset, record[2])
-            elif tag == post_tag:
-                out += self._p2p_post_line(record, offset)
-            elif tag == _MEMORY:
-                out += _memory_line(record, offset)
-            else:
-                _, t, event_name, fields = record
-                out += orjson.dumps({"e": event_name, "t": t + offset, **fields}, option=_DUMP)
-        return out
-
-    def _p2p_post_line(self, record: tuple, offset: int) -> bytes:
-        _, t, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
-        literal = self._literals
-        line = _P2P_POST_LINE % (
-            t + offset,
-            pid,
-            it,
-            literal[op],
-            self._text(step),
-            peer if self._peers is None else self._peers[peer],
-            literal[channel],
-            seq,
-            nbytes,
-            literal[tuple(shape)],
-            literal[dtype],
-        )
-        if stack is None:
-            return line
-        return line[:-2] + b',"stack":' + orjson.dumps(stack) + b"}\n"
-
-
-_STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
-_STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
-_P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
-_P2P_POST_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_POST])  # without the optional stack
-_MEMORY_LINE = fmt.line_template(fmt.EVENTS[fmt.MEMORY])  # without the CUDA allocator's
-_DUMP = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
-
-
-def _memory_line(record: tuple, offset: int) -> bytes:
-    """A ``memory`` event's line; the CUDA allocator's and the swapped bytes when present."""
-    _, t, sid, saved, inflight, allocator, swapped = record
-    line = _MEMORY_LINE % (t + offset, sid, orjson.dumps(saved), orjson.dumps(inflight))
-    if allocator is None and swapped is None:
-        return line
-    extra = b"" if swapped is None else b',"swapped":' + orjson.dumps(swapped)
-    if allocator is not None:
-        extra += b',"allocated":%d,"reserved":%d' % allocator
-    return line[:-2] + extra + b"}\n"
-
-
-class _JsonLiterals(dict[str | tuple[int, ...], bytes]):
-    """Thread names, ops, channels, dtypes and shapes as JSON bytes, encoded once per value
-    (a run has few distinct ones); a hit is a plain dict lookup, cheaper than ``str.encode``."""
-
-    def __missing__(self, value: str | tuple[int, ...]) -> bytes:
-        literal = self[value] = orjson.dumps(value)
-        return literal
+            self._writer.append((OTHER, t, event, fields))
 
 
 def _not_recording(record: tuple) -> None:

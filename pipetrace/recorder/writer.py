@@ -95,10 +95,6 @@ class EventWriter:
                 self._write(encode(batch))
             self.events_written += count
 
-    def request_flush(self) -> None:
-        """Flush soon on the background thread, off the caller's critical path."""
-        self._wake.set()
-
     def close(self) -> None:
         self._stop.set()
         self._wake.set()
