@@ -4,11 +4,13 @@ one C file against Python's API, no other library:
 - `pipetrace/analyze/_linescan.c`: template matching of the recorder's event lines
   (`pipetrace/analyze/templated.py`);
 - `pipetrace/recorder/_encode.c`: the recorder's records written as those lines
-  (`pipetrace/recorder/encoding.py`).
+  (`pipetrace/recorder/encoding.py`);
+- `pipetrace/recorder/_hotpath.c`: the recorder's hot calls (`Recorder.begin_step` and
+  the like, `pipetrace/recorder/recorder.py`).
 
-Both optional: where no C compiler is found the install goes on without them, and the same
-work is done in Python (the same results, slower: analysis 2-4x, recording's encoding
-several times). Declared here, not in pyproject.toml, because setuptools still calls its
+All optional: where no C compiler is found the install goes on without them, and the same
+work is done in Python (the same results, slower: analysis 2-4x, and recording costs a
+training step more CPU). Declared here, not in pyproject.toml, because setuptools still calls its
 pyproject form experimental.
 """
 
@@ -24,6 +26,11 @@ setup(
         Extension(
             "pipetrace.recorder._encode",
             sources=["pipetrace/recorder/_encode.c"],
+            optional=True,
+        ),
+        Extension(
+            "pipetrace.recorder._hotpath",
+            sources=["pipetrace/recorder/_hotpath.c"],
             optional=True,
         ),
     ]

@@ -50,6 +50,11 @@ from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step
 
+try:
+    from pipetrace.recorder import _hotpath
+except ImportError:  # built without a C compiler: the methods below are the hot path
+    _hotpath = None
+
 if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
 
@@ -80,9 +85,11 @@ class Recorder:
         clock: Clock = SYSTEM_CLOCK,
         device: DeviceBackend | None = None,
         device_timing: TimerSettings | None = None,
+        compiled: bool = True,
     ) -> None:
         """``device``: time steps and P2P ops on this device too (None: host times only);
-        ``device_timing`` tunes its timer (None: the defaults)."""
+        ``device_timing`` tunes its timer (None: the defaults); ``compiled``: use the C hot
+        path and encoder where they are built (False: Python only, which they must equal)."""
         if not config.enabled:
             raise ValueError("a Recorder needs a run_dir and a record mode other than 'off'")
         self.config = config
@@ -118,6 +125,30 @@ class Recorder:
         self._timer = None if device is None else self._device_timer(device, device_timing)
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
         self._last_memory: tuple = ()  # the last memory sample written (only changes are)
+        self._compiled = compiled
+        if compiled and _hotpath is not None and self._timer is None and not self._stacks:
+            self._bind_hot_path()
+
+    def _bind_hot_path(self) -> None:
+        """The hot calls in C (`_hotpath.c`): the same work as the methods below, read and
+        written through this recorder's attributes, bound over them on this instance."""
+        profiler = self._profiler
+        hot = _hotpath.HotPath(
+            self.__dict__,
+            self._monotonic_ns,
+            self._ids,
+            self.open_steps,
+            self.inflight,
+            None if profiler is None else profiler.active,
+            self._step_token,
+            self._close_token,
+            (STEP_BEGIN, STEP_END, P2P_POST, P2P_DONE, MEMORY),
+        )
+        self.begin_step = hot.begin_step
+        self.end_step = hot.end_step
+        self.p2p_posted = hot.p2p_posted
+        self.p2p_completed = hot.p2p_completed
+        self.memory_sample = hot.memory_sample
 
     def _device_timer(self, device: DeviceBackend, settings: TimerSettings) -> DeviceTimer:
         return DeviceTimer(
@@ -142,7 +173,8 @@ class Recorder:
         # Pipeline rank -> global rank when the job has several pipelines: the runtime names
         # peers by pipeline rank, the trace by global rank.
         peers = None if place is None else place.pipeline_ranks
-        self._encoder = LineEncoder(self._epoch_anchor - self._perf_anchor, peers)
+        offset = self._epoch_anchor - self._perf_anchor
+        self._encoder = LineEncoder(offset, peers, compiled=self._compiled)
         self._writer = EventWriter(
             fmt.rank_log_path(run_dir, self.rank),
             self._header(place),
@@ -287,15 +319,20 @@ class Recorder:
         timing = None if timer is None else timer.begin(sid, text, self._device.current_stream())
         return (sid, handle, timing)
 
+    def _close_token(self, token: tuple[int, Any, Any]) -> int:
+        """Closes what `_step_token` opened; the step's id."""
+        sid, handle, timing = token
+        if timing is not None:
+            self._timer.end(timing)
+        if handle is not None:
+            self._profiler.end(handle)
+        return sid
+
     def end_step(self, token: Any, nbytes: int | None = None) -> None:
         t = self._monotonic_ns()
         self.last_progress = t
         if type(token) is tuple:
-            token, handle, timing = token
-            if timing is not None:
-                self._timer.end(timing)
-            if handle is not None:
-                self._profiler.end(handle)
+            token = self._close_token(token)
         self.open_steps.pop(token, None)
         if nbytes is None:
             self._append((STEP_END, t, token))
