@@ -11,7 +11,8 @@ Memory is bounded: when ``capacity`` events are pending, the appending thread fl
 itself (backpressure) rather than dropping events or growing without limit. `append`
 checks that; `append_unchecked` (the queue's own append, no Python frame: the recorder's
 hottest calls) does not, so a caller using it also calls `append` every few events (the
-recorder: at every step's end), and the bound is exceeded by at most those few.
+recorder: at every step's end, or every 32nd in its C hot path), and the bound is exceeded by
+at most those few.
 
 The log is a new file (`create_new_file`): an existing file or a planted symbolic link at
 its path is refused, never truncated or followed.

@@ -155,3 +155,21 @@ def test_a_step_left_open_is_what_a_stall_dump_lists(tmp_path, compiled):
     assert [s["pos"] for s in side.recorder.describe_open_steps()] == [2]
     assert [op["op"] for op in side.recorder.describe_inflight()] == ["send"]
     side.recorder.close()
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_long_iteration_is_written_as_it_goes(tmp_path, compiled):
+    """The writer's bound holds on either hot path: with no iteration end (no flush), the
+    steps' events reach the log as the queue fills, all but the last few hundred."""
+    recorder = Recorder(
+        RecordSettings(tmp_path, stall_timeout=0, flush_interval=3600, buffer_events=50),
+        framework="none",
+        compiled=compiled,
+    )
+    recorder.begin_run(rank=0, world_size=1, plan=PLAN, config={})
+    recorder.begin_iteration(0)
+    for position in range(2_000):
+        recorder.end_step(recorder.begin_step(position, STEPS[position % len(STEPS)]))
+    lines = tmp_path.joinpath("rank-00000.ndjson").read_bytes().count(b"\n")
+    assert 3_800 <= lines <= 4_003  # + the header, run_start and iter_begin
+    recorder.close()
