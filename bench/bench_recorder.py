@@ -458,13 +458,18 @@ def demo_overhead(rounds: int, block_steps: int, warmup_rounds: int = 1) -> None
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     load_before = os.getloadavg()[0]
-    mp.start_processes(
+    ranks = mp.start_processes(
         _demo_rank,
         args=(order, block_steps, free_port(), results),
         nprocs=4,
+        join=False,
         start_method="spawn",
     )
+    # Read before joining: a rank's results can outgrow the pipe's buffer, and its put
+    # blocks until the parent reads.
     per_rank = [blocks for _, blocks in sorted(results.get() for _ in range(4))]
+    while not ranks.join():
+        pass
     print(f"load average {load_before:.2f} before the demo, {os.getloadavg()[0]:.2f} after")
     warmup = warmup_rounds * 2 * len(DEMO_SIDES)
     _print_demo(_job_blocks(per_rank)[warmup:], block_steps)
