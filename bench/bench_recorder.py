@@ -25,6 +25,10 @@ time spent in garbage collections on each side.
 Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
 with and without counting what autograd saves (alternating, ratio of medians), and the
 Recorder's `memory_sample` per call (changed values, so each writes an event).
+
+Part 4 prices an event where a run pays for it: after other work that left the caches cold
+(the demo stage's forward + backward, a sweep over memory, small numpy calls), recorded
+against NullRecorder in one thread, alternating. The hot-path loop of part 1 runs warm.
 """
 
 from __future__ import annotations
@@ -161,7 +165,8 @@ def _forward_backward_ns(stage, x, rounds: int) -> float:
     return statistics.median(times)
 
 
-def memory_costs(rounds: int = 200, samples: int = 100_000) -> None:
+def _demo_stage():
+    """The demo's second stage (of 4), its micro-batch input and the demo's settings."""
     import torch
 
     from pipetrace.runtime.config import DemoConfig
@@ -174,6 +179,11 @@ def memory_costs(rounds: int = 200, samples: int = 100_000) -> None:
     chunk = split_sequential(build_demo_model(4, demo, seed=0), 4)[1]
     stage = PipelineStage(chunk, stage_index=1, num_stages=4)
     x, _ = demo_batch(0, demo.microbatch_size, demo, seed=0)
+    return stage, x, demo
+
+
+def memory_costs(rounds: int = 200, samples: int = 100_000) -> None:
+    stage, x, demo = _demo_stage()
     plain, counted = [], []
     for i in range(20):
         for count in (False, True) if i % 2 else (True, False):  # ABBA
@@ -194,6 +204,76 @@ def memory_costs(rounds: int = 200, samples: int = 100_000) -> None:
         cost = (time.perf_counter_ns() - t0) / samples
         recorder.end_run()
     print(f"Recorder.memory_sample, a changed sample: {cost / 1000:.2f} us/call")
+
+
+def _between_work(recorder, plan, work, iterations: int) -> float:
+    """Main-thread CPU ns per iteration of 8 units of ``work``, each followed by a step and
+    a P2P op (4 events), the iteration's flush included."""
+    steps = plan.steps(0)
+    recorder.begin_iteration(0)
+    t0 = time.thread_time_ns()
+    for _ in range(iterations):
+        for i in range(8):
+            work(i)
+            step = steps[i % len(steps)]
+            token = recorder.begin_step(i, step)
+            ticket = recorder.p2p_posted(
+                op="send",
+                step=step,
+                peer=1,
+                channel="F",
+                seq=i,
+                nbytes=4096,
+                shape=(32, 128),
+                dtype="float32",
+            )
+            recorder.p2p_completed(ticket)
+            recorder.end_step(token)
+    recorder.end_iteration(0, None)
+    return (time.thread_time_ns() - t0) / iterations
+
+
+def between_work_costs(rounds: int = 400) -> None:
+    """The recorder's cost per event when other work runs between events, as in a run:
+    the demo stage's forward + backward, a sweep over 16 MB (evicts the caches, little
+    code), a loop of small numpy calls (interpreter work, little data), and nothing (the
+    hot-path loop's warm caches). Recorded vs `NullRecorder`, alternating (A B B A)."""
+    import numpy as np
+    import torch
+
+    stage, x, _ = _demo_stage()
+    big, small = np.ones(2_000_000), np.ones(1000)
+
+    def forward_backward(mb: int) -> None:
+        out = stage.forward(mb, x)
+        stage.backward(mb, torch.ones_like(out))
+
+    def small_calls(_: int) -> None:
+        for _ in range(200):
+            small.sum()
+
+    works = {
+        "demo stage F+B": forward_backward,
+        "16 MB sweep": lambda _: big.sum(),
+        "small numpy calls": small_calls,
+        "nothing": lambda _: None,
+    }
+    plan = build_plan("1f1b", num_ranks=4, num_microbatches=8, comms=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = Recorder(RecordSettings(Path(tmp), stall_timeout=0))
+        recorder.begin_run(rank=0, world_size=1, plan=plan, config={})
+        sides = (recorder, NullRecorder())
+        for name, work in works.items():
+            cost: dict[int, list[float]] = {0: [], 1: []}
+            for r in range(rounds):
+                for side in (0, 1) if r % 2 else (1, 0):
+                    cost[side].append(_between_work(sides[side], plan, work, 5))
+            extra = statistics.median(a - b for a, b in zip(cost[0], cost[1])) / 32
+            print(
+                f"  between events: {name:<18} {statistics.median(cost[1]) / 1000:7.1f} us "
+                f"per 8 units; recording {extra / 1000:.2f} us per event"
+            )
+        recorder.end_run()
 
 
 class Switch:
@@ -499,6 +579,7 @@ def main() -> None:
     else:
         hot_path(args.events)
     memory_costs()
+    between_work_costs()
     if not args.skip_demo:
         demo_overhead(args.rounds, args.block_steps)
 
