@@ -273,23 +273,37 @@ def _durations(program: Program, costs: Costs) -> list[list[float]]:
         stage * 8 + _COMPUTE_NAMES.index(kind): cost
         for (stage, kind), cost in costs.per_stage.items()
     }  # codes 0..3 are F, B, I, W
-    if not per_stage:  # one table lookup over every step (object array: costs keep their type)
-        flat = np.array(table, dtype=object)[(program.arrays.ids & 7).astype(np.int64)].tolist()
-        rows = list(program.rank_slices(flat))
-    result = []
-    for rank, (steps, ids) in enumerate(zip(program.steps, program.ids)):
-        if per_stage:
-            row = [
+    ids = program.arrays.ids
+    if per_stage and ids.dtype == object:  # ids past int64: looked up one by one
+        rows = [
+            [
                 per_stage.get((k // one_stage) * 8 + (k & 7), table[k & 7]) if k >= 0 else 0.0
-                for k in ids
+                for k in row
             ]
+            for row in program.ids
+        ]
+    else:  # one lookup over every step (object arrays: costs keep their type)
+        if per_stage:
+            keys = np.where(ids >= 0, (ids // one_stage) * 8 + (ids & 7), -1)
+            lookup = _stage_cost_table(table, per_stage, int(keys.max(initial=-1)) + 1)
         else:
-            row = rows[rank]
-        if -1 in ids:  # FSDP or composite steps
+            keys, lookup = (ids & 7).astype(np.int64), np.array(table, dtype=object)
+        rows = list(program.rank_slices(lookup[keys].tolist()))
+    for steps, ids_of_rank, row in zip(program.steps, program.ids, rows):
+        if -1 in ids_of_rank:  # FSDP or composite steps
             for i in [i for i, step in enumerate(steps) if step.sub_steps]:
                 row[i] = costs.cost_of(steps[i])
-        result.append(row)
-    return result
+    return rows
+
+
+def _stage_cost_table(table: list[float], per_stage: dict[int, float], size: int) -> np.ndarray:
+    """The cost of each key ``stage * 8 + code`` below ``size`` (the kind's when the stage
+    has none of its own), then 0.0 at the end: key -1 (a step without an id) reads it."""
+    lookup = np.array([table[key & 7] for key in range(size)] + [0.0], dtype=object)
+    for key, cost in per_stage.items():
+        if 0 <= key < size:
+            lookup[key] = cost
+    return lookup
 
 
 _ACTIVATIONS = (1, -1, 0, -1, 0, 0, 0, 0)  # by step code: F holds one, B or W frees it

@@ -133,6 +133,25 @@ def test_per_stage_costs_from_measurements() -> None:
     assert simulate(plan, Costs(per_stage={(1, "F"): 5.0})).makespan == base + 4
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.sampled_from(["1f1b", "interleaved-1f1b", "zbv", "dualpipev"]),
+    costs=st.dictionaries(
+        st.tuples(st.integers(0, 7), st.sampled_from("FBIW")),
+        st.integers(1, 9).map(float),
+        max_size=12,
+    ),
+)
+def test_each_step_takes_its_stage_cost(name: str, costs: dict[tuple[int, str], float]) -> None:
+    """Every compute step lasts `Costs.cost_of` it (the per-stage table, looked up over the
+    whole plan at once, agrees with the per-step rule), overlapped pairs included."""
+    plan = build_plan(name, num_ranks=4, num_microbatches=8)
+    cost = Costs(F=1.0, B=2.0, I=1.5, W=0.5, per_stage=costs)
+    for span in simulate(plan, cost).timeline:
+        if not span.kind.startswith(("SEND", "RECV")):
+            assert span.end - span.start == cost.cost_of(parse_step(span.step)), span
+
+
 def test_compute_only_plans_are_lowered_and_the_timeline_is_consistent() -> None:
     plan = build_plan("zbv", num_ranks=3, num_microbatches=6)
     result = simulate(plan)
