@@ -55,16 +55,25 @@ def message_identity(rank: RankTimeline, catalog: StepCatalog) -> tuple[np.ndarr
     SEND_F s m and RECV_F s+1 m mean the activations of stage s; SEND_B s m and RECV_B s-1 m
     the input gradient of stage s. -1 where the text is not a SEND/RECV step.
     """
+    src, mb = _messages_by_code(catalog)
     codes = rank.p2p.code
-    kinds = catalog.kind[codes]
-    stage = catalog.stage[codes].astype(np.int64)
-    mb = catalog.microbatch[codes].astype(np.int64)
-    src = np.full(len(codes), -1, np.int64)
-    src = np.where((kinds == _SEND_F) | (kinds == _SEND_B), stage, src)
-    src = np.where(kinds == _RECV_F, stage - 1, src)
-    src = np.where(kinds == _RECV_B, stage + 1, src)
-    mb = np.where(src >= 0, mb, -1)
-    return src, mb
+    return src[codes], mb[codes]
+
+
+def _messages_by_code(catalog: StepCatalog) -> tuple[np.ndarray, np.ndarray]:
+    """`message_identity` of every code of the catalog, made once: the analyzers ask it of
+    every rank, several times, and a big run has thousands of ranks."""
+    table = catalog.messages_by_code
+    if table is None or len(table[0]) != len(catalog.kind):
+        kinds = catalog.kind
+        stage = catalog.stage.astype(np.int64)
+        src = np.full(len(kinds), -1, np.int64)
+        src = np.where((kinds == _SEND_F) | (kinds == _SEND_B), stage, src)
+        src = np.where(kinds == _RECV_F, stage - 1, src)
+        src = np.where(kinds == _RECV_B, stage + 1, src)
+        mb = np.where(src >= 0, catalog.microbatch.astype(np.int64), -1)
+        table = catalog.messages_by_code = (src, mb)
+    return table
 
 
 def counterpart_values(ranks: list[RankTimeline], column: str) -> dict[int, np.ndarray]:

@@ -104,6 +104,10 @@ class StepCatalog:
     _codes: dict[str, int] | None = field(default=None, repr=False)  # `text_codes`
     _steps: list[Step | None] | None = field(default=None, repr=False)
     _one: dict[int, Step | None] = field(default_factory=dict, repr=False, compare=False)
+    messages_by_code: tuple[np.ndarray, np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """`derive.message_identity` of every code, made there on first use."""
 
     @classmethod
     def build(
