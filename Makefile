@@ -11,7 +11,7 @@ venv: $(STAMP)
 
 # torch is installed first and pinned: pip then keeps it, instead of resolving a CUDA build.
 # The MindSpore backend's extra comes last (~2.8 GB; it holds numpy below 2, see pyproject.toml).
-$(STAMP): pyproject.toml setup.py Makefile pipetrace/analyze/_linescan.c pipetrace/recorder/_encode.c pipetrace/recorder/_hotpath.c
+$(STAMP): pyproject.toml setup.py Makefile pipetrace/analyze/_linescan.c pipetrace/recorder/_queue.c pipetrace/recorder/_lines.c pipetrace/recorder/_queue.h
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0

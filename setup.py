@@ -1,12 +1,11 @@
 """The compiled parts of pipetrace (everything else is declared in pyproject.toml), each
-one C file against Python's API, no other library:
+one extension against Python's C API, no other library:
 
 - `pipetrace/analyze/_linescan.c`: template matching of the recorder's event lines
   (`pipetrace/analyze/templated.py`);
-- `pipetrace/recorder/_encode.c`: the recorder's records written as those lines
-  (`pipetrace/recorder/encoding.py`);
-- `pipetrace/recorder/_hotpath.c`: the recorder's hot calls (`Recorder.begin_step` and
-  the like, `pipetrace/recorder/recorder.py`).
+- `pipetrace/recorder/_queue.c` and `_lines.c`: the recorder's event queue, its hot calls
+  (`Recorder.begin_step` and the like, `pipetrace/recorder/recorder.py`) and its records
+  written as those lines (`pipetrace/recorder/queue.py`, `encoding.py`).
 
 All optional: where no C compiler is found the install goes on without them, and the same
 work is done in Python (the same results, slower: analysis 2-4x, and recording costs a
@@ -24,13 +23,9 @@ setup(
             optional=True,
         ),
         Extension(
-            "pipetrace.recorder._encode",
-            sources=["pipetrace/recorder/_encode.c"],
-            optional=True,
-        ),
-        Extension(
-            "pipetrace.recorder._hotpath",
-            sources=["pipetrace/recorder/_hotpath.c"],
+            "pipetrace.recorder._queue",
+            sources=["pipetrace/recorder/_queue.c", "pipetrace/recorder/_lines.c"],
+            depends=["pipetrace/recorder/_queue.h"],
             optional=True,
         ),
     ]

@@ -1,18 +1,16 @@
-"""The recorder's records turned into event lines, on the writer's thread.
+"""The recorder's records turned into event lines.
 
-The hot path appends a tuple per event, tagged by type (the tags below, in the layouts of
-`Recorder`'s hot calls); `LineEncoder` writes a batch of them as the JSON lines of
+Each event is a record, a tuple tagged by type (the tags below; the layouts are those of
+`Recorder`'s hot calls); `LineEncoder` writes records as the JSON lines of
 docs/trace-format.md. The hot event types are written from the byte templates the format's
 declarations give (`fmt.template_parts`), their strings as cached JSON literals, so a line
 is the JSON orjson would write for the event's dict.
 
-Two encoders write the same bytes: `_encode.c` (compiled with the package, optional) and
-the Python loop below, used without a compiler and for every record the C one does not take
-(another event type, a value of an unusual type: it hands those back one by one).
-tests/recorder/test_encoding.py holds them to the same output. Encoding was most of what
-recording cost a training step with 4 ranks on 2 cores, since the writer thread encodes
-under the interpreter lock the training threads need (docs/performance.md, "Recorder"):
-in C a batch costs a small fraction of the Python loop.
+Two encoders write the same bytes: the C event queue's (`_lines.c`, compiled with the
+package, optional; it reads `LAYOUTS`) and the Python loop below, used without a compiler
+and for every record the C one does not take (another event type, a value of an unusual
+type: it hands those back one by one). tests/recorder/test_encoding.py holds them to the
+same output.
 """
 
 from __future__ import annotations
@@ -22,18 +20,10 @@ import orjson
 from pipetrace.recorder import format as fmt
 from pipetrace.schedule.ir import Step, format_step
 
-try:
-    from pipetrace.recorder import _encode
-except ImportError:  # built without a C compiler: the Python loop writes every line
-    _encode = None
-
-COMPILED = _encode is not None
-"""Whether the C encoder is built (an install with a C compiler builds it)."""
-
-# Tuple tags on the hot path, each record's first item.
+# Tuple tags on the hot path, each record's first item (and `_queue.h`'s).
 STEP_BEGIN, STEP_END, P2P_POST, P2P_DONE, OTHER, MEMORY = range(6)
 
-# `_encode`'s value kinds (its enum): how a value of a record is written.
+# The C queue's value kinds (`_lines.c`): how a value of a record is written.
 _INT, _TIME, _TEXT, _LITERAL, _PEER, _SHAPE, _INTS, _NONE = range(8)
 
 _RECORDS = {
@@ -64,7 +54,7 @@ _RECORDS = {
 
 
 def _layouts() -> tuple:
-    """`_encode.encode`'s description of the hot records: per tag, the record's length, each
+    """The C queue's description of the hot records: per tag, the record's length, each
     value's preceding text, index and kind, and the line's tail."""
     layouts: list = [None] * (max(_RECORDS) + 1)
     for tag, (event, length, values, absent) in _RECORDS.items():
@@ -77,7 +67,7 @@ def _layouts() -> tuple:
     return tuple(layouts)
 
 
-_LAYOUTS = _layouts()
+LAYOUTS = _layouts()
 _STEP_BEGIN_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_BEGIN])
 _STEP_END_LINE = fmt.line_template(fmt.EVENTS[fmt.STEP_END])
 _P2P_DONE_LINE = fmt.line_template(fmt.EVENTS[fmt.P2P_DONE])
@@ -91,38 +81,22 @@ class LineEncoder:
     records' monotonic times into the log's epoch times; ``peers`` maps a pipeline rank
     to its global rank when the job has several pipelines."""
 
-    def __init__(self, offset: int, peers: tuple[int, ...] | None, *, compiled: bool = True):
-        """``compiled``: use `_encode` when it is built (False: the Python loop only)."""
+    def __init__(self, offset: int, peers: tuple[int, ...] | None):
         self.offset = offset
         self.peers = peers
-        self._texts: dict[int, bytes] = {}
-        self._literals = _JsonLiterals()
-        self._compiled = compiled and COMPILED
+        self.texts: dict[int, bytes] = {}
+        self.literals = _JsonLiterals()
 
-    def __call__(self, records: list[tuple]) -> bytes | bytearray:
-        if not self._compiled:
-            return self.lines(records)
-        return _encode.encode(
-            records,
-            _LAYOUTS,
-            self.offset,
-            self._texts,
-            self._text,
-            self._literals,
-            self.peers,
-            self._line,
-        )
-
-    def _line(self, record: tuple) -> bytearray:
+    def line(self, record: tuple) -> bytearray:
         return self.lines([record])
 
-    def _text(self, step: Step) -> bytes:
+    def text(self, step: Step) -> bytes:
         """The step's text as a JSON string literal, computed once per step."""
         key = id(step)
-        text = self._texts.get(key)
+        text = self.texts.get(key)
         if text is None:
             # Plans keep their Step objects alive for the whole run, so ids stay unique.
-            text = self._texts[key] = orjson.dumps(format_step(step))
+            text = self.texts[key] = orjson.dumps(format_step(step))
         return text
 
     def lines(self, records: list[tuple]) -> bytearray:
@@ -130,7 +104,7 @@ class LineEncoder:
         batch with everything bound to locals: a call and the attribute lookups per event
         cost as much as the formatting."""
         offset = self.offset
-        texts, text, literal = self._texts, self._text, self._literals
+        texts, text, literal = self.texts, self.text, self.literals
         step_begin, step_end, p2p_done = _STEP_BEGIN_LINE, _STEP_END_LINE, _P2P_DONE_LINE
         begin_tag, end_tag, done_tag, post_tag = STEP_BEGIN, STEP_END, P2P_DONE, P2P_POST
         out = bytearray()
@@ -159,13 +133,13 @@ class LineEncoder:
 
     def _p2p_post_line(self, record: tuple) -> bytes:
         _, t, pid, it, op, step, peer, channel, seq, nbytes, shape, dtype, stack = record
-        literal = self._literals
+        literal = self.literals
         line = _P2P_POST_LINE % (
             t + self.offset,
             pid,
             it,
             literal[op],
-            self._text(step),
+            self.text(step),
             peer if self.peers is None else self.peers[peer],
             literal[channel],
             seq,

@@ -102,11 +102,12 @@ class RecorderHooks(Protocol):
         token: Any,  # from `begin_step`: the step that just ended
         saved: list[int],  # per stage, in plan order: activations kept for backward
         inflight: list[int],  # per stage: received tensors not yet consumed
-        allocator: tuple[int, int] | None,  # CUDA: (allocated, reserved); None on CPU
+        allocator: tuple[int, int] | None = None,  # CUDA: (allocated, reserved); None on CPU
         swapped: list[int] | None = None,  # per stage, with swap steps: offloaded to the host
     ) -> None:
         """The bytes a rank's stages hold after a step; ``saved`` counts what is on the
-        device (what activation swap offloaded is in ``swapped``)."""
+        device (what activation swap offloaded is in ``swapped``). A recorder copies what it
+        keeps of the lists."""
 
     def exception(self, exc: BaseException) -> None:
         """The rank is about to fail with ``exc``."""
@@ -145,7 +146,12 @@ class NullRecorder:
         pass
 
     def memory_sample(
-        self, token: Any, saved: list[int], inflight: list[int], allocator: Any, swapped: Any = None
+        self,
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: Any = None,
+        swapped: Any = None,
     ) -> None:
         pass
 

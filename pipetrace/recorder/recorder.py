@@ -1,12 +1,13 @@
 """The recorder: turns runtime hooks into a per-rank event log (see docs/trace-format.md).
 
-The hot path (`begin_step`, `end_step`, `p2p_posted`, `p2p_completed`) takes one monotonic
-clock reading (from the injected `Clock`, bound once) and appends a tuple; encoding to JSON
-happens on the writer's flush thread. A step's begin and its P2P ops append straight to the
-writer's queue (`EventWriter.append_unchecked`), and so does a memory sample (it follows
-its step's end); the step's end checks the queue's bound.
-Each hook also notes progress for the watchdog and keeps the set of open steps and in-flight
-P2P ops, which is what a stall dump reports.
+The hot path (`begin_step`, `end_step`, `p2p_posted`, `p2p_completed`, `memory_sample`)
+takes one monotonic clock reading (from the injected `Clock`, bound once) and appends the
+event to the rank's queue (`pipetrace.recorder.queue`); encoding to JSON happens when the
+writer flushes it. Where the C queue is built, the hot calls are its own methods, bound over
+the Python ones below on a plain recorder (no device timer, no stacks): they keep events as
+cells rather than tuples (`_queue.c`). Either way each hook also notes progress for the
+watchdog and keeps the set of open steps and in-flight P2P ops, which is what a stall dump
+reports.
 
 On a device with device timing (CUDA: `pipetrace.recorder.setup.torch_recorder` passes its
 backend), steps and P2P ops are also timed on the device by a `DeviceTimer`: its spans become
@@ -46,14 +47,10 @@ from pipetrace.recorder.encoding import (
     LineEncoder,
 )
 from pipetrace.recorder.hooks import Config, Place
+from pipetrace.recorder.queue import RecordQueue, new_queue, open_queue
 from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
 from pipetrace.schedule.ir import Plan, Step, format_step
-
-try:
-    from pipetrace.recorder import _hotpath
-except ImportError:  # built without a C compiler: the methods below are the hot path
-    _hotpath = None
 
 if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
@@ -88,8 +85,8 @@ class Recorder:
         compiled: bool = True,
     ) -> None:
         """``device``: time steps and P2P ops on this device too (None: host times only);
-        ``device_timing`` tunes its timer (None: the defaults); ``compiled``: use the C hot
-        path and encoder where they are built (False: Python only, which they must equal)."""
+        ``device_timing`` tunes its timer (None: the defaults); ``compiled``: use the C
+        queue and hot calls where they are built (False: Python only, which they equal)."""
         if not config.enabled:
             raise ValueError("a Recorder needs a run_dir and a record mode other than 'off'")
         self.config = config
@@ -104,7 +101,7 @@ class Recorder:
         self._clock_exchange = clock_exchange
         self.world_size = 1
         self._writer: EventWriter | None = None
-        # The writer's appends, bound once for the hot path (refusing until begin_run).
+        # The queue's appends, bound once for the hot path (refusing until begin_run).
         self._append: Callable[[tuple], None] = _not_recording
         self._append_unchecked: Callable[[tuple], None] = _not_recording
         self._ids = itertools.count()
@@ -114,9 +111,9 @@ class Recorder:
         """A collective wait outside iterations that the watchdog must watch."""
         self._epoch_anchor = clock.wall_ns()
         self._perf_anchor = clock.monotonic_ns()
-        self.last_progress = self._perf_anchor
-        self.open_steps: dict[int, tuple] = {}  # id -> its step_begin record
-        self.inflight: dict[int, tuple] = {}  # id -> the p2p_post record
+        self._progress = self._perf_anchor  # the Python methods' last progress
+        self._open_steps: dict[int, tuple] = {}  # id -> its step_begin record
+        self._inflight: dict[int, tuple] = {}  # id -> the p2p_post record
         self._encoder: LineEncoder | None = None  # made in begin_run, when peers are known
         self._watchdog = None
         self._device = device
@@ -125,30 +122,38 @@ class Recorder:
         self._timer = None if device is None else self._device_timer(device, device_timing)
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
         self._last_memory: tuple = ()  # the last memory sample written (only changes are)
-        self._compiled = compiled
-        if compiled and _hotpath is not None and self._timer is None and not self._stacks:
-            self._bind_hot_path()
-
-    def _bind_hot_path(self) -> None:
-        """The hot calls in C (`_hotpath.c`): the same work as the methods below, read and
-        written through this recorder's attributes, bound over them on this instance."""
-        profiler = self._profiler
-        hot = _hotpath.HotPath(
-            self.__dict__,
+        self._queue = new_queue(
             self._monotonic_ns,
-            self._ids,
-            self.open_steps,
-            self.inflight,
-            None if profiler is None else profiler.active,
-            self._step_token,
-            self._close_token,
-            (STEP_BEGIN, STEP_END, P2P_POST, P2P_DONE, MEMORY),
+            compiled=compiled,
+            active=None if profiler is None else profiler.active,
+            step_token=self._step_token,
+            close_token=self._close_token,
         )
-        self.begin_step = hot.begin_step
-        self.end_step = hot.end_step
-        self.p2p_posted = hot.p2p_posted
-        self.p2p_completed = hot.p2p_completed
-        self.memory_sample = hot.memory_sample
+        self._hot = None  # the C queue, when its hot calls are bound over the methods below
+        if not isinstance(self._queue, RecordQueue) and self._timer is None and not self._stacks:
+            self._hot = self._queue
+            self.begin_step = self._hot.begin_step
+            self.end_step = self._hot.end_step
+            self.p2p_posted = self._hot.p2p_posted
+            self.p2p_completed = self._hot.p2p_completed
+            self.memory_sample = self._hot.memory_sample
+
+    @property
+    def open_steps(self) -> dict[int, tuple]:
+        """Steps begun and not ended: id -> its step_begin record."""
+        return self._open_steps if self._hot is None else self._hot.open_steps()
+
+    @property
+    def inflight(self) -> dict[int, tuple]:
+        """P2P ops posted and not completed: id -> its p2p_post record."""
+        return self._inflight if self._hot is None else self._hot.inflight()
+
+    @property
+    def last_progress(self) -> int:
+        """The monotonic time of the last event that shows the rank moving (the watchdog's)."""
+        if self._hot is None:
+            return self._progress
+        return max(self._progress, self._hot.progress)
 
     def _device_timer(self, device: DeviceBackend, settings: TimerSettings) -> DeviceTimer:
         return DeviceTimer(
@@ -174,16 +179,20 @@ class Recorder:
         # peers by pipeline rank, the trace by global rank.
         peers = None if place is None else place.pipeline_ranks
         offset = self._epoch_anchor - self._perf_anchor
-        self._encoder = LineEncoder(offset, peers, compiled=self._compiled)
+        self._encoder = LineEncoder(offset, peers)
+        queue = self._queue
         self._writer = EventWriter(
             fmt.rank_log_path(run_dir, self.rank),
             self._header(place),
-            self._encoder,
+            queue,
             flush_interval=self.config.flush_interval,
-            capacity=self.config.buffer_events,
         )
-        self._append = self._writer.append
-        self._append_unchecked = self._writer.append_unchecked
+        open_queue(
+            queue, self._encoder, capacity=self.config.buffer_events, on_full=self._writer.flush
+        )
+        self._append = queue.append
+        # The C queue checks its bound at every append; the Python one where a step ends.
+        self._append_unchecked = getattr(queue, "append_unchecked", queue.append)
         if self.rank == 0:
             write_meta(
                 run_dir,
@@ -226,7 +235,7 @@ class Recorder:
         # A peer that never gets here (hung between iterations, or killed) leaves this rank
         # waiting in the exchange: the watchdog watches that wait like an iteration.
         self.waiting_in = "the end-of-run clock exchange"
-        self.last_progress = self._monotonic_ns()
+        self._progress = self._monotonic_ns()
         self._align_clock("end")
         self.waiting_in = None
         if self._timer is not None:
@@ -244,6 +253,8 @@ class Recorder:
             self._writer.close()
             self._writer = None
             self._append = self._append_unchecked = _not_recording
+            if self._hot is not None:
+                self._hot.close()
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -273,6 +284,8 @@ class Recorder:
 
     def begin_iteration(self, iteration: int) -> None:
         self._iteration = iteration
+        if self._hot is not None:
+            self._hot.iteration = iteration
         self._other(fmt.ITER_BEGIN, it=iteration)
         self._in_iteration = True
 
@@ -297,10 +310,10 @@ class Recorder:
 
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
         t = self._monotonic_ns()
-        self.last_progress = t
+        self._progress = t
         sid = next(self._ids)
         record = (STEP_BEGIN, t, sid, self._iteration, position, step, thread)
-        self.open_steps[sid] = record  # the record itself: one tuple per step, not two
+        self._open_steps[sid] = record  # the record itself: one tuple per step, not two
         self._append_unchecked(record)  # `end_step` checks the queue's bound
         profiler = self._profiler
         if self._timer is None and (profiler is None or not profiler.active()):
@@ -330,10 +343,10 @@ class Recorder:
 
     def end_step(self, token: Any, nbytes: int | None = None) -> None:
         t = self._monotonic_ns()
-        self.last_progress = t
+        self._progress = t
         if type(token) is tuple:
             token = self._close_token(token)
-        self.open_steps.pop(token, None)
+        self._open_steps.pop(token, None)
         if nbytes is None:
             self._append((STEP_END, t, token))
         else:
@@ -355,7 +368,7 @@ class Recorder:
         """``stream``: the device stream the op is posted from (CUDA: the runtime's P2P
         stream), to time it on the device until `p2p_enqueued`; None: host times only."""
         t = self._monotonic_ns()
-        self.last_progress = t
+        self._progress = t
         pid = next(self._ids)
         if stream is not None and self._timer is not None:
             self._p2p_timings[pid] = self._timer.begin(pid, format_step(step), stream, "p2p")
@@ -375,7 +388,7 @@ class Recorder:
             dtype,
             stack,
         )
-        self.inflight[pid] = record
+        self._inflight[pid] = record
         self._append_unchecked(record)
         return pid
 
@@ -389,8 +402,8 @@ class Recorder:
 
     def p2p_completed(self, token: Any) -> None:
         t = self._monotonic_ns()
-        self.last_progress = t
-        self.inflight.pop(token, None)
+        self._progress = t
+        self._inflight.pop(token, None)
         self._append_unchecked((P2P_DONE, t, token))
 
     def memory_sample(
@@ -398,15 +411,17 @@ class Recorder:
         token: Any,
         saved: list[int],
         inflight: list[int],
-        allocator: tuple[int, int] | None,
+        allocator: tuple[int, int] | None = None,
         swapped: list[int] | None = None,
     ) -> None:
-        """A ``memory`` event, when a value differs from the previous sample's. Appended
+        """A ``memory`` event, when a value differs from the previous sample's. The lists are
+        copied: a caller may pass the same ones, changed in place, every time. Appended
         unchecked: it follows its step's `end_step`, which checked the queue's bound."""
-        sample = (saved, inflight, allocator, swapped)
-        if sample == self._last_memory:
+        if (saved, inflight, allocator, swapped) == self._last_memory:
             return
-        self._last_memory = sample
+        saved, inflight = list(saved), list(inflight)
+        swapped = None if swapped is None else list(swapped)
+        self._last_memory = (saved, inflight, allocator, swapped)
         sid = token[0] if type(token) is tuple else token
         t = self._monotonic_ns()
         self._append_unchecked((MEMORY, t, sid, saved, inflight, allocator, swapped))
@@ -453,7 +468,7 @@ class Recorder:
         fields = {"index": anchor.index, "uncertainty_ns": anchor.uncertainty_ns}
         fields["rate"] = anchor.rate
         monotonic = anchor.host_ns - self._epoch_anchor + self._perf_anchor
-        self._writer.append((OTHER, monotonic, fmt.DEVICE_ANCHOR, fields))
+        self._append((OTHER, monotonic, fmt.DEVICE_ANCHOR, fields))
 
     def describe_device_pending(self) -> dict[str, list[dict[str, Any]]]:
         """``{"device_pending": [...]}``: work enqueued and not completed on the device,
@@ -510,9 +525,9 @@ class Recorder:
     def _other(self, event: str, *, progress: bool = True, **fields: Any) -> None:
         t = self._monotonic_ns()
         if progress:  # the watchdog's own events must not count as progress
-            self.last_progress = t
+            self._progress = t
         if self._writer is not None:
-            self._writer.append((OTHER, t, event, fields))
+            self._append((OTHER, t, event, fields))
 
 
 def _not_recording(record: tuple) -> None:

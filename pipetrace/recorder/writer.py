@@ -1,18 +1,14 @@
 """An append-only event log that a killed process leaves readable.
 
-The hot path only appends a tuple to a deque (thread-safe without a lock). A background
-thread encodes and writes everything pending every ``flush_interval`` seconds, and callers
+Events wait in a queue (`pipetrace.recorder.queue`: the hot path only appends to it). A
+background thread writes everything pending every ``flush_interval`` seconds, and callers
 flush at iteration ends and before the process dies, so a SIGKILL loses at most one interval.
 Writes go straight to the file descriptor (no userspace buffer), so what was flushed is in
 the kernel's hands even if the interpreter dies a moment later. A write cut short by a kill
 can leave a torn last line; readers tolerate it.
 
-Memory is bounded: when ``capacity`` events are pending, the appending thread flushes them
-itself (backpressure) rather than dropping events or growing without limit. `append`
-checks that; `append_unchecked` (the queue's own append, no Python frame: the recorder's
-hottest calls) does not, so a caller using it also calls `append` every few events (the
-recorder: at every step's end, or every 32nd in its C hot path), and the bound is exceeded by
-at most those few.
+Memory is bounded: the queue calls `flush` on the appending thread when its capacity is
+reached (backpressure), rather than dropping events or growing without limit.
 
 The log is a new file (`create_new_file`): an existing file or a planted symbolic link at
 its path is refused, never truncated or followed.
@@ -23,37 +19,33 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import deque
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from pipetrace.recorder.run_dir import create_new_file
 
-_BATCH = 4096  # records encoded per call: bounds the chunk held in memory (~0.4 MB)
-Encoder = Callable[[list[tuple]], bytes | bytearray]  # records -> their JSON lines, in order
+_BATCH = 4096  # records written per call: bounds the chunk held in memory (~0.4 MB)
+
+
+class Queue(Protocol):
+    """What the writer takes lines from (`pipetrace.recorder.queue`)."""
+
+    def __len__(self) -> int: ...
+
+    def take(self, count: int) -> bytes | bytearray: ...
 
 
 class EventWriter:
     def __init__(
-        self,
-        path: str | Path,
-        header: dict[str, Any],
-        encode: Encoder,
-        *,
-        flush_interval: float,
-        capacity: int,
+        self, path: str | Path, header: dict[str, Any], queue: Queue, *, flush_interval: float
     ) -> None:
-        """``flush_interval`` and ``capacity``: `RecordSettings.flush_interval` and
-        ``buffer_events``, whose defaults are declared there."""
+        """``flush_interval``: `RecordSettings.flush_interval`, whose default is declared
+        there."""
         self.path = Path(path)
-        self._encode = encode
-        self._capacity = capacity
-        self._pending: deque[tuple] = deque()
-        self.append_unchecked: Callable[[tuple], None] = self._pending.append
-        self._lock = threading.Lock()  # serialises encoding + writing, never the hot path
+        self._queue = queue
+        self._lock = threading.Lock()  # serialises taking + writing, never the hot path
         self._fd: int | None = create_new_file(self.path)
         self.events_written = 0
         self._write(orjson.dumps(header, option=orjson.OPT_APPEND_NEWLINE))
@@ -69,32 +61,22 @@ class EventWriter:
 
     @property
     def pending(self) -> int:
-        """Events appended but not written yet (at most ``capacity``)."""
-        return len(self._pending)
-
-    def append(self, record: tuple) -> None:
-        pending = self._pending
-        pending.append(record)
-        if len(pending) >= self._capacity:
-            self.flush()
+        """Events appended but not written yet (at most the queue's capacity)."""
+        return len(self._queue)
 
     def flush(self) -> None:
         with self._lock:
             if self._fd is None:
                 return
-            pending = self._pending
-            count = len(pending)
-            if not count:
-                return
-            encode = self._encode
-            popleft = pending.popleft
-            # A batch per call, not a call per record: the encoder keeps its lookups in
-            # locals across the batch (bench/bench_recorder.py). Records are popped only under
-            # the lock and appended at the other end, so `count` of them are there to take.
-            for start in range(0, count, _BATCH):
-                batch = [popleft() for _ in range(min(_BATCH, count - start))]
-                self._write(encode(batch))
-            self.events_written += count
+            queue = self._queue
+            # What waits now, a batch per call: records appended meanwhile wait for the next
+            # flush. Only this (under the lock) takes from the queue, so they are there.
+            count = len(queue)
+            while count:
+                batch = min(_BATCH, count)
+                self._write(queue.take(batch))
+                count -= batch
+                self.events_written += batch
 
     def close(self) -> None:
         self._stop.set()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from operator import add, methodcaller
+from operator import add
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
@@ -36,7 +36,6 @@ MEMORY_NEUTRAL = SEND_KINDS | COLLECTIVE_KINDS
 """Steps that change no value of a memory sample: they keep or release no activation and
 fill or empty no mailbox (a sent tensor is not counted)."""
 
-_saved_bytes = methodcaller("saved_bytes")
 
 Handler = Callable[[int, Step], "int | None"]
 """(position in the rank's plan, step) -> None, or the bytes an activation swap launch copies
@@ -171,7 +170,8 @@ class Executor:
     def _init_memory_sampling(self) -> None:
         # stage index -> its slot in a memory sample (plan order)
         self._memory_slots = {s: i for i, s in enumerate(self.plan.stages_of(self.rank))}
-        self._memory_stages = [self.stages[s] for s in self._memory_slots]
+        # per slot, its stage's bytes held for each micro-batch's backward (`held_bytes`)
+        self._held = [self.stages[s].held_bytes for s in self._memory_slots]
         # Per slot, the bytes in `_act_in` and in `_grad_in`, kept as the mailboxes fill and
         # empty while the stages count (a sample then reads them instead of scanning the
         # mailboxes). Two lists: an overlapped pair's forward (activations) and backward
@@ -383,8 +383,12 @@ class Executor:
         the host (taken out of the first)."""
         if step.kind in self._unsampled:
             return
+        # C-level maps, no call into the stages: this runs after most steps
+        saved = list(map(sum, map(dict.values, self._held)))
         inflight = list(map(add, self._act_bytes, self._grad_bytes))
-        saved = list(map(_saved_bytes, self._memory_stages))
+        if self._swap is None and not self._reads_allocator:
+            self.recorder.memory_sample(token, saved, inflight)
+            return
         swapped = None
         if self._swap is not None:
             on_host = self._swap.swapped_bytes()

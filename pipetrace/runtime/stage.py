@@ -91,7 +91,7 @@ class PipelineStage(StageBase):
         size = self._saved_per_input.get(key)
         if size is None:
             size = self._saved_per_input[key] = self._saved_in_graph(output)
-        self._saved_bytes[mb] = size
+        self.held_bytes[mb] = size
         return output
 
     def _saved_in_graph(self, output: torch.Tensor) -> int:

@@ -22,7 +22,7 @@ class StageBase:
 
     With ``count_saved`` on (the executor turns it on when its recorder samples memory) a
     stage also counts, per micro-batch, the bytes of activations it holds for that
-    micro-batch's backward steps until the last of them (`saved_bytes`).
+    micro-batch's backward steps until the last of them (`held_bytes`, `saved_bytes`).
     """
 
     def __init__(
@@ -41,7 +41,9 @@ class StageBase:
         self.losses: dict[int, Any] = {}  # micro-batch -> unscaled loss (last stage)
         self._saved: dict[int, Any] = {}  # micro-batch -> what its backward steps need
         self.count_saved = False
-        self._saved_bytes: dict[int, int] = {}  # micro-batch -> bytes its backward holds
+        self.held_bytes: dict[int, int] = {}
+        """Micro-batch -> the bytes its backward holds (while ``count_saved``): the executor
+        sums them for a memory sample, without a call into the stage."""
         self._saved_per_input: dict[Any, int] = {}  # (shape, dtype) -> bytes, once measured
 
     def pending(self) -> int:
@@ -50,15 +52,15 @@ class StageBase:
 
     def saved_bytes(self) -> int:
         """Bytes of activations held for pending backward steps (0 unless ``count_saved``)."""
-        return sum(self._saved_bytes.values())
+        return sum(self.held_bytes.values())
 
     def _release(self, mb: int) -> Any:
         """Micro-batch ``mb``'s saved state, forgotten here: its last backward step runs."""
-        self._saved_bytes.pop(mb, None)
+        self.held_bytes.pop(mb, None)
         return self._saved.pop(mb)
 
     def reset(self) -> None:
         """Forget per-iteration state (losses and anything an aborted iteration left)."""
         self._saved.clear()
-        self._saved_bytes.clear()
+        self.held_bytes.clear()
         self.losses.clear()

@@ -1,7 +1,8 @@
 """The compiled encoder writes exactly the Python encoder's lines, for any record.
 
-`LineEncoder` encodes a batch in C (`recorder/_encode.c`) when it is built, and hands each
-record it does not take back to the Python loop. Both are fed the same random records here:
+The C event queue (`recorder/_queue.c`, `_lines.c`) writes the records appended to it as
+lines when it is built, and hands each record it does not take back to `LineEncoder`'s
+Python loop. Both are fed the same random records here:
 every hot type with ordinary values and with the unusual ones a line template cannot take
 (bools, floats, ints beyond int64, tuple subclasses, optional fields present, other lengths,
 unknown peers), interleaved with other events.
@@ -13,7 +14,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipetrace.recorder import encoding
+from pipetrace.recorder import queue as queue_module
 from pipetrace.recorder.encoding import (
     MEMORY,
     OTHER,
@@ -98,40 +99,52 @@ def records(draw):
 peers = st.one_of(st.none(), st.just((4, 5, 6, 7)))
 
 
-def _encoded(encoder: LineEncoder, batch: list[tuple]) -> bytes | type[BaseException]:
+def _queued(encoder: LineEncoder, batch: list[tuple], compiled: bool) -> bytes:
+    """The lines of ``batch`` appended to a queue and taken from it."""
+    queue = queue_module.new_queue(
+        int, compiled=compiled, active=None, step_token=None, close_token=None
+    )
+    queue_module.open_queue(queue, encoder, capacity=10**6, on_full=None)
+    for record in batch:
+        queue.append(record)
+    return bytes(queue.take(len(batch)))
+
+
+def _encoded(offset, peers, batch: list[tuple], compiled: bool) -> bytes | type[BaseException]:
     try:
-        return bytes(encoder(batch))
+        return _queued(LineEncoder(offset, peers), batch, compiled)
     except Exception as error:  # the same error from both, or the test fails
         return type(error)
 
 
-def test_the_compiled_encoder_is_built():
+def test_the_compiled_queue_is_built():
     """An install (`make test` installs the package) builds it; without it every record is
-    encoded by the Python loop, and recording silently costs a step more."""
-    assert encoding.COMPILED
+    kept and encoded in Python, and recording silently costs a step more."""
+    assert queue_module.COMPILED
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batch=st.lists(records(), max_size=30), offset=st.integers(-(10**12), 10**18), peers=peers)
 def test_the_compiled_encoder_writes_the_python_encoders_lines(batch, offset, peers):
-    compiled = _encoded(LineEncoder(offset, peers), batch)
-    python = _encoded(LineEncoder(offset, peers, compiled=False), batch)
+    compiled = _encoded(offset, peers, batch, compiled=True)
+    python = _encoded(offset, peers, batch, compiled=False)
     assert compiled == python
 
 
 def test_the_lines_are_the_json_of_their_events():
     """Ordinary records: each line is the event orjson writes from its dict, fields in the
     declared order."""
-    encoder = LineEncoder(1000, None)
     step = STEPS[0]
-    lines = encoder(
+    lines = _queued(
+        LineEncoder(1000, None),
         [
             (STEP_BEGIN, 5, 0, 2, 0, step, "main"),
             (P2P_POST, 6, 1, 2, "send", step, 1, "act", 0, 64, (4, 4), "float32", None),
             (P2P_DONE, 7, 1),
             (STEP_END, 8, 0),
             (MEMORY, 9, 0, [1, 2], [3], None, None),
-        ]
+        ],
+        compiled=True,
     ).splitlines()
     events = [orjson.loads(line) for line in lines]
     assert [e["e"] for e in events] == ["step_begin", "p2p_post", "p2p_done", "step_end", "memory"]

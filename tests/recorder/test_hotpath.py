@@ -1,6 +1,6 @@
 """The recorder's hot calls in C do what its Python methods do.
 
-Two recorders on the same virtual clock, one with the C hot path (`recorder/_hotpath.c`)
+Two recorders on the same virtual clock, one with the C queue's hot calls (`recorder/_queue.c`)
 and one without, are driven through the same random sequence of calls (steps with and
 without a profiler range, swap launches' bytes, P2P ops with their keywords in any order,
 repeated and changed memory samples, wrong calls). They must return the same, keep the same
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipetrace.recorder import recorder as recorder_module
+from pipetrace.recorder import queue as queue_module
 from pipetrace.recorder.clock import Clock
 from pipetrace.recorder.recorder import Recorder
 from pipetrace.recorder.setup import RecordSettings
@@ -122,7 +122,7 @@ actions = st.lists(
 
 def test_the_compiled_hot_path_is_bound():
     """An install builds it, and a plain recorder (no device timer, no stacks) uses it."""
-    assert recorder_module._hotpath is not None
+    assert queue_module.COMPILED
     recorder = Recorder(RecordSettings("unused", stall_timeout=0))
     assert type(recorder.begin_step).__name__ == "builtin_function_or_method"
 

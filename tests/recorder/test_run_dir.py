@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from pipetrace.recorder import format as fmt
+from pipetrace.recorder.queue import RecordQueue
 from pipetrace.recorder.run_dir import (
     RUN_ID_FILE,
     RunDirError,
@@ -97,7 +98,7 @@ def test_a_planted_link_at_a_log_is_not_followed(tmp_path):
     log = tmp_path / fmt.rank_log_name(0)
     log.symlink_to(victim)
     with pytest.raises(RunDirError, match="already exists"):
-        EventWriter(log, {"h": 1}, lambda records: b"", flush_interval=1, capacity=1)
+        EventWriter(log, {"h": 1}, RecordQueue(), flush_interval=1)
     assert victim.read_text() == "precious"
 
 

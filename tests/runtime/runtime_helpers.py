@@ -80,7 +80,7 @@ class ListRecorder:
         token: Any,
         saved: list[int],
         inflight: list[int],
-        allocator: Any,
+        allocator: Any = None,
         swapped: list[int] | None = None,
     ) -> None:
         self._add(event="memory_sample", step=token, saved=saved, inflight=inflight)

@@ -147,7 +147,7 @@ class MindSporeStage(StageBase):
         else:
             self._saved[mb] = _Saved(x)
         if self.count_saved:  # the input is all it keeps: its backward re-runs the forward
-            self._saved_bytes[mb] = x.nbytes
+            self.held_bytes[mb] = x.nbytes
         return output
 
     def backward(self, mb: int, output_grad: Tensor | None) -> Tensor | None:

@@ -1,0 +1,676 @@
+/* The recorder's event queue and hot calls in C.
+ *
+ * `EventQueue` holds a rank's events from the moment they happen until the writer takes
+ * them as lines (`take`). Its hot calls (a step's begin and end, a P2P op's post and
+ * completion, a memory sample) are what `Recorder`'s Python methods of the same names do
+ * (pipetrace/recorder/recorder.py, the plain case: no device timer, no stacks), but keep
+ * each event as a few cells in one array (_queue.h) instead of a tuple in a deque: no
+ * object is made per event but the id returned, nothing of the interpreter runs, and the
+ * event touches a few cache lines at the queue's end. Inside a training step that is what
+ * matters: between two events the framework's work evicts the recorder's code and data
+ * from the CPU's caches (docs/performance.md, "Recorder").
+ *
+ * It also keeps what a stall dump lists (the steps begun and not ended, the P2P ops posted
+ * and not completed, as their record tuples on demand) and the time of the last progress,
+ * which the watchdog reads. Records appended from Python (every other event) are kept as
+ * their tuples, in order with the rest. tests/recorder/test_hotpath.py holds the hot calls
+ * to the Python methods' events and state.
+ *
+ * Threads: every call holds the interpreter lock. `take` calls Python (the fallback
+ * encoder, a step's text) and may let another thread append meanwhile: it reads entries by
+ * index, never by a pointer kept across a call, and only it moves entries.
+ */
+#include "_queue.h"
+
+#include <structmember.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_RUN 32 /* ints of a memory sample kept in cells */
+
+/* A step begun and not ended, or a P2P op posted and not completed: its entry's cells. */
+#define TRACKED_CELLS 13
+typedef struct {
+    int64_t id; /* -1: removed */
+    Cell cells[TRACKED_CELLS];
+} Tracked;
+
+/* Ordered by id (ids are handed out in order); removal marks, and the set is compacted when
+ * marks are most of it, so that many ops in flight cost no quadratic moves. */
+typedef struct {
+    Tracked *items;
+    Py_ssize_t len, cap, live;
+} TrackSet;
+
+typedef struct {
+    PyObject_HEAD
+    Cell *cells; /* entries [head, tail) wait to be written */
+    Py_ssize_t head, tail, cap, count;
+    int64_t capacity; /* entries: when reached, on_full() is called */
+    PyObject *on_full;
+    int flushing, taking;
+    Lines lines;
+    Buffer out;
+    PyObject *clock; /* () -> monotonic ns; NULL: CLOCK_MONOTONIC read here */
+    PyObject *active; /* None, or () -> whether a profiler wants ranges now */
+    PyObject *step_token, *close_token;
+    int64_t next_id, iteration, progress;
+    TrackSet open_steps, inflight;
+    /* The last memory sample written: ints (kind 1) or a tuple (kind 2); none yet: 0. */
+    int last_kind;
+    Py_ssize_t last_saved, last_inflight;
+    int64_t last_ints[MAX_RUN];
+    PyObject *last_sample;
+} Queue;
+
+static PyObject *s_main;
+
+static PyObject *not_recording(void) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "the recorder is not recording: begin_run first, and not after close");
+    return NULL;
+}
+
+static int now(Queue *q, int64_t *t) {
+    if (q->clock == NULL) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        *t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+        return 0;
+    }
+    PyObject *v = PyObject_CallNoArgs(q->clock);
+    if (v == NULL) return -1;
+    int ok = as_int64(v, t);
+    Py_DECREF(v);
+    if (!ok) PyErr_SetString(PyExc_TypeError, "the recorder's clock must return an int");
+    return ok ? 0 : -1;
+}
+
+static int stamp(Queue *q, int64_t *t) {
+    if (now(q, t) < 0) return -1;
+    q->progress = *t;
+    return 0;
+}
+
+/* -- the queue ---------------------------------------------------------------------------- */
+
+/* Append a copy of entry ``e`` (its objects' references taken), then let the writer flush
+ * when the bound is reached. */
+static int push(Queue *q, const Cell *e) {
+    Py_ssize_t n = HEADER_LENGTH(e[0].i);
+    if (q->tail + n > q->cap) {
+        Py_ssize_t cap = q->cap ? q->cap : 4096;
+        while (cap < q->tail + n) cap *= 2;
+        Cell *cells = PyMem_Realloc(q->cells, (size_t)cap * sizeof(Cell));
+        if (cells == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        q->cells = cells;
+        q->cap = cap;
+    }
+    memcpy(q->cells + q->tail, e, (size_t)n * sizeof(Cell));
+    entry_incref(e);
+    q->tail += n;
+    q->count++;
+    if (q->count < q->capacity || q->on_full == NULL || q->flushing) return 0;
+    q->flushing = 1;
+    PyObject *done = PyObject_CallNoArgs(q->on_full);
+    q->flushing = 0;
+    Py_XDECREF(done);
+    return done ? 0 : -1;
+}
+
+/* A record kept as its tuple (stolen). */
+static int push_tuple(Queue *q, PyObject *record) {
+    if (record == NULL) return -1;
+    Cell e[2] = {{.i = HEADER(TAG_TUPLE, 2)}, {.o = record}};
+    int ok = push(q, e);
+    Py_DECREF(record);
+    return ok;
+}
+
+static void release_all(Queue *q) {
+    while (q->head < q->tail) {
+        Cell *e = q->cells + q->head;
+        q->head += HEADER_LENGTH(e[0].i);
+        entry_decref(e);
+    }
+    q->head = q->tail = q->count = 0;
+}
+
+/* The first ``limit`` entries as their lines. */
+static PyObject *take(Queue *q, PyObject *arg) {
+    Py_ssize_t limit = PyLong_AsSsize_t(arg);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (!q->lines.open) {
+        PyErr_SetString(PyExc_RuntimeError, "take: the queue was not opened");
+        return NULL;
+    }
+    if (q->taking) {
+        PyErr_SetString(PyExc_RuntimeError, "take: already taking (callers hold a lock)");
+        return NULL;
+    }
+    q->taking = 1;
+    q->out.len = 0;
+    int failed = 0;
+    for (Py_ssize_t done = 0; done < limit && q->head < q->tail && !failed; done++) {
+        Cell e[MAX_ENTRY];
+        Py_ssize_t n = HEADER_LENGTH(q->cells[q->head].i);
+        memcpy(e, q->cells + q->head, (size_t)n * sizeof(Cell));
+        failed = lines_put(&q->lines, &q->out, e) < 0;
+        q->head += n; /* taken, written or not */
+        q->count--;
+        entry_decref(e);
+    }
+    q->taking = 0;
+    Py_ssize_t left = q->tail - q->head;
+    if (left == 0) {
+        q->head = q->tail = 0;
+    } else if (q->head > 4096 && q->head > left) {
+        memmove(q->cells, q->cells + q->head, (size_t)left * sizeof(Cell));
+        q->head = 0;
+        q->tail = left;
+    }
+    PyObject *lines = failed ? NULL : PyBytes_FromStringAndSize(q->out.data, q->out.len);
+    if (q->out.cap > (1 << 22)) { /* keep a usual batch's buffer, not a rare big one */
+        PyMem_Free(q->out.data);
+        q->out = (Buffer){NULL, 0, 0};
+    }
+    return lines;
+}
+
+static Py_ssize_t queue_length(Queue *q) { return q->count; }
+
+/* -- what is open ------------------------------------------------------------------------- */
+
+static int track(TrackSet *s, int64_t id, const Cell *e) {
+    if (s->len == s->cap) {
+        Py_ssize_t cap = s->cap ? 2 * s->cap : 8;
+        Tracked *items = PyMem_Realloc(s->items, (size_t)cap * sizeof(Tracked));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->items = items;
+        s->cap = cap;
+    }
+    Tracked *t = &s->items[s->len++];
+    t->id = id;
+    memcpy(t->cells, e, (size_t)HEADER_LENGTH(e[0].i) * sizeof(Cell));
+    entry_incref(e);
+    s->live++;
+    return 0;
+}
+
+/* Forget ``id`` if it is there. Ids are increasing, removed ones keep their place. */
+static void untrack(TrackSet *s, int64_t id) {
+    Py_ssize_t lo = 0, hi = s->len;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        int64_t at = s->items[mid].id < 0 ? -s->items[mid].id - 2 : s->items[mid].id;
+        if (at < id) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == s->len || s->items[lo].id != id) return;
+    Tracked *t = &s->items[lo];
+    t->id = -id - 2; /* removed, still ordered */
+    s->live--;
+    entry_decref(t->cells);
+    if (s->live == 0) {
+        s->len = 0;
+    } else if (s->len - s->live > 32 && s->len - s->live > s->live) {
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t i = 0; i < s->len; i++)
+            if (s->items[i].id >= 0) s->items[kept++] = s->items[i];
+        s->len = kept;
+    }
+}
+
+static void track_clear(TrackSet *s) {
+    for (Py_ssize_t i = 0; i < s->len; i++)
+        if (s->items[i].id >= 0) entry_decref(s->items[i].cells);
+    PyMem_Free(s->items);
+    *s = (TrackSet){NULL, 0, 0, 0};
+}
+
+/* {id: record tuple} of what is open, in order. */
+static PyObject *track_dict(TrackSet *s) {
+    PyObject *dict = PyDict_New();
+    for (Py_ssize_t i = 0; dict && i < s->len; i++) {
+        if (s->items[i].id < 0) continue;
+        PyObject *key = PyLong_FromLongLong(s->items[i].id);
+        PyObject *record = entry_tuple(s->items[i].cells);
+        if (key == NULL || record == NULL || PyDict_SetItem(dict, key, record) < 0)
+            Py_CLEAR(dict);
+        Py_XDECREF(key);
+        Py_XDECREF(record);
+    }
+    return dict;
+}
+
+static PyObject *open_steps(Queue *q, PyObject *unused) { return track_dict(&q->open_steps); }
+static PyObject *inflight(Queue *q, PyObject *unused) { return track_dict(&q->inflight); }
+
+/* An entry kept by the queue and in ``s`` under ``id`` (its record tuple when it does not
+ * fit in cells: ``record``, stolen, or NULL). */
+static int push_tracked(Queue *q, TrackSet *s, int64_t id, Cell *e, PyObject *record) {
+    Cell kept[2] = {{.i = HEADER(TAG_TUPLE, 2)}, {.o = record}};
+    const Cell *entry = record ? kept : e;
+    int ok = push(q, entry) == 0 && track(s, id, entry) == 0;
+    Py_XDECREF(record);
+    return ok ? 0 : -1;
+}
+
+/* -- the hot calls ------------------------------------------------------------------------ */
+
+static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "begin_step(position, step, thread='main')");
+        return NULL;
+    }
+    if (!q->lines.open) return not_recording();
+    PyObject *position = args[0], *step = args[1], *thread = nargs == 3 ? args[2] : s_main;
+    int64_t t, pos;
+    if (stamp(q, &t) < 0) return NULL;
+    int64_t sid = q->next_id++;
+    Cell e[7] = {{.i = HEADER(TAG_STEP_BEGIN, 7)}, {.i = t}, {.i = sid}, {.i = q->iteration},
+                 {.i = 0},  {.o = step},         {.o = thread}};
+    PyObject *record = NULL;
+    if (as_int64(position, &pos)) {
+        e[4].i = pos;
+    } else {
+        record = Py_BuildValue("(iLLLOOO)", TAG_STEP_BEGIN, (long long)t, (long long)sid,
+                               (long long)q->iteration, position, step, thread);
+        if (record == NULL) return NULL;
+    }
+    if (push_tracked(q, &q->open_steps, sid, e, record) < 0) return NULL;
+    PyObject *id = PyLong_FromLongLong(sid);
+    if (id == NULL || q->active == Py_None) return id;
+    PyObject *active = PyObject_CallNoArgs(q->active);
+    int wanted = active ? PyObject_IsTrue(active) : -1;
+    Py_XDECREF(active);
+    if (wanted <= 0) {
+        if (wanted < 0) Py_CLEAR(id);
+        return id;
+    }
+    PyObject *token = PyObject_CallFunctionObjArgs(q->step_token, id, step, NULL);
+    Py_DECREF(id);
+    return token;
+}
+
+static PyObject *end_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "end_step(token, nbytes=None)");
+        return NULL;
+    }
+    if (!q->lines.open) return not_recording();
+    int64_t t, sid;
+    if (stamp(q, &t) < 0) return NULL;
+    PyObject *token = args[0], *nbytes = nargs == 2 ? args[1] : Py_None;
+    PyObject *id = PyTuple_CheckExact(token) ? PyObject_CallOneArg(q->close_token, token)
+                                             : Py_NewRef(token);
+    if (id == NULL) return NULL;
+    int fits = as_int64(id, &sid);
+    if (fits) untrack(&q->open_steps, sid);
+    int ok;
+    if (fits && nbytes == Py_None) {
+        Cell e[3] = {{.i = HEADER(TAG_STEP_END, 3)}, {.i = t}, {.i = sid}};
+        ok = push(q, e);
+    } else if (nbytes == Py_None) {
+        ok = push_tuple(q, Py_BuildValue("(iLO)", TAG_STEP_END, (long long)t, id));
+    } else { /* a swap launch's bytes */
+        ok = push_tuple(q, Py_BuildValue("(iLOO)", TAG_STEP_END, (long long)t, id, nbytes));
+    }
+    Py_DECREF(id);
+    if (ok < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static const char *const post_names[] = {"op",    "step",   "peer",  "channel", "seq",
+                                         "nbytes", "shape", "dtype", "stream"};
+#define NPOST 9
+static PyObject *post_keys[NPOST]; /* interned: a call site's keywords are the same objects */
+
+/* The index of a keyword in post_names, NPOST if none. */
+static int post_index(PyObject *name, Py_ssize_t k) {
+    if (k < NPOST && name == post_keys[k]) return (int)k; /* the usual order */
+    for (int i = 0; i < NPOST; i++)
+        if (name == post_keys[i]) return i;
+    for (int i = 0; i < NPOST; i++)
+        if (PyUnicode_CompareWithASCIIString(name, post_names[i]) == 0) return i;
+    return NPOST;
+}
+
+/* p2p_posted's keyword-only arguments in post_names' order; stream may be absent. */
+static int post_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                          PyObject **values) {
+    Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs) {
+        PyErr_SetString(PyExc_TypeError, "p2p_posted takes keyword arguments only");
+        return -1;
+    }
+    for (int i = 0; i < NPOST; i++) values[i] = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int i = post_index(name, k);
+        if (i == NPOST || values[i] != NULL) {
+            PyErr_Format(PyExc_TypeError, "p2p_posted: unexpected argument %R", name);
+            return -1;
+        }
+        values[i] = args[nargs + k];
+    }
+    for (int i = 0; i < NPOST - 1; i++) {
+        if (values[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "p2p_posted: missing argument '%s'", post_names[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *p2p_posted(Queue *q, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
+    PyObject *v[NPOST];
+    if (post_arguments(args, nargs, kwnames, v) < 0) return NULL;
+    if (!q->lines.open) return not_recording();
+    int64_t t, peer, seq, nbytes;
+    if (stamp(q, &t) < 0) return NULL;
+    int64_t pid = q->next_id++;
+    /* (tag, t, id, it, op, step, peer, channel, seq, bytes, shape, dtype, stack) */
+    Cell e[13] = {{.i = HEADER(TAG_P2P_POST, 13)}, {.i = t}, {.i = pid}, {.i = q->iteration},
+                  {.o = v[0]}, {.o = v[1]}, {.i = 0}, {.o = v[3]}, {.i = 0}, {.i = 0},
+                  {.o = v[6]}, {.o = v[7]}, {.o = NULL}};
+    PyObject *record = NULL;
+    if (as_int64(v[2], &peer) && as_int64(v[4], &seq) && as_int64(v[5], &nbytes)) {
+        e[6].i = peer;
+        e[8].i = seq;
+        e[9].i = nbytes;
+    } else {
+        record = Py_BuildValue("(iLLLOOOOOOOOO)", TAG_P2P_POST, (long long)t, (long long)pid,
+                               (long long)q->iteration, v[0], v[1],
+                               v[2], v[3], v[4], v[5], v[6], v[7], Py_None);
+        if (record == NULL) return NULL;
+    }
+    if (push_tracked(q, &q->inflight, pid, e, record) < 0) return NULL;
+    return PyLong_FromLongLong(pid);
+}
+
+static PyObject *p2p_completed(Queue *q, PyObject *token) {
+    if (!q->lines.open) return not_recording();
+    int64_t t, pid;
+    if (stamp(q, &t) < 0) return NULL;
+    int ok;
+    if (as_int64(token, &pid)) {
+        untrack(&q->inflight, pid);
+        Cell e[3] = {{.i = HEADER(TAG_P2P_DONE, 3)}, {.i = t}, {.i = pid}};
+        ok = push(q, e);
+    } else {
+        ok = push_tuple(q, Py_BuildValue("(iLO)", TAG_P2P_DONE, (long long)t, token));
+    }
+    if (ok < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- memory samples ----------------------------------------------------------------------- */
+
+/* A list of exact int64 ints copied into ``out`` (at most ``room``): its length, or -1. */
+static Py_ssize_t read_ints(PyObject *list, int64_t *out, Py_ssize_t room) {
+    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) > room) return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
+        if (!as_int64(PyList_GET_ITEM(list, i), &out[i])) return -1;
+    return PyList_GET_SIZE(list);
+}
+
+static PyObject *ints_list(const int64_t *ints, Py_ssize_t n) {
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *v = PyLong_FromLongLong(ints[i]);
+        if (v == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, i, v);
+    }
+    return list;
+}
+
+/* The last sample as the Python recorder keeps it: (saved, inflight, allocator, swapped). */
+static PyObject *last_sample(Queue *q) {
+    if (q->last_kind != 1) return Py_NewRef(q->last_sample ? q->last_sample : Py_None);
+    PyObject *saved = ints_list(q->last_ints, q->last_saved);
+    PyObject *inflight = ints_list(q->last_ints + q->last_saved, q->last_inflight);
+    PyObject *sample = saved && inflight
+                           ? PyTuple_Pack(4, saved, inflight, Py_None, Py_None)
+                           : NULL;
+    Py_XDECREF(saved);
+    Py_XDECREF(inflight);
+    return sample;
+}
+
+/* Whether ``sample`` (saved, inflight, allocator, swapped: the caller's objects) equals the
+ * last one written: 1, 0, or -1 with an error set. */
+static int same_as_last(Queue *q, PyObject *sample) {
+    PyObject *last = last_sample(q);
+    int same = last ? PyObject_RichCompareBool(sample, last, Py_EQ) : -1;
+    Py_XDECREF(last);
+    return same;
+}
+
+static PyObject *list_or_none(PyObject *value) {
+    return value == Py_None ? Py_NewRef(value) : PySequence_List(value);
+}
+
+/* A sample of unusual values (an allocator's bytes, swapped bytes, not lists of ints):
+ * compared and kept as the Python recorder does, as a tuple of copies. */
+static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample) {
+    int same = same_as_last(q, sample);
+    if (same != 0) return same < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *kept = Py_BuildValue("(NNON)", PySequence_List(PyTuple_GET_ITEM(sample, 0)),
+                                   PySequence_List(PyTuple_GET_ITEM(sample, 1)),
+                                   PyTuple_GET_ITEM(sample, 2),
+                                   list_or_none(PyTuple_GET_ITEM(sample, 3)));
+    if (kept == NULL) return NULL;
+    Py_XSETREF(q->last_sample, kept);
+    q->last_kind = 2;
+    int64_t t;
+    if (now(q, &t) < 0) return NULL;
+    PyObject *record = Py_BuildValue("(iLOOOOO)", TAG_MEMORY, (long long)t, sid,
+                                     PyTuple_GET_ITEM(kept, 0), PyTuple_GET_ITEM(kept, 1),
+                                     PyTuple_GET_ITEM(kept, 2), PyTuple_GET_ITEM(kept, 3));
+    if (push_tuple(q, record) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* Ints of a sample of lists of ints: the same as the last (1), or kept as the last (0). */
+static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssize_t inflight) {
+    if (q->last_kind == 1 && q->last_saved == saved && q->last_inflight == inflight &&
+        memcmp(q->last_ints, ints, (size_t)(saved + inflight) * sizeof(int64_t)) == 0)
+        return 1;
+    q->last_kind = 1;
+    q->last_saved = saved;
+    q->last_inflight = inflight;
+    memcpy(q->last_ints, ints, (size_t)(saved + inflight) * sizeof(int64_t));
+    return 0;
+}
+
+static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "memory_sample(token, saved, inflight, allocator=None, swapped=None)");
+        return NULL;
+    }
+    if (!q->lines.open) return not_recording();
+    PyObject *allocator = nargs > 3 ? args[3] : Py_None, *swapped = nargs > 4 ? args[4] : Py_None;
+    PyObject *token = args[0];
+    PyObject *sid = PyTuple_CheckExact(token) && PyTuple_GET_SIZE(token) > 0
+                        ? PyTuple_GET_ITEM(token, 0)
+                        : token;
+    int64_t ints[MAX_RUN], id;
+    Py_ssize_t saved = -1, inflight = -1;
+    if (allocator == Py_None && swapped == Py_None && as_int64(sid, &id)) {
+        saved = read_ints(args[1], ints, MAX_RUN);
+        inflight = saved < 0 ? -1 : read_ints(args[2], ints + saved, MAX_RUN - saved);
+    }
+    if (inflight < 0 || q->last_kind == 2) { /* compared as tuples, as Python does */
+        PyObject *sample = PyTuple_Pack(4, args[1], args[2], allocator, swapped);
+        if (sample == NULL) return NULL;
+        if (inflight < 0) { /* unusual values: kept as a tuple too */
+            PyObject *done = memory_tuple(q, sid, sample);
+            Py_DECREF(sample);
+            return done;
+        }
+        int same = same_as_last(q, sample);
+        Py_DECREF(sample);
+        if (same != 0) return same < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if (same_ints(q, ints, saved, inflight)) Py_RETURN_NONE;
+    int64_t t;
+    if (now(q, &t) < 0) return NULL;
+    Py_ssize_t n = 7 + saved + inflight;
+    Cell e[7 + MAX_RUN] = {{.i = HEADER(TAG_MEMORY, n)}, {.i = t}, {.i = id},
+                           {.i = RUN(7, saved)}, {.i = RUN(7 + saved, inflight)},
+                           {.o = NULL}, {.o = NULL}};
+    for (Py_ssize_t k = 0; k < saved + inflight; k++) e[7 + k].i = ints[k];
+    if (push(q, e) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* -- the object --------------------------------------------------------------------------- */
+
+static PyObject *append_record(Queue *q, PyObject *record) {
+    if (!q->lines.open) return not_recording();
+    if (push_tuple(q, Py_NewRef(record)) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *queue_open(Queue *q, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"layouts",  "offset", "texts",    "text",    "literals",
+                            "peers",    "fallback", "capacity", "on_full", NULL};
+    PyObject *spec, *texts, *text, *literals, *peers, *fallback, *on_full;
+    long long offset, capacity;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!LO!OO!OOLO:open", names, &PyTuple_Type,
+                                     &spec, &offset, &PyDict_Type, &texts, &text, &PyDict_Type,
+                                     &literals, &peers, &fallback, &capacity, &on_full))
+        return NULL;
+    if (lines_open(&q->lines, spec, offset, texts, text, literals, peers, fallback) < 0)
+        return NULL;
+    q->capacity = capacity;
+    Py_XSETREF(q->on_full, Py_NewRef(on_full));
+    Py_RETURN_NONE;
+}
+
+static PyObject *queue_close(Queue *q, PyObject *unused) {
+    q->lines.open = 0; /* the hot calls refuse; what waits can still be taken */
+    Py_RETURN_NONE;
+}
+
+static int queue_init(Queue *q, PyObject *args, PyObject *kwargs) {
+    static char *names[] = {"clock", "active", "step_token", "close_token", NULL};
+    PyObject *clock, *active, *step_token, *close_token;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:EventQueue", names, &clock, &active,
+                                     &step_token, &close_token))
+        return -1;
+    Py_XSETREF(q->clock, clock == Py_None ? NULL : Py_NewRef(clock));
+    Py_XSETREF(q->active, Py_NewRef(active));
+    Py_XSETREF(q->step_token, Py_NewRef(step_token));
+    Py_XSETREF(q->close_token, Py_NewRef(close_token));
+    return 0;
+}
+
+static int queue_traverse(Queue *q, visitproc visit, void *arg) {
+    for (Py_ssize_t at = q->head; at < q->tail; at += HEADER_LENGTH(q->cells[at].i)) {
+        int failed = entry_visit(q->cells + at, visit, arg);
+        if (failed) return failed;
+    }
+    TrackSet *sets[] = {&q->open_steps, &q->inflight};
+    for (int k = 0; k < 2; k++) {
+        for (Py_ssize_t i = 0; i < sets[k]->len; i++) {
+            if (sets[k]->items[i].id < 0) continue;
+            int failed = entry_visit(sets[k]->items[i].cells, visit, arg);
+            if (failed) return failed;
+        }
+    }
+    Py_VISIT(q->on_full);
+    Py_VISIT(q->clock);
+    Py_VISIT(q->active);
+    Py_VISIT(q->step_token);
+    Py_VISIT(q->close_token);
+    Py_VISIT(q->last_sample);
+    return lines_traverse(&q->lines, visit, arg);
+}
+
+static int queue_clear(Queue *q) {
+    release_all(q);
+    track_clear(&q->open_steps);
+    track_clear(&q->inflight);
+    lines_clear(&q->lines);
+    Py_CLEAR(q->on_full);
+    Py_CLEAR(q->clock);
+    Py_CLEAR(q->active);
+    Py_CLEAR(q->step_token);
+    Py_CLEAR(q->close_token);
+    Py_CLEAR(q->last_sample);
+    return 0;
+}
+
+static void queue_dealloc(Queue *q) {
+    PyObject_GC_UnTrack(q);
+    queue_clear(q);
+    PyMem_Free(q->cells);
+    PyMem_Free(q->out.data);
+    Py_TYPE(q)->tp_free((PyObject *)q);
+}
+
+static PyMethodDef queue_methods[] = {
+    {"begin_step", (PyCFunction)(void (*)(void))begin_step, METH_FASTCALL, NULL},
+    {"end_step", (PyCFunction)(void (*)(void))end_step, METH_FASTCALL, NULL},
+    {"p2p_posted", (PyCFunction)(void (*)(void))p2p_posted, METH_FASTCALL | METH_KEYWORDS, NULL},
+    {"p2p_completed", (PyCFunction)p2p_completed, METH_O, NULL},
+    {"memory_sample", (PyCFunction)(void (*)(void))memory_sample, METH_FASTCALL, NULL},
+    {"append", (PyCFunction)append_record, METH_O, "append(record): a record tuple, in order"},
+    {"take", (PyCFunction)take, METH_O, "take(n) -> the lines of the first n entries"},
+    {"open_steps", (PyCFunction)open_steps, METH_NOARGS, "{id: step_begin record}"},
+    {"inflight", (PyCFunction)inflight, METH_NOARGS, "{id: p2p_post record}"},
+    {"open", (PyCFunction)(void (*)(void))queue_open, METH_VARARGS | METH_KEYWORDS,
+     "open(layouts, offset, texts, text, literals, peers, fallback, capacity, on_full)"},
+    {"close", (PyCFunction)queue_close, METH_NOARGS, "the hot calls refuse from now on"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef queue_members[] = {
+    {"iteration", T_LONGLONG, offsetof(Queue, iteration), 0, "the iteration events belong to"},
+    {"progress", T_LONGLONG, offsetof(Queue, progress), 0, "the last hot call's time"},
+    {NULL},
+};
+
+static PySequenceMethods queue_sequence = {.sq_length = (lenfunc)queue_length};
+
+static PyTypeObject QueueType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pipetrace.recorder._queue.EventQueue",
+    .tp_basicsize = sizeof(Queue),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "EventQueue(clock, active, step_token, close_token): a rank's events until "
+              "they are written (see the module's source)",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)queue_init,
+    .tp_traverse = (traverseproc)queue_traverse,
+    .tp_clear = (inquiry)queue_clear,
+    .tp_dealloc = (destructor)queue_dealloc,
+    .tp_methods = queue_methods,
+    .tp_members = queue_members,
+    .tp_as_sequence = &queue_sequence,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__queue(void) {
+    if ((s_main = PyUnicode_InternFromString("main")) == NULL) return NULL;
+    for (int i = 0; i < NPOST; i++)
+        if ((post_keys[i] = PyUnicode_InternFromString(post_names[i])) == NULL) return NULL;
+    if (PyType_Ready(&QueueType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "EventQueue", (PyObject *)&QueueType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
