@@ -283,7 +283,8 @@ class Executor:
         if self._ahead is not None:
             self._ahead.begin_iteration(self.p2p)
         begin, end = recorder.begin_step, recorder.end_step
-        sample = self._memory_sampler()
+        memory = self._memory_sampler()
+        unsampled, held, act, grad = self._unsampled, self._held, self._act_bytes, self._grad_bytes
         program = self._program
         if (
             self._step_order is not None
@@ -298,8 +299,11 @@ class Executor:
                     end(token)
                 else:  # an activation swap launch: the bytes it copies go with the step
                     end(token, moved)
-                if sample is not None:
-                    sample(token, step)
+                if memory is not None and step.kind not in unsampled:
+                    # Inline and C-level, no call into the stages: this runs after most steps
+                    # (a Python frame here cost more than the recorder's own events).
+                    saved = list(map(sum, map(dict.values, held)))
+                    memory(token, saved, list(map(add, act, grad)))
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -340,8 +344,10 @@ class Executor:
         if self._swap is not None:
             self._swap.close()
 
-    def _memory_sampler(self) -> Callable[[Any, Step], None] | None:
-        """What samples memory after each step of this iteration (None: nothing). Asked of
+    def _memory_sampler(self) -> Callable[[Any, list[int], list[int]], None] | None:
+        """What takes a memory sample (token, saved, inflight) after each step of this
+        iteration (None: nothing): the recorder's `memory_sample`, or `_sample_memory` with
+        swap steps or a device allocator to read. Asked of
         the recorder at each iteration's start, so that a recorder switched on and off
         between iterations (bench/bench_recorder.py) costs nothing while off: the stages
         count what they save only while memory is sampled.
@@ -364,6 +370,8 @@ class Executor:
         every_step = self._reads_allocator or self._swap is not None or not self._sampled
         self._unsampled = frozenset() if every_step else MEMORY_NEUTRAL
         self._sampled = True
+        if self._swap is None and not self._reads_allocator:
+            return self.recorder.memory_sample
         return self._sample_memory
 
     def _count_mailboxes(self) -> None:
@@ -376,19 +384,11 @@ class Executor:
                 if value is not None:
                     counts[slots[stage]] += value.nbytes
 
-    def _sample_memory(self, token: Any, step: Step) -> None:
-        """The recorder's ``memory`` sample after ``step`` (whose token is ``token``): per
-        stage, the activations kept for backward on the device, the received tensors not yet
-        consumed (the mailboxes' counts), and with swap steps the activations offloaded to
-        the host (taken out of the first)."""
-        if step.kind in self._unsampled:
-            return
-        # C-level maps, no call into the stages: this runs after most steps
-        saved = list(map(sum, map(dict.values, self._held)))
-        inflight = list(map(add, self._act_bytes, self._grad_bytes))
-        if self._swap is None and not self._reads_allocator:
-            self.recorder.memory_sample(token, saved, inflight)
-            return
+    def _sample_memory(self, token: Any, saved: list[int], inflight: list[int]) -> None:
+        """The recorder's ``memory`` sample after the step of ``token`` when swap steps or
+        a device allocator add to it: per stage, the activations kept for backward on the
+        device (``saved``, less what swap steps offloaded to the host), the received tensors
+        not yet consumed (``inflight``), the offloaded bytes, the allocator's bytes."""
         swapped = None
         if self._swap is not None:
             on_host = self._swap.swapped_bytes()

@@ -69,10 +69,10 @@ class PipelineStage(StageBase):
         else:
             stage_input = x.detach().requires_grad_(True)
             x = stage_input
-        if self.count_saved:
-            output = self._counted_forward(mb, x)
-        else:
-            output = self.module(x)
+        output = self.module(x)
+        if self.count_saved:  # inline: a call per forward cost more than this work
+            size = self._saved_per_input.get((x.shape, x.dtype))
+            self.held_bytes[mb] = self._measure_saved(x, output) if size is None else size
         if self.is_last:
             loss = self.loss_fn(output, target)  # type: ignore[misc]
             self.losses[mb] = loss.detach()
@@ -81,18 +81,13 @@ class PipelineStage(StageBase):
         self._saved[mb] = _Saved(stage_input, output)
         return output.detach()
 
-    def _counted_forward(self, mb: int, x: torch.Tensor) -> torch.Tensor:
-        """The module's output, noting the bytes autograd saved for micro-batch ``mb``'s
-        backward. They are measured on the first forward of each input shape and dtype and
-        reused after (measuring walks the new autograd graph; a module whose saved tensors
-        depend on the data, not only on the shape, would need a measurement per forward)."""
-        output = self.module(x)
-        key = (x.shape, x.dtype)
-        size = self._saved_per_input.get(key)
-        if size is None:
-            size = self._saved_per_input[key] = self._saved_in_graph(output)
-        self.held_bytes[mb] = size
-        return output
+    def _measure_saved(self, x: torch.Tensor, output: torch.Tensor) -> int:
+        """The bytes autograd saved for the backward of ``output`` (the forward of ``x``),
+        measured on the first forward of each input shape and dtype and reused after
+        (measuring walks the new autograd graph; a module whose saved tensors depend on the
+        data, not only on the shape, would need a measurement per forward)."""
+        size = self._saved_per_input[(x.shape, x.dtype)] = self._saved_in_graph(output)
+        return size
 
     def _saved_in_graph(self, output: torch.Tensor) -> int:
         """The bytes of the tensors the autograd graph under ``output`` saved for its
