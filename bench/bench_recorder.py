@@ -297,6 +297,7 @@ class Switch:
         "p2p_completed",
         "exception",
         "memory_sample",
+        "memory_watch",
         "records_memory",
     )
 
@@ -310,7 +311,7 @@ class Switch:
     def use(self, record: bool) -> None:
         target = self.recorder if record else self.null
         for name in self._HOOKS:
-            setattr(self, name, getattr(target, name))
+            setattr(self, name, getattr(target, name, None))  # NullRecorder: no memory_watch
 
 
 @dataclass(frozen=True)

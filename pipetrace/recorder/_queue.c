@@ -1,7 +1,7 @@
 /* The recorder's event queue and hot calls in C.
  *
- * `EventQueue` holds a rank's events from the moment they happen until the writer takes
- * them as lines (`take`). Its hot calls (a step's begin and end, a P2P op's post and
+ * `EventQueue` holds a rank's events from the moment they happen until the writer has them
+ * written as lines (`write`). Its hot calls (a step's begin and end, a P2P op's post and
  * completion, a memory sample) are what `Recorder`'s Python methods of the same names do
  * (pipetrace/recorder/recorder.py, the plain case: no device timer, no stacks), but keep
  * each event as a few cells in one array (_queue.h) instead of a tuple in a deque: no
@@ -16,15 +16,17 @@
  * their tuples, in order with the rest. tests/recorder/test_hotpath.py holds the hot calls
  * to the Python methods' events and state.
  *
- * Threads: every call holds the interpreter lock. `take` calls Python (the fallback
+ * Threads: every call holds the interpreter lock. `write` calls Python (the fallback
  * encoder, a step's text) and may let another thread append meanwhile: it reads entries by
  * index, never by a pointer kept across a call, and only it moves entries.
  */
 #include "_queue.h"
 
 #include <structmember.h>
+#include <errno.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_RUN 32 /* ints of a memory sample kept in cells */
 
@@ -61,9 +63,12 @@ typedef struct {
     Py_ssize_t last_saved, last_inflight;
     int64_t last_ints[MAX_RUN];
     PyObject *last_sample;
+    /* The live counts `sample_watched` reads (`watch_memory`): per stage, a dict of bytes
+     * held per micro-batch, and two lists of bytes in flight. */
+    PyObject *held, *act, *grad;
 } Queue;
 
-static PyObject *s_main;
+static PyObject *s_main, *s_sum;
 
 static PyObject *not_recording(void) {
     PyErr_SetString(PyExc_RuntimeError,
@@ -139,16 +144,43 @@ static void release_all(Queue *q) {
     q->head = q->tail = q->count = 0;
 }
 
-/* The first ``limit`` entries as their lines. */
-static PyObject *take(Queue *q, PyObject *arg) {
-    Py_ssize_t limit = PyLong_AsSsize_t(arg);
-    if (limit == -1 && PyErr_Occurred()) return NULL;
+/* All of ``b`` to ``fd``, the interpreter lock released: 0, or -1 with OSError set. */
+static int write_all(int fd, const char *data, Py_ssize_t len) {
+    int error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (len > 0) {
+        ssize_t n = write(fd, data, (size_t)len);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            error = errno;
+            break;
+        }
+        data += n;
+        len -= n;
+    }
+    Py_END_ALLOW_THREADS
+    if (!error) return 0;
+    errno = error;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return -1;
+}
+
+/* write(fd, count): the first ``count`` entries written to ``fd`` as their lines. Taken
+ * even when writing fails (the error is raised: a full disk loses them, never the run). */
+static PyObject *write_lines(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "write(fd, count)");
+        return NULL;
+    }
+    int fd = PyObject_AsFileDescriptor(args[0]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (fd < 0 || (limit == -1 && PyErr_Occurred())) return NULL;
     if (!q->lines.open) {
-        PyErr_SetString(PyExc_RuntimeError, "take: the queue was not opened");
+        PyErr_SetString(PyExc_RuntimeError, "write: the queue was not opened");
         return NULL;
     }
     if (q->taking) {
-        PyErr_SetString(PyExc_RuntimeError, "take: already taking (callers hold a lock)");
+        PyErr_SetString(PyExc_RuntimeError, "write: already writing (callers hold a lock)");
         return NULL;
     }
     q->taking = 1;
@@ -163,6 +195,7 @@ static PyObject *take(Queue *q, PyObject *arg) {
         q->count--;
         entry_decref(e);
     }
+    if (!failed) failed = write_all(fd, q->out.data, q->out.len) < 0;
     q->taking = 0;
     Py_ssize_t left = q->tail - q->head;
     if (left == 0) {
@@ -172,12 +205,12 @@ static PyObject *take(Queue *q, PyObject *arg) {
         q->head = 0;
         q->tail = left;
     }
-    PyObject *lines = failed ? NULL : PyBytes_FromStringAndSize(q->out.data, q->out.len);
     if (q->out.cap > (1 << 22)) { /* keep a usual batch's buffer, not a rare big one */
         PyMem_Free(q->out.data);
         q->out = (Buffer){NULL, 0, 0};
     }
-    return lines;
+    if (failed) return NULL;
+    Py_RETURN_NONE;
 }
 
 static Py_ssize_t queue_length(Queue *q) { return q->count; }
@@ -491,6 +524,39 @@ static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssize_t
     return 0;
 }
 
+/* A sample of ints (``saved`` then ``inflight`` in ``ints``) after step ``sid``: compared
+ * with the last and written when it differs. */
+static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_ssize_t saved,
+                             Py_ssize_t inflight) {
+    if (q->last_kind == 2) { /* the last was kept as a tuple: compared as Python does */
+        PyObject *lists[2] = {ints_list(ints, saved), ints_list(ints + saved, inflight)};
+        PyObject *sample = lists[0] && lists[1]
+                               ? PyTuple_Pack(4, lists[0], lists[1], Py_None, Py_None)
+                               : NULL;
+        Py_XDECREF(lists[0]);
+        Py_XDECREF(lists[1]);
+        int same = sample ? same_as_last(q, sample) : -1;
+        Py_XDECREF(sample);
+        if (same != 0) return same < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    if (same_ints(q, ints, saved, inflight)) Py_RETURN_NONE;
+    int64_t t;
+    if (now(q, &t) < 0) return NULL;
+    Py_ssize_t n = 7 + saved + inflight;
+    Cell e[7 + MAX_RUN] = {{.i = HEADER(TAG_MEMORY, n)}, {.i = t}, {.i = sid},
+                           {.i = RUN(7, saved)}, {.i = RUN(7 + saved, inflight)},
+                           {.o = NULL}, {.o = NULL}};
+    for (Py_ssize_t k = 0; k < saved + inflight; k++) e[7 + k].i = ints[k];
+    if (push(q, e) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The step id of a token: the int itself, or the first item of a step's tuple token. */
+static PyObject *token_id(PyObject *token) {
+    return PyTuple_CheckExact(token) && PyTuple_GET_SIZE(token) > 0 ? PyTuple_GET_ITEM(token, 0)
+                                                                     : token;
+}
+
 static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError,
@@ -499,38 +565,97 @@ static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs
     }
     if (!q->lines.open) return not_recording();
     PyObject *allocator = nargs > 3 ? args[3] : Py_None, *swapped = nargs > 4 ? args[4] : Py_None;
-    PyObject *token = args[0];
-    PyObject *sid = PyTuple_CheckExact(token) && PyTuple_GET_SIZE(token) > 0
-                        ? PyTuple_GET_ITEM(token, 0)
-                        : token;
+    PyObject *sid = token_id(args[0]);
     int64_t ints[MAX_RUN], id;
     Py_ssize_t saved = -1, inflight = -1;
     if (allocator == Py_None && swapped == Py_None && as_int64(sid, &id)) {
         saved = read_ints(args[1], ints, MAX_RUN);
         inflight = saved < 0 ? -1 : read_ints(args[2], ints + saved, MAX_RUN - saved);
     }
-    if (inflight < 0 || q->last_kind == 2) { /* compared as tuples, as Python does */
-        PyObject *sample = PyTuple_Pack(4, args[1], args[2], allocator, swapped);
-        if (sample == NULL) return NULL;
-        if (inflight < 0) { /* unusual values: kept as a tuple too */
-            PyObject *done = memory_tuple(q, sid, sample);
-            Py_DECREF(sample);
-            return done;
-        }
-        int same = same_as_last(q, sample);
-        Py_DECREF(sample);
-        if (same != 0) return same < 0 ? NULL : Py_NewRef(Py_None);
-    }
-    if (same_ints(q, ints, saved, inflight)) Py_RETURN_NONE;
-    int64_t t;
-    if (now(q, &t) < 0) return NULL;
-    Py_ssize_t n = 7 + saved + inflight;
-    Cell e[7 + MAX_RUN] = {{.i = HEADER(TAG_MEMORY, n)}, {.i = t}, {.i = id},
-                           {.i = RUN(7, saved)}, {.i = RUN(7 + saved, inflight)},
-                           {.o = NULL}, {.o = NULL}};
-    for (Py_ssize_t k = 0; k < saved + inflight; k++) e[7 + k].i = ints[k];
-    if (push(q, e) < 0) return NULL;
+    if (inflight >= 0) return sample_ints(q, id, ints, saved, inflight);
+    /* unusual values: compared and kept as a tuple */
+    PyObject *sample = PyTuple_Pack(4, args[1], args[2], allocator, swapped);
+    PyObject *done = sample ? memory_tuple(q, sid, sample) : NULL;
+    Py_XDECREF(sample);
+    return done;
+}
+
+static PyObject *watch_memory(Queue *q, PyObject *args) {
+    PyObject *held, *act, *grad;
+    if (!PyArg_ParseTuple(args, "O!O!O!:watch_memory", &PyList_Type, &held, &PyList_Type, &act,
+                          &PyList_Type, &grad))
+        return NULL;
+    Py_XSETREF(q->held, Py_NewRef(held));
+    Py_XSETREF(q->act, Py_NewRef(act));
+    Py_XSETREF(q->grad, Py_NewRef(grad));
     Py_RETURN_NONE;
+}
+
+/* The watched counts as ints: per stage the sum of its held dict, then act + grad per
+ * stage. 0 when a value is not an exact int64 (or the shapes differ): Python does it. */
+static int read_watched(Queue *q, int64_t *ints, Py_ssize_t *stages) {
+    Py_ssize_t n = PyList_GET_SIZE(q->held);
+    if (2 * n > MAX_RUN || PyList_GET_SIZE(q->act) != n || PyList_GET_SIZE(q->grad) != n) return 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *dict = PyList_GET_ITEM(q->held, k), *key, *value;
+        Py_ssize_t pos = 0;
+        int64_t sum = 0, v, a, g;
+        if (!PyDict_CheckExact(dict)) return 0;
+        while (PyDict_Next(dict, &pos, &key, &value))
+            if (!as_int64(value, &v) || __builtin_add_overflow(sum, v, &sum)) return 0;
+        if (!as_int64(PyList_GET_ITEM(q->act, k), &a) ||
+            !as_int64(PyList_GET_ITEM(q->grad, k), &g) ||
+            __builtin_add_overflow(a, g, &ints[n + k]))
+            return 0;
+        ints[k] = sum;
+    }
+    *stages = n;
+    return 1;
+}
+
+/* The watched counts as Python computes them, for values `read_watched` does not take:
+ * [sum(held.values()) for each stage] and list(map(add, act, grad)). */
+static PyObject *watched_saved(Queue *q) {
+    Py_ssize_t n = PyList_GET_SIZE(q->held);
+    PyObject *saved = PyList_New(n);
+    for (Py_ssize_t k = 0; saved && k < n; k++) {
+        PyObject *values = PyObject_CallMethod(PyList_GET_ITEM(q->held, k), "values", NULL);
+        PyObject *total = values ? PyObject_CallFunctionObjArgs(s_sum, values, NULL) : NULL;
+        Py_XDECREF(values);
+        if (total == NULL) Py_CLEAR(saved);
+        else PyList_SET_ITEM(saved, k, total);
+    }
+    return saved;
+}
+
+static PyObject *watched_inflight(Queue *q) {
+    Py_ssize_t n = Py_MIN(PyList_GET_SIZE(q->act), PyList_GET_SIZE(q->grad));
+    PyObject *inflight = PyList_New(n);
+    for (Py_ssize_t k = 0; inflight && k < n; k++) {
+        PyObject *v = PyNumber_Add(PyList_GET_ITEM(q->act, k), PyList_GET_ITEM(q->grad, k));
+        if (v == NULL) Py_CLEAR(inflight);
+        else PyList_SET_ITEM(inflight, k, v);
+    }
+    return inflight;
+}
+
+/* sample_watched(token): the memory sample of the watched counts after the step of
+ * ``token`` (see `Recorder.memory_watch`). */
+static PyObject *sample_watched(Queue *q, PyObject *token) {
+    if (q->held == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "sample_watched: watch_memory first");
+        return NULL;
+    }
+    if (!q->lines.open) return not_recording();
+    int64_t ints[MAX_RUN], id;
+    Py_ssize_t stages;
+    if (as_int64(token_id(token), &id) && read_watched(q, ints, &stages))
+        return sample_ints(q, id, ints, stages, stages);
+    PyObject *args[3] = {token, watched_saved(q), watched_inflight(q)};
+    PyObject *done = args[1] && args[2] ? memory_sample(q, args, 3) : NULL;
+    Py_XDECREF(args[1]);
+    Py_XDECREF(args[2]);
+    return done;
 }
 
 /* -- the object --------------------------------------------------------------------------- */
@@ -594,6 +719,9 @@ static int queue_traverse(Queue *q, visitproc visit, void *arg) {
     Py_VISIT(q->step_token);
     Py_VISIT(q->close_token);
     Py_VISIT(q->last_sample);
+    Py_VISIT(q->held);
+    Py_VISIT(q->act);
+    Py_VISIT(q->grad);
     return lines_traverse(&q->lines, visit, arg);
 }
 
@@ -608,6 +736,9 @@ static int queue_clear(Queue *q) {
     Py_CLEAR(q->step_token);
     Py_CLEAR(q->close_token);
     Py_CLEAR(q->last_sample);
+    Py_CLEAR(q->held);
+    Py_CLEAR(q->act);
+    Py_CLEAR(q->grad);
     return 0;
 }
 
@@ -625,8 +756,13 @@ static PyMethodDef queue_methods[] = {
     {"p2p_posted", (PyCFunction)(void (*)(void))p2p_posted, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"p2p_completed", (PyCFunction)p2p_completed, METH_O, NULL},
     {"memory_sample", (PyCFunction)(void (*)(void))memory_sample, METH_FASTCALL, NULL},
+    {"watch_memory", (PyCFunction)watch_memory, METH_VARARGS,
+     "watch_memory(held, act, grad): the counts sample_watched reads"},
+    {"sample_watched", (PyCFunction)sample_watched, METH_O,
+     "sample_watched(token): memory_sample of the watched counts"},
     {"append", (PyCFunction)append_record, METH_O, "append(record): a record tuple, in order"},
-    {"take", (PyCFunction)take, METH_O, "take(n) -> the lines of the first n entries"},
+    {"write", (PyCFunction)(void (*)(void))write_lines, METH_FASTCALL,
+     "write(fd, n): the first n entries written to fd as their lines"},
     {"open_steps", (PyCFunction)open_steps, METH_NOARGS, "{id: step_begin record}"},
     {"inflight", (PyCFunction)inflight, METH_NOARGS, "{id: p2p_post record}"},
     {"open", (PyCFunction)(void (*)(void))queue_open, METH_VARARGS | METH_KEYWORDS,
@@ -663,6 +799,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_queue", NULL, -1, N
 
 PyMODINIT_FUNC PyInit__queue(void) {
     if ((s_main = PyUnicode_InternFromString("main")) == NULL) return NULL;
+    PyObject *builtins = PyImport_ImportModule("builtins");
+    s_sum = builtins ? PyObject_GetAttrString(builtins, "sum") : NULL;
+    Py_XDECREF(builtins);
+    if (s_sum == NULL) return NULL;
     for (int i = 0; i < NPOST; i++)
         if ((post_keys[i] = PyUnicode_InternFromString(post_names[i])) == NULL) return NULL;
     if (PyType_Ready(&QueueType) < 0) return NULL;

@@ -10,7 +10,9 @@ mapped to the epoch), never by the caller, so every event on a rank shares one c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from operator import add
 from typing import Any, Protocol
 
 from pipetrace.schedule.ir import Plan, Step
@@ -109,11 +111,31 @@ class RecorderHooks(Protocol):
         device (what activation swap offloaded is in ``swapped``). A recorder copies what it
         keeps of the lists."""
 
+    def memory_watch(
+        self, held: list[dict[int, int]], act: list[int], grad: list[int]
+    ) -> Callable[[Any], None]:
+        """Optional (a runtime falls back to `sample_counts`): what takes the memory sample
+        of live counts after the step of a token, ``saved`` being each stage's sum of
+        ``held`` (bytes per micro-batch) and ``inflight`` ``act`` + ``grad`` per stage. The
+        caller keeps the counts up to date in place; a recorder reads them when called."""
+
     def exception(self, exc: BaseException) -> None:
         """The rank is about to fail with ``exc``."""
 
     def end_run(self) -> None:
         """A clean end; flush and close."""
+
+
+def sample_counts(
+    memory_sample: Callable[..., None],
+    held: list[dict[int, int]],
+    act: list[int],
+    grad: list[int],
+    token: Any,
+) -> None:
+    """`RecorderHooks.memory_watch`'s sample, through ``memory_sample`` (for recorders
+    without their own: bind the first four arguments)."""
+    memory_sample(token, list(map(sum, map(dict.values, held))), list(map(add, act, grad)))
 
 
 class NullRecorder:

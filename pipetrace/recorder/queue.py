@@ -4,12 +4,14 @@ Two queues do the same: `_queue.EventQueue` (C, built with the package when a co
 found: `_queue.c`), which also takes the recorder's hot calls and writes lines itself, and
 `RecordQueue` below, a deque of record tuples written by `LineEncoder`, used without a
 compiler and when a recorder asks for Python only. Both keep records in the order they
-came, hand the writer their lines (`take`), and call ``on_full`` when ``capacity`` records
-wait, so that memory stays bounded (the writer then flushes on the appending thread).
+came, write their lines to the log for the writer (`write`), and call ``on_full`` when
+``capacity`` records wait, so that memory stays bounded (the writer then flushes on the
+appending thread).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -51,12 +53,15 @@ class RecordQueue:
         if len(pending) >= self._capacity:
             self._on_full()
 
-    def take(self, count: int) -> bytes | bytearray:
-        """The lines of the first ``count`` records, taken from the queue."""
+    def write(self, fd: int, count: int) -> None:
+        """The first ``count`` records taken from the queue and written to ``fd`` as lines
+        (taken even when writing fails: the error is raised)."""
         if self._encode is None:
-            raise RuntimeError("take: the queue was not opened")
+            raise RuntimeError("write: the queue was not opened")
         popleft = self._pending.popleft
-        return self._encode([popleft() for _ in range(count)])
+        view = memoryview(self._encode([popleft() for _ in range(count)]))
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def _nothing() -> None:

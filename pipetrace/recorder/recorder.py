@@ -24,6 +24,7 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,7 +47,7 @@ from pipetrace.recorder.encoding import (
     STEP_END,
     LineEncoder,
 )
-from pipetrace.recorder.hooks import Config, Place
+from pipetrace.recorder.hooks import Config, Place, sample_counts
 from pipetrace.recorder.queue import RecordQueue, new_queue, open_queue
 from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
@@ -425,6 +426,16 @@ class Recorder:
         sid = token[0] if type(token) is tuple else token
         t = self._monotonic_ns()
         self._append_unchecked((MEMORY, t, sid, saved, inflight, allocator, swapped))
+
+    def memory_watch(
+        self, held: list[dict[int, int]], act: list[int], grad: list[int]
+    ) -> Callable[[Any], None]:
+        """What samples these live counts after a step (`RecorderHooks.memory_watch`): the C
+        queue reads them itself, without a list made per sample."""
+        if self._hot is None:
+            return partial(sample_counts, self.memory_sample, held, act, grad)
+        self._hot.watch_memory(held, act, grad)
+        return self._hot.sample_watched
 
     # -- device timing ---------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import orjson
 
 from pipetrace.recorder.run_dir import create_new_file
 
-_BATCH = 4096  # records written per call: bounds the chunk held in memory (~0.4 MB)
+_BATCH = 4096  # records written per call: bounds the lines held in memory (~0.4 MB)
 
 
 class Queue(Protocol):
@@ -34,7 +34,7 @@ class Queue(Protocol):
 
     def __len__(self) -> int: ...
 
-    def take(self, count: int) -> bytes | bytearray: ...
+    def write(self, fd: int, count: int) -> None: ...
 
 
 class EventWriter:
@@ -74,7 +74,7 @@ class EventWriter:
             count = len(queue)
             while count:
                 batch = min(_BATCH, count)
-                self._write(queue.take(batch))
+                queue.write(self._fd, batch)
                 count -= batch
                 self.events_written += batch
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from operator import add
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipetrace.recorder.hooks import NullRecorder, RecorderHooks
+from pipetrace.recorder.hooks import NullRecorder, RecorderHooks, sample_counts
 from pipetrace.runtime import fsdp
 from pipetrace.runtime.config import CustomFunction
 from pipetrace.runtime.recv_ahead import RecvAhead
@@ -283,8 +284,8 @@ class Executor:
         if self._ahead is not None:
             self._ahead.begin_iteration(self.p2p)
         begin, end = recorder.begin_step, recorder.end_step
-        memory = self._memory_sampler()
-        unsampled, held, act, grad = self._unsampled, self._held, self._act_bytes, self._grad_bytes
+        sample = self._memory_sampler()
+        unsampled = self._unsampled
         program = self._program
         if (
             self._step_order is not None
@@ -299,11 +300,8 @@ class Executor:
                     end(token)
                 else:  # an activation swap launch: the bytes it copies go with the step
                     end(token, moved)
-                if memory is not None and step.kind not in unsampled:
-                    # Inline and C-level, no call into the stages: this runs after most steps
-                    # (a Python frame here cost more than the recorder's own events).
-                    saved = list(map(sum, map(dict.values, held)))
-                    memory(token, saved, list(map(add, act, grad)))
+                if sample is not None and step.kind not in unsampled:
+                    sample(token)
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -344,10 +342,11 @@ class Executor:
         if self._swap is not None:
             self._swap.close()
 
-    def _memory_sampler(self) -> Callable[[Any, list[int], list[int]], None] | None:
-        """What takes a memory sample (token, saved, inflight) after each step of this
-        iteration (None: nothing): the recorder's `memory_sample`, or `_sample_memory` with
-        swap steps or a device allocator to read. Asked of
+    def _memory_sampler(self) -> Callable[[Any], None] | None:
+        """What takes a memory sample after each step of this iteration, given the step's
+        token (None: nothing): the recorder's watch of the counts the executor keeps (the
+        stages' held bytes, the mailboxes' bytes), or `_sample_memory` with swap steps or a
+        device allocator to read. Asked of
         the recorder at each iteration's start, so that a recorder switched on and off
         between iterations (bench/bench_recorder.py) costs nothing while off: the stages
         count what they save only while memory is sampled.
@@ -370,9 +369,13 @@ class Executor:
         every_step = self._reads_allocator or self._swap is not None or not self._sampled
         self._unsampled = frozenset() if every_step else MEMORY_NEUTRAL
         self._sampled = True
-        if self._swap is None and not self._reads_allocator:
-            return self.recorder.memory_sample
-        return self._sample_memory
+        if self._swap is not None or self._reads_allocator:
+            return self._sample_memory
+        counts = (self._held, self._act_bytes, self._grad_bytes)
+        watch = getattr(self.recorder, "memory_watch", None)
+        if watch is None:  # a recorder without its own: the lists made here
+            return partial(sample_counts, self.recorder.memory_sample, *counts)
+        return watch(*counts)
 
     def _count_mailboxes(self) -> None:
         """The mailboxes' bytes per slot, counted afresh (counting starts: from here on
@@ -384,11 +387,13 @@ class Executor:
                 if value is not None:
                     counts[slots[stage]] += value.nbytes
 
-    def _sample_memory(self, token: Any, saved: list[int], inflight: list[int]) -> None:
+    def _sample_memory(self, token: Any) -> None:
         """The recorder's ``memory`` sample after the step of ``token`` when swap steps or
         a device allocator add to it: per stage, the activations kept for backward on the
-        device (``saved``, less what swap steps offloaded to the host), the received tensors
-        not yet consumed (``inflight``), the offloaded bytes, the allocator's bytes."""
+        device (less what swap steps offloaded to the host), the received tensors not yet
+        consumed (the mailboxes' counts), the offloaded bytes, the allocator's bytes."""
+        saved = list(map(sum, map(dict.values, self._held)))
+        inflight = list(map(add, self._act_bytes, self._grad_bytes))
         swapped = None
         if self._swap is not None:
             on_host = self._swap.swapped_bytes()

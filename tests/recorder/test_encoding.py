@@ -10,6 +10,8 @@ unknown peers), interleaved with other events.
 
 from __future__ import annotations
 
+import tempfile
+
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -100,14 +102,17 @@ peers = st.one_of(st.none(), st.just((4, 5, 6, 7)))
 
 
 def _queued(encoder: LineEncoder, batch: list[tuple], compiled: bool) -> bytes:
-    """The lines of ``batch`` appended to a queue and taken from it."""
+    """The lines of ``batch`` appended to a queue and written by it."""
     queue = queue_module.new_queue(
         int, compiled=compiled, active=None, step_token=None, close_token=None
     )
     queue_module.open_queue(queue, encoder, capacity=10**6, on_full=None)
     for record in batch:
         queue.append(record)
-    return bytes(queue.take(len(batch)))
+    with tempfile.TemporaryFile() as log:
+        queue.write(log.fileno(), len(batch))
+        log.seek(0)
+        return log.read()
 
 
 def _encoded(offset, peers, batch: list[tuple], compiled: bool) -> bytes | type[BaseException]:

@@ -3,7 +3,8 @@
 Two recorders on the same virtual clock, one with the C queue's hot calls (`recorder/_queue.c`)
 and one without, are driven through the same random sequence of calls (steps with and
 without a profiler range, swap launches' bytes, P2P ops with their keywords in any order,
-repeated and changed memory samples, wrong calls). They must return the same, keep the same
+repeated and changed memory samples, of lists or of watched counts changed in place, wrong
+calls). They must return the same, keep the same
 open steps, in-flight ops and progress time (what the watchdog and stall dumps read), and
 write the same log.
 """
@@ -72,6 +73,8 @@ class Side:
         self.steps: list = []  # tokens of open steps
         self.ops: list = []  # ids of posted P2P ops
         self.seen: list = []
+        self.held, self.act, self.grad = [{}, {}], [0, 0], [0, 0]
+        self.sample = self.recorder.memory_watch(self.held, self.act, self.grad)
 
     def do(self, action: tuple) -> None:
         name, arg = action
@@ -96,6 +99,11 @@ class Side:
                 self.ops.append(result)
             elif name == "done":
                 result = rec.p2p_completed(self.ops[arg % len(self.ops)] if self.ops else 7)
+            elif name == "watched":  # the counts changed in place, then sampled
+                stage, mb, held, act = arg
+                self.held[stage][mb] = held
+                self.act[stage] += act
+                result = self.sample(self.steps[-1] if self.steps else 0)
             else:  # memory
                 token = self.steps[0] if self.steps else 0
                 result = rec.memory_sample(token, [arg, 1], [2], None, None if arg else [3])
@@ -115,6 +123,15 @@ actions = st.lists(
         ),
         st.tuples(st.just("done"), st.integers(0, 10)),
         st.tuples(st.just("memory"), st.integers(0, 2)),
+        st.tuples(
+            st.just("watched"),
+            st.tuples(
+                st.integers(0, 1),
+                st.integers(0, 2),
+                st.one_of(st.integers(0, 99), st.sampled_from([2.5, True])),  # not an int
+                st.integers(0, 1),
+            ),
+        ),
     ),
     max_size=40,
 )
