@@ -29,6 +29,13 @@ Recorder's `memory_sample` per call (changed values, so each writes an event).
 Part 4 prices an event where a run pays for it: after other work that left the caches cold
 (the demo stage's forward + backward, a sweep over memory, small numpy calls), recorded
 against NullRecorder in one thread, alternating. The hot-path loop of part 1 runs warm.
+
+Part 5 is the demo's recording in one process, where a load on the machine hits both sides
+alike: one rank holding the demo's four stages (interleaved-1f1b, M=8: 64 steps, their
+hand-offs local), iterations recorded (`steps`), unrecorded (`off`) and unrecorded again
+(`off'`, the A/A floor) in rounds of A A' B B A' A, the training thread's CPU per iteration;
+and where the recorded iteration's end goes (its flush: encoding and the write).
+``--inprocess-rounds 0`` skips it.
 """
 
 from __future__ import annotations
@@ -556,6 +563,83 @@ def demo_overhead(rounds: int, block_steps: int, warmup_rounds: int = 1) -> None
     _print_demo(_job_blocks(per_rank)[warmup:], block_steps)
 
 
+def _one_rank_demo(port: int):
+    """A runner of the demo's four stages on one rank (a gloo group of one) behind a
+    `Switch`, with the demo's batch, in a temporary run directory (the caller removes it)."""
+    import torch
+    import torch.distributed as dist
+
+    from pipetrace.recorder.setup import torch_recorder
+    from pipetrace.runtime.api import PipelineRunner
+    from pipetrace.runtime.config import DemoConfig
+    from pipetrace.runtime.demo import build_demo_model, demo_batch, demo_loss
+    from pipetrace.runtime.torch_backend import split_sequential
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    plan = build_plan(
+        "interleaved-1f1b", num_ranks=1, num_microbatches=8, stages_per_rank=4, comms=True
+    )
+    demo = DemoConfig()
+    batch = demo_batch(0, 8 * demo.microbatch_size, demo, seed=0)
+    chunks = split_sequential(build_demo_model(plan.num_stages, demo, seed=0), plan.num_stages)
+    tmp = tempfile.mkdtemp(prefix="pipetrace-bench-")
+    switch = Switch(torch_recorder(RecordSettings(run_dir=tmp, mode="steps")), False)
+    runner = PipelineRunner(
+        dict(enumerate(chunks)), schedule=plan, loss_fn=demo_loss, recorder=switch
+    )
+    return runner, switch, batch, tmp
+
+
+def inprocess_overhead(rounds: int, warmup_rounds: int = 5) -> None:
+    """Part 5 (see the module's docstring)."""
+    import torch.distributed as dist
+
+    from pipetrace.runtime.launch import free_port
+
+    runner, switch, batch, tmp = _one_rank_demo(free_port())
+    cpu: dict[str, list[int]] = {side: [] for side in DEMO_SIDES}
+    ends: list[int] = []
+    end_iteration = switch.recorder.end_iteration
+
+    def timed_end(iteration: int, loss: float | None) -> None:
+        t0 = time.thread_time_ns()
+        end_iteration(iteration, loss)
+        ends.append(time.thread_time_ns() - t0)
+
+    load_before = os.getloadavg()[0]
+    try:
+        for index, side in enumerate(block_order(DEMO_SIDES, warmup_rounds + rounds)):
+            switch.use(side == "steps")
+            if side == "steps":
+                switch.end_iteration = timed_end
+            t0 = time.thread_time_ns()
+            runner.step(*batch)
+            if index >= warmup_rounds * 2 * len(DEMO_SIDES):
+                cpu[side].append(time.thread_time_ns() - t0)
+        switch.use(True)
+        runner.close()
+    finally:
+        dist.destroy_process_group()
+        shutil.rmtree(tmp, ignore_errors=True)
+    off = statistics.median(cpu["off"])
+    print(
+        f"one process, the demo's 4 stages on one rank, {rounds} rounds of A A' B B A' A "
+        f"(load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after): "
+        f"training thread's CPU per iteration, median"
+    )
+    print(f"  off    {off / 1e6:.3f} ms")
+    for side in DEMO_SIDES[1:]:
+        median = statistics.median(cpu[side])
+        extra = f"{median / off - 1:+.2%} ({(median - off) / 1e3:+.0f} us)"
+        print(f"  {side:<6} {median / 1e6:.3f} ms: {extra}")
+    flush = statistics.median(ends[-len(cpu["steps"]) :])
+    print(
+        f"  of which the recorded iteration's end (its flush: encode + write): {flush / 1e3:.0f} us"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -570,6 +654,9 @@ def main() -> None:
     parser.add_argument(
         "--baseline-rounds", type=int, default=3, help="A B B A rounds with --baseline"
     )
+    parser.add_argument(
+        "--inprocess-rounds", type=int, default=300, help="part 5's rounds (0: skip it)"
+    )
     parser.add_argument("--hot-path-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hot_path_json:  # a --baseline child
@@ -581,6 +668,8 @@ def main() -> None:
         hot_path(args.events)
     memory_costs()
     between_work_costs()
+    if args.inprocess_rounds:
+        inprocess_overhead(args.inprocess_rounds)
     if not args.skip_demo:
         demo_overhead(args.rounds, args.block_steps)
 

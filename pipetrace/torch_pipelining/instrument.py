@@ -8,7 +8,9 @@ What is patched, and only while recording:
   their ops belong to; ``forward_one_chunk`` / ``backward_one_chunk`` /
   ``backward_weight_one_chunk`` / ``perform_reduce_grad`` are steps of single-stage
   schedules and the sub-steps of an ``OVERLAP_F_B`` action.
-- ``schedules._batch_p2p``: the ops a batch carries are posted; its works report completion.
+- ``schedules._batch_p2p``: the ops a batch carries are posted.
+- ``schedules._wait_batch_p2p`` (every wait of a P2P work in torch's schedules): the ops a
+  work carries complete as it returns.
 - ``schedules.record_function``: `_PipelineScheduleRuntime` wraps every action it performs in
   ``record_function("PP:<action>")``; the same range is kept (through the fast C++
   RecordFunction), and it is the action's step.
@@ -117,6 +119,7 @@ class Instrumentation:
                 )
         module = self._module
         self._patch(module, "_batch_p2p", self._batch_wrapper(module._batch_p2p))
+        self._patch(module, "_wait_batch_p2p", self.messages.waited)
         if not self.single:
             self._patch(module, "record_function", self._action_ranges(module.record_function))
 
@@ -291,7 +294,9 @@ class Instrumentation:
                     stacklevel=2,
                 )
                 return batch_p2p(p2p_ops, desc)
-            return messages.wrap_works(batch_p2p(p2p_ops, desc), tokens)
+            works = batch_p2p(p2p_ops, desc)
+            messages.posted_works(works, tokens)
+            return works
 
         return recorded
 

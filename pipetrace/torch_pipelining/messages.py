@@ -4,9 +4,9 @@ completion.
 The stage's ``get_fwd_recv_ops`` / ``get_bwd_recv_ops`` / ``get_fwd_send_ops`` /
 ``get_bwd_send_ops`` say which (stage, micro-batch) and channel their ops are for; torch then
 posts them with ``_batch_p2p`` (alone, or several together: one ``batch_isend_irecv`` when
-sends and recvs are mixed) and waits the returned works later, often inside another action.
-The ops are noted when made, reported as posted when the batch is issued, and each returned
-work is wrapped so that its ``wait`` reports the completion.
+sends and recvs are mixed) and waits the returned works later with ``_wait_batch_p2p``,
+often inside another action. The ops are noted when made, reported as posted when the batch
+is issued, and reported as completed when their work is waited (`MessageLog.waited`).
 """
 
 from __future__ import annotations
@@ -54,35 +54,6 @@ class ReportedMeta:
     dtype_name: str
 
 
-class RecordedWork:
-    """A torch ``Work`` whose ``wait`` also reports its ops as completed (once)."""
-
-    __slots__ = ("_enqueued", "_recorder", "_tokens", "_work")
-
-    def __init__(
-        self, work: Any, tokens: list[Any], recorder: RecorderHooks, enqueued: bool
-    ) -> None:
-        """``enqueued``: report `p2p_enqueued` too (only ops posted from a device stream
-        have a device end to mark; for the others the hook is a no-op)."""
-        self._work = work
-        self._tokens = tokens
-        self._recorder = recorder
-        self._enqueued = enqueued
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        result = self._work.wait(*args, **kwargs)
-        tokens, self._tokens = self._tokens, []
-        recorder = self._recorder
-        for token in tokens:
-            if self._enqueued:
-                recorder.p2p_enqueued(token)  # CUDA: the current stream now waits for NCCL
-            recorder.p2p_completed(token)
-        return result
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
-
-
 class MessageLog(P2PBookkeeping):
     """The ops of the current iteration: noted when a stage makes them, reported when
     posted. The reports (sequence numbers per (op, peer, channel) from 0 each iteration,
@@ -98,10 +69,14 @@ class MessageLog(P2PBookkeeping):
         self._tensor_meta = TensorMeta
         self._metas: dict[tuple[Any, Any], ReportedMeta] = {}  # a message kind's few shapes
         self._pending: dict[int, tuple[Any, Message]] = {}  # id(op) -> (op, its message)
+        # id(work) -> (work, the tokens of its ops): posted, not waited yet
+        self._unwaited: dict[int, tuple[Any, list[Any]]] = {}
 
     def begin_iteration(self) -> None:
+        """Torch makes, posts and waits every op of an iteration inside its ``step``."""
         super().begin_iteration()
         self._pending.clear()
+        self._unwaited.clear()
 
     def _post_stream(self) -> Any:
         current_stream = self._current_stream
@@ -147,16 +122,31 @@ class MessageLog(P2PBookkeeping):
         self._metas[(tensor.shape, tensor.dtype)] = meta
         return meta
 
-    def wrap_works(self, works: list[Any], tokens: list[Any]) -> list[Any]:
-        """Works that report completion when waited: one per op when torch returned one per
-        op, else every token on the last work (a coalesced batch completes as a whole)."""
-        live = [token for token in tokens if token is not None]
-        if not live or not works:
-            return works
-        recorder, enqueued = self.recorder, self._current_stream is not None
+    def posted_works(self, works: list[Any], tokens: list[Any]) -> None:
+        """``works`` came back for ops reported as ``tokens``: one per op when torch
+        returned one per op, else every token on the last work (a coalesced batch completes
+        as a whole)."""
+        unwaited = self._unwaited
         if len(works) == len(tokens):
-            return [
-                work if token is None else RecordedWork(work, [token], recorder, enqueued)
-                for work, token in zip(works, tokens)
-            ]
-        return [*works[:-1], RecordedWork(works[-1], live, recorder, enqueued)]
+            for work, token in zip(works, tokens):
+                if token is not None:
+                    unwaited[id(work)] = (work, [token])  # the work kept: its id stays its own
+            return
+        live = [token for token in tokens if token is not None]
+        if live and works:
+            unwaited[id(works[-1])] = (works[-1], live)
+
+    def waited(self, works: list[Any]) -> None:
+        """torch's ``_wait_batch_p2p``: each work waited in turn, and the ops it carries
+        reported as completed (once) as soon as it returns."""
+        unwaited, recorder = self._unwaited, self.recorder
+        enqueued = self._current_stream is not None  # only then has an op a device end
+        for work in works:
+            work.wait()
+            reported = unwaited.pop(id(work), None)
+            if reported is None:
+                continue
+            for token in reported[1]:
+                if enqueued:
+                    recorder.p2p_enqueued(token)  # CUDA: the current stream now waits for NCCL
+                recorder.p2p_completed(token)

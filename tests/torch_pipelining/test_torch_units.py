@@ -178,13 +178,16 @@ def test_single_stage_ops_are_posted_inside_their_message_steps_and_complete_onc
         ("post", ("recv", 0), 24, (2, 3), "float32"),
         ("end", "0RECV_B0"),
     ]
-    works = [SimpleNamespace(wait=lambda: "waited") for _ in tokens]
-    wrapped = log.wrap_works(works, tokens)
-    assert wrapped[2] is works[2]
+    waits = []
+    works = [SimpleNamespace(wait=lambda n=n: waits.append(n)) for n in range(len(tokens))]
+    log.posted_works(works, tokens)
     recorder.calls.clear()
-    assert [work.wait() for work in wrapped] == ["waited"] * 4
-    wrapped[0].wait()
-    assert recorder.calls == [("done", ("send", 0)), ("done", ("send", 1)), ("done", ("recv", 0))]
+    log.waited(works[1:])
+    assert waits == [1, 2, 3]
+    assert recorder.calls == [("done", ("send", 1)), ("done", ("recv", 0))]
+    log.waited(works)
+    assert waits == [1, 2, 3, 0, 1, 2, 3]
+    assert recorder.calls[2:] == [("done", ("send", 0))]  # each op completes once
 
 
 @pytest.mark.parametrize("schedule_class", ["Schedule1F1B", "ScheduleGPipe"])
