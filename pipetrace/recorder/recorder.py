@@ -22,6 +22,7 @@ import itertools
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -55,6 +56,12 @@ from pipetrace.schedule.ir import Plan, Step, format_step
 
 if TYPE_CHECKING:
     from pipetrace.recorder.setup import RecordSettings
+
+ITERATION_FLUSH_SPACING_NS = 100_000_000
+"""An iteration's end writes the log unless the last iteration end that did was less than
+this ago (0.1 s): an iteration that long or longer is written as it ends, shorter ones
+together (at most 0.1 s of them), which saves a write and its cold encoding per iteration
+where iterations take milliseconds (docs/performance.md, "Recorder")."""
 
 
 class ProfilerRanges(Protocol):
@@ -123,6 +130,7 @@ class Recorder:
         self._timer = None if device is None else self._device_timer(device, device_timing)
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
         self._last_memory: tuple = ()  # the last memory sample written (only changes are)
+        self._iteration_flushed = 0  # time.monotonic_ns() of the last iteration end's write
         self._queue = new_queue(
             self._monotonic_ns,
             compiled=compiled,
@@ -295,7 +303,9 @@ class Recorder:
         self._other(fmt.ITER_END, it=iteration, loss=loss)
         if self._timer is not None and not self._device_poller:
             self._timer.poll()
-        if self._writer is not None:
+        now = time.monotonic_ns()
+        if self._writer is not None and now - self._iteration_flushed >= ITERATION_FLUSH_SPACING_NS:
+            self._iteration_flushed = now
             # Here, not on the writer's thread: with the records encoded in C a flush costs
             # less than waking that thread and handing it the interpreter lock, which the
             # training thread then waits to get back (docs/performance.md, "Recorder").
