@@ -289,6 +289,7 @@ def _arrays(raw: RawRank) -> dict[str, np.ndarray]:
         **{f"steps.{name}": raw.steps[name] for name in STEP_COLUMNS},
         **{f"p2p.{name}": raw.p2p[name] for name in P2P_COLUMNS},
         **{f"text_parts.{i}": part for i, part in enumerate(raw.text_parts)},
+        "plan_index": raw.plan_index,
         **{f"memory.{name}": column.reshape(-1) for name, column in raw.memory.items()},
     }
 
@@ -337,6 +338,7 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         **{f"steps.{name}": dtype for name, dtype in STEP_COLUMNS.items()},
         **{f"p2p.{name}": dtype for name, dtype in P2P_COLUMNS.items()},
         **{f"text_parts.{i}": dtype for i, dtype in enumerate(_TEXT_PARTS)},
+        "plan_index": np.int32,
         **{f"memory.{name}": np.int64 for name in (*MEMORY_COLUMNS, *MEMORY_GRIDS)},
     }
     arrays = entry_arrays(index, data_bytes, expected)
@@ -351,6 +353,7 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         shapes=[tuple(shape) for shape in data["shapes"]],
         dtypes=data["dtypes"],
         text_parts=tuple(arrays[f"text_parts.{i}"] for i in range(len(_TEXT_PARTS))),
+        plan_index=arrays["plan_index"],
         steps={name: arrays[f"steps.{name}"] for name in STEP_COLUMNS},
         p2p={name: arrays[f"p2p.{name}"] for name in P2P_COLUMNS},
         iterations={it: row for it, *row in data["iterations"]},
@@ -477,3 +480,18 @@ def _check_columns(raw: RawRank) -> None:
                 raise ValueError(f"{name} out of range")
     if {len(part) for part in raw.text_parts} != {len(raw.texts)}:
         raise ValueError("text parts do not match the texts")
+    _check_plan_index(raw)
+
+
+def _check_plan_index(raw: RawRank) -> None:
+    """Each text of the rank's plan that the index places among its texts is that text (a
+    -1 only costs the loader a look-up)."""
+    plan, index = (raw.run_start or {}).get("plan") or [], raw.plan_index
+    if len(index) != len(plan):
+        raise ValueError("plan index of another length than the plan")
+    if len(index) and not -1 <= index.min() <= index.max() < len(raw.texts):
+        raise ValueError("plan index out of range")
+    known = np.flatnonzero(index >= 0).tolist()
+    texts = map(raw.texts.__getitem__, index[known].tolist())
+    if list(texts) != list(map(plan.__getitem__, known)):
+        raise ValueError("plan index does not match the texts")

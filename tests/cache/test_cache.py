@@ -6,11 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import orjson
 import pytest
 
@@ -22,6 +19,7 @@ from pipetrace.recorder import format as fmt
 from pipetrace.runtime.faults import Hang
 from pipetrace.testing.aging import age_logs
 from pipetrace.testing.cluster import FakeCluster
+from tests.analyze.model_equality import assert_same
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
@@ -258,31 +256,12 @@ def test_analyzing_an_unchanged_run_again_is_a_read(run, capsys, monkeypatch, fl
         main(["analyze", str(run), *flags])
 
 
-def _assert_same(a: Any, b: Any, where: str = "run") -> None:
-    """Field by field, arrays by dtype, shape and values (private fields are caches, and
-    fields out of the comparison, like `Run.entry`, not part of the model)."""
-    if is_dataclass(a):
-        assert type(a) is type(b), where
-        for f in fields(a):
-            if f.compare and not f.name.startswith("_"):
-                _assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
-    elif isinstance(a, np.ndarray):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
-        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 def test_the_run_entry_holds_the_whole_model(full_run, monkeypatch):
     """Every field of the model (memory samples, two pipelines, a hang) reads back as built."""
     built = load_run(full_run)
     assert len(built.ranks[0].memory) and built.pipelines.several
     _from_run_entry_only(monkeypatch)
-    _assert_same(built, load_run(full_run))
+    assert_same(built, load_run(full_run))
 
 
 def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(tmp_path, monkeypatch):
