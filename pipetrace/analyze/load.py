@@ -164,9 +164,8 @@ class _Parsing:
         self, paths: list[Path], progress: Progress | None, workers: int | None, cache: bool
     ) -> None:
         self.paths, self.progress = paths, progress
-        self.read = column_cache.parse_and_store if cache else parse_rank_file
-        loaded = (column_cache.load(p) for p in paths) if cache else ()
-        self.cached = {p: raw for p, raw in zip(paths, loaded) if raw is not None}
+        self.read = column_cache.parse_and_store_all if cache else _parse_each
+        self.cached = column_cache.load_all(paths) if cache else {}
         self.stale = [p for p in paths if p not in self.cached]
         if workers is None:
             size = sum(p.stat().st_size for p in self.stale if p.exists())
@@ -191,7 +190,7 @@ class _Parsing:
             size = _batch_size(len(self.stale), self.workers)
             for start in range(0, len(self.stale), size):
                 batch = self.stale[start : start + size]
-                future = self._pool.submit(_parse_batch, self.read, batch)
+                future = self._pool.submit(self.read, batch)
                 self._futures.update((path, (future, i)) for i, path in enumerate(batch))
         return self
 
@@ -208,7 +207,7 @@ class _Parsing:
             if path in self.cached:
                 yield self.cached.pop(path)
             else:
-                yield self._result(path) if path in self._futures else self.read(path)
+                yield self._result(path) if path in self._futures else self.read([path])[0]
             if self.progress:
                 self.progress(done, len(self.paths))
 
@@ -234,9 +233,9 @@ def _batch_size(logs: int, workers: int) -> int:
     return max(1, min(16, logs // (8 * workers)))
 
 
-def _parse_batch(read: Callable[[Path], RawRank], paths: list[Path]) -> list[RawRank | None]:
-    """A pool task: several logs parsed (`_Parsing`)."""
-    return [read(path) for path in paths]
+def _parse_each(paths: list[Path]) -> list[RawRank]:
+    """Several logs parsed, without the cache (a pool task: `_Parsing`)."""
+    return [parse_rank_file(path) for path in paths]
 
 
 def _check_raw(

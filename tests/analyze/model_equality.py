@@ -1,5 +1,5 @@
-"""Field-by-field equality of run models (and of anything built of dataclasses, lists and
-numpy arrays), for tests that build one model two ways."""
+"""Field-by-field equality of run models (and of anything built of dataclasses, lists, dicts
+and numpy arrays), for tests that build one model two ways."""
 
 from __future__ import annotations
 
@@ -20,6 +20,10 @@ def assert_same(a: Any, b: Any, where: str = "run") -> None:
     elif isinstance(a, np.ndarray):
         assert (a.dtype, a.shape) == (b.dtype, b.shape), where
         assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}[{key!r}]")
     elif isinstance(a, (list, tuple)):
         assert type(a) is type(b) and len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
