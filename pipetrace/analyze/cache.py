@@ -159,10 +159,12 @@ def load_all(logs: list[Path]) -> dict[Path, RawRank]:
         for log in members:
             with contextlib.suppress(OSError, TraceFormatError):  # the parser says why
                 keys[log.name] = (log, asdict(LogKey.of(log)))
-        for pack in _packs(directory / CACHE_DIR):
+        cache_dir = directory / CACHE_DIR
+        prune = not cache_dir.is_symlink()  # never delete through a link (writes refuse one)
+        for pack in _packs(cache_dir):
             if len(found) == len(logs):
                 break
-            found.update(_load_pack(pack, keys, found))
+            found.update(_load_pack(pack, keys, found, prune))
     return found
 
 
@@ -185,17 +187,20 @@ def _packs(cache_dir: Path) -> list[Path]:
 
 
 def _load_pack(
-    pack: Path, keys: dict[str, tuple[Path, dict[str, Any]]], found: dict[Path, RawRank]
+    pack: Path,
+    keys: dict[str, tuple[Path, dict[str, Any]]],
+    found: dict[Path, RawRank],
+    prune: bool,
 ) -> dict[Path, RawRank]:
-    """The logs of ``keys`` not ``found`` yet whose part of this pack is fresh and whole. A
-    pack whose every log is one of ``keys`` and changed since is deleted: nothing would
-    read it again (the logs' new parts go to other packs)."""
+    """The logs of ``keys`` not ``found`` yet whose part of this pack is fresh and whole.
+    With ``prune``, a pack whose every log is one of ``keys`` and changed since is deleted:
+    nothing would read it again (the logs' new parts go to other packs)."""
     try:
         with open_regular(pack) as handle:
             index, start = _read_index(handle)
             members = _fresh_members(index["logs"], keys, found)
             if not members:
-                if _all_stale(index["logs"], keys):
+                if prune and _all_stale(index["logs"], keys):
                     pack.unlink()
                 return {}
             data = _read_whole(handle, start, mapped=False)

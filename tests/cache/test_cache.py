@@ -384,3 +384,16 @@ def _assert_raw_same(loaded: dict, parsed: dict) -> None:
         assert_same(loaded[log].steps, raw.steps, log.name)
         assert_same(loaded[log].texts, raw.texts, log.name)
         assert_same(loaded[log].plan_index, raw.plan_index, log.name)
+
+
+def test_packs_are_never_deleted_through_a_linked_cache(wide_run, tmp_path):
+    logs = _logs(wide_run)[:2]
+    cache.parse_and_store_all(logs)
+    elsewhere = tmp_path / "elsewhere"
+    (wide_run / cache.CACHE_DIR).rename(elsewhere)
+    (wide_run / cache.CACHE_DIR).symlink_to(elsewhere)
+    for log in logs:
+        with open(log, "ab") as handle:
+            handle.write(b"\n")
+        os.utime(log, ns=(0, os.stat(_logs(wide_run)[5]).st_mtime_ns))
+    assert cache.load_all(logs) == {} and len(list(elsewhere.iterdir())) == 1
