@@ -33,8 +33,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from functools import cache
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -66,6 +67,7 @@ _PARSER_MODULES = (parse, reader, templated, model, interning, fmt, sys.modules[
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _PROBLEMS = asdict(LogProblems())
 _FIELDS = {"fields": np.uint8}
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ def load_all(logs: list[Path]) -> dict[Path, RawRank]:
     """The cached columns of each log that has a fresh, whole part in its directory's
     cache (the others are missing from the result)."""
     found: dict[Path, RawRank] = {}
-    for directory, members in _by_directory(logs).items():
+    for directory, members in _by_directory(logs, Path).items():
         keys = {}  # log name -> (log, key now), for every log whose key can be taken
         for log in members:
             with contextlib.suppress(OSError, TraceFormatError):  # the parser says why
@@ -168,12 +170,12 @@ def load_all(logs: list[Path]) -> dict[Path, RawRank]:
     return found
 
 
-def _by_directory(logs: Iterable[Path]) -> dict[Path, list[Path]]:
-    """The logs grouped by their directory (a run over several directories has a cache in
-    each), in their order."""
-    grouped: dict[Path, list[Path]] = {}
-    for log in logs:
-        grouped.setdefault(log.parent, []).append(log)
+def _by_directory(items: Iterable[_T], log_of: Callable[[_T], Path]) -> dict[Path, list[_T]]:
+    """The items grouped by the directory of their log (a run over several directories has
+    a cache in each), in their order."""
+    grouped: dict[Path, list[_T]] = {}
+    for item in items:
+        grouped.setdefault(log_of(item).parent, []).append(item)
     return grouped
 
 
@@ -323,8 +325,8 @@ def parse_and_store_all(logs: list[Path]) -> list[RawRank]:
             with contextlib.suppress(OSError, TraceFormatError):
                 if LogKey.of(log) == key:
                     held.append((log, key, raw))
-    for directory in _by_directory(log for log, _, _ in held):
-        store([member for member in held if member[0].parent == directory])
+    for members in _by_directory(held, itemgetter(0)).values():
+        store(members)
     return raws
 
 

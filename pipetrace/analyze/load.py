@@ -643,7 +643,7 @@ def _shift_times(ranks: list[RankTimeline], offsets: dict[int, clocks.OffsetFn])
     relative to the earliest event; returns that event's time (t0, epoch ns). A rank whose
     offset is a constant (`clocks.ConstantOffset`, most ranks) has each column moved once,
     by that shift less t0, instead of shifted and then moved again: at 10 M events the two
-    passes over every time column were a fifth of the work after parsing."""
+    passes over every time column were a fifth of finishing the model."""
     present = [r for r in ranks if r.present]
     pending: dict[int, int] = {}  # rank -> its constant shift, applied with t0
     for rank in present:
