@@ -14,6 +14,10 @@
  * a value met earlier in the same call is found in a small table of its bytes, another
  * through the caller's dict of raw bytes, and a value never seen goes to a Python callback.
  *
+ * `simple_steps` reads step texts of the common "{stage}{KIND}{micro-batch}" form ("2F0",
+ * "1SEND_B3") into their parts, and leaves every other text to the caller
+ * (`pipetrace.analyze.model.parse_texts`).
+ *
  * The Python side is `pipetrace/analyze/templated.py`.
  */
 #define PY_SSIZE_T_CLEAN
@@ -375,9 +379,94 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(simple_steps_doc,
+             "simple_steps(texts, kinds, kind, stage, microbatch) -> list\n\n"
+             "For each text of the list texts written \"{stage}{KIND}{micro-batch}\" (ASCII\n"
+             "digits, at most 9 each, and a key of the dict kinds between them), its kind\n"
+             "code (kinds[KIND]), stage and micro-batch, written at its index into kind\n"
+             "(int8), stage and microbatch (int32). Returns the indexes of the other texts,\n"
+             "for the caller to parse as it would parse any text.");
+
+/* A run of ASCII digits from text[*at]: its value, or -1 when there is none or it has more
+ * than 9 digits (the caller's general path reads those). */
+static long digit_run(const Py_UCS1 *text, Py_ssize_t *at, Py_ssize_t end, int from_end) {
+    Py_ssize_t first = *at, last = *at;
+    if (from_end) {
+        while (first > 0 && text[first - 1] >= '0' && text[first - 1] <= '9') first--;
+        *at = first;
+    } else {
+        while (last < end && text[last] >= '0' && text[last] <= '9') last++;
+        *at = last;
+    }
+    if (last == first || last - first > 9) return -1;
+    long value = 0;
+    for (Py_ssize_t i = first; i < last; i++) value = value * 10 + (text[i] - '0');
+    return value;
+}
+
+/* The kind code of one text (-1: not of the simple form), its stage and micro-batch. */
+static int simple_step(PyObject *text, PyObject *kinds, long *stage, long *micro) {
+    if (!PyUnicode_CheckExact(text) || !PyUnicode_IS_ASCII(text)) return -1;
+    const Py_UCS1 *data = PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t length = PyUnicode_GET_LENGTH(text), head = 0, tail = length;
+    *stage = digit_run(data, &head, length, 0);
+    *micro = digit_run(data, &tail, length, 1);
+    if (*stage < 0 || *micro < 0 || tail <= head) return -1;
+    PyObject *name = PyUnicode_FromStringAndSize((const char *)data + head, tail - head);
+    if (name == NULL) return -2;
+    PyObject *code = PyDict_GetItemWithError(kinds, name); /* borrowed */
+    Py_DECREF(name);
+    if (code == NULL) return PyErr_Occurred() ? -2 : -1;
+    long value = PyLong_AsLong(code);
+    if (value == -1 && PyErr_Occurred()) return -2;
+    return value >= 0 && value <= INT8_MAX ? (int)value : -1;
+}
+
+static PyObject *simple_steps(PyObject *self, PyObject *args) {
+    PyObject *texts, *kinds, *left = NULL;
+    Py_buffer kind = {0}, stage = {0}, micro = {0};
+    if (!PyArg_ParseTuple(args, "O!O!w*w*w*", &PyList_Type, &texts, &PyDict_Type, &kinds,
+                          &kind, &stage, &micro))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(texts);
+    if (kind.len < n || stage.len / 4 < n || micro.len / 4 < n) {
+        PyErr_SetString(PyExc_ValueError, "simple_steps: outputs shorter than the texts");
+        goto done;
+    }
+    left = PyList_New(0);
+    if (left == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long st, mb;
+        int code = simple_step(PyList_GET_ITEM(texts, i), kinds, &st, &mb);
+        if (code == -2) {
+            Py_CLEAR(left);
+            goto done;
+        }
+        if (code >= 0) {
+            ((int8_t *)kind.buf)[i] = (int8_t)code;
+            ((int32_t *)stage.buf)[i] = (int32_t)st;
+            ((int32_t *)micro.buf)[i] = (int32_t)mb;
+            continue;
+        }
+        PyObject *index = PyLong_FromSsize_t(i);
+        if (index == NULL || PyList_Append(left, index) < 0) {
+            Py_XDECREF(index);
+            Py_CLEAR(left);
+            goto done;
+        }
+        Py_DECREF(index);
+    }
+done:
+    PyBuffer_Release(&kind);
+    PyBuffer_Release(&stage);
+    PyBuffer_Release(&micro);
+    return left;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS, scan_doc},
     {"codes", codes, METH_VARARGS, codes_doc},
+    {"simple_steps", simple_steps, METH_VARARGS, simple_steps_doc},
     {NULL, NULL, 0, NULL},
 };
 

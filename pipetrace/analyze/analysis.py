@@ -24,6 +24,7 @@ from pipetrace.analyze.critical import critical_path
 from pipetrace.analyze.deadlock import find_hangs
 from pipetrace.analyze.device_times import device_timing, timed_run
 from pipetrace.analyze.divergence import find_divergence
+from pipetrace.analyze.endings import endings_kept
 from pipetrace.analyze.failures import find_failures
 from pipetrace.analyze.findings import DEADLOCK, ERROR, RANK_STALLED, Finding, counts, sort_findings
 from pipetrace.analyze.ideal import IdealTimeline, ideal_timeline
@@ -75,10 +76,11 @@ def analyze(run: Run) -> Analysis:
     timed = timed_run(run)
     metrics = compute_metrics(timed)
     ideal = _ideal(run, metrics)
-    findings: list[Finding] = find_hangs(run)
-    hung = {r for f in findings if f.kind in (DEADLOCK, RANK_STALLED) for r in f.ranks}
-    findings += find_failures(run, hung)
-    findings += find_interrupt(run)
+    with endings_kept(run):
+        findings: list[Finding] = find_hangs(run)
+        hung = {r for f in findings if f.kind in (DEADLOCK, RANK_STALLED) for r in f.ranks}
+        findings += find_failures(run, hung)
+        findings += find_interrupt(run)
     findings += find_message_problems(run)
     findings += find_divergence(run)
     findings += find_stragglers(timed, metrics, ideal)

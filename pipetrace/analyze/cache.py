@@ -1,19 +1,23 @@
-"""The columnar cache: a rank log's parsed columns kept beside the log, so that a run is
+"""The columnar cache: rank logs' parsed columns kept beside the logs, so that a run is
 parsed once and reopened in a fraction of the time.
 
-``<log dir>/.pipetrace-cache/<log name>.cols`` holds what `parse.parse_rank_file` made of
-one log (a `RawRank`): a small JSON index (the log's key, the rank's lists and lifecycle
-events, each array's dtype, length and offset), then the arrays' bytes. A reader takes the
-whole file in one read and makes every column a numpy view of it: no parsing, no copy, no
-pickle (a cache file is data from the run directory, never code: docs/security.md).
+``<log dir>/.pipetrace-cache/*.cols`` hold what `parse.parse_rank_file` made of the logs (a
+`RawRank` each), several logs of one directory per file (a *pack*: the logs one parsing
+task read, `store`): a small JSON index (each log's name and key, each array's dtype,
+length and offset), then the arrays' bytes, each log's lists and lifecycle events among
+them as a JSON array of its own. A reader takes a file in one read and makes every column a
+numpy view of it: no parsing, no copy, no pickle (a cache file is data from the run
+directory, never code: docs/security.md). One file per log cost a first analysis more
+than the bytes it wrote: two parsing workers creating files at once made each creation
+~1 ms, and 1024 of them were a third of the workers' time.
 
-A cache entry is used only when its key still describes the log: the cache format, the
-log's size and modification time, and a hash of its first and last bytes (a log that grew,
-was rewritten or cut gets a new key). A log modified in the last `RECENT_NS` is not cached
-(it may still be written, and a file system's coarse time stamps could hide a second write).
-A cache that cannot be written (a read-only directory) is skipped, and one that does not
-read back whole and consistent is ignored and rebuilt: the cache changes speed, never
-results.
+A log's part of a pack is used only while its key still describes the log: the cache
+format, the log's size and modification time, and a hash of its first and last bytes (a
+log that grew, was rewritten or cut gets a new key); the other logs of the pack are not
+affected. A log modified in the last `RECENT_NS` is not cached (it may still be written,
+and a file system's coarse time stamps could hide a second write). A cache that cannot be
+written (a read-only directory) is skipped, and a part that does not read back whole and
+consistent is ignored and rebuilt: the cache changes speed, never results.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from functools import cache
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -50,7 +55,7 @@ from pipetrace.recorder import format as fmt
 
 CACHE_DIR = ".pipetrace-cache"
 """The cache's directory inside a run directory (recording and merging ignore it)."""
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 """Bump when the entry's layout changes (a changed parser makes entries stale by itself)."""
 RECENT_NS = 2 * 10**9
 _EDGE_BYTES = 4 << 10
@@ -61,6 +66,8 @@ _LOG = logging.getLogger(__name__)
 _PARSER_MODULES = (parse, reader, templated, model, interning, fmt, sys.modules[__name__])
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _PROBLEMS = asdict(LogProblems())
+_FIELDS = {"fields": np.uint8}
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -145,20 +152,114 @@ def source_digest(label: str, sources: Iterable[Path]) -> str:
     return digest.hexdigest()
 
 
-def cache_path(log: Path) -> Path:
-    return log.parent / CACHE_DIR / (log.name + ".cols")
+def load_all(logs: list[Path]) -> dict[Path, RawRank]:
+    """The cached columns of each log that has a fresh, whole part in its directory's
+    cache (the others are missing from the result)."""
+    found: dict[Path, RawRank] = {}
+    for directory, members in _by_directory(logs, Path).items():
+        keys = {}  # log name -> (log, key now), for every log whose key can be taken
+        for log in members:
+            with contextlib.suppress(OSError, TraceFormatError):  # the parser says why
+                keys[log.name] = (log, asdict(LogKey.of(log)))
+        cache_dir = directory / CACHE_DIR
+        prune = not cache_dir.is_symlink()  # never delete through a link (writes refuse one)
+        for pack in _packs(cache_dir):
+            if len(found) == len(logs):
+                break
+            found.update(_load_pack(pack, keys, found, prune))
+    return found
 
 
-def load(log: Path) -> RawRank | None:
-    """The cached columns of a log, or None when there is no fresh, whole entry."""
+def _by_directory(items: Iterable[_T], log_of: Callable[[_T], Path]) -> dict[Path, list[_T]]:
+    """The items grouped by the directory of their log (a run over several directories has
+    a cache in each), in their order."""
+    grouped: dict[Path, list[_T]] = {}
+    for item in items:
+        grouped.setdefault(log_of(item).parent, []).append(item)
+    return grouped
+
+
+def _packs(cache_dir: Path) -> list[Path]:
+    """The cache's packs, by name (none when there is no cache, or it cannot be listed)."""
     try:
-        found = read_entry(cache_path(log), lambda index: index["key"] == asdict(LogKey.of(log)))
-        return None if found is None else _decode(log, *found)
+        with os.scandir(cache_dir) as found:
+            return sorted(Path(entry.path) for entry in found if entry.name.endswith(".cols"))
+    except OSError:
+        return []
+
+
+def _load_pack(
+    pack: Path,
+    keys: dict[str, tuple[Path, dict[str, Any]]],
+    found: dict[Path, RawRank],
+    prune: bool,
+) -> dict[Path, RawRank]:
+    """The logs of ``keys`` not ``found`` yet whose part of this pack is fresh and whole.
+    With ``prune``, a pack whose every log is one of ``keys`` and changed since is deleted:
+    nothing would read it again (the logs' new parts go to other packs)."""
+    try:
+        with open_regular(pack) as handle:
+            index, start = _read_index(handle)
+            members = _fresh_members(index["logs"], keys, found)
+            if not members:
+                if prune and _all_stale(index["logs"], keys):
+                    pack.unlink()
+                return {}
+            data = _read_whole(handle, start, mapped=False)
+        specs = _member_specs(index["arrays"])
     except (FileNotFoundError, TraceFormatError):
-        return None  # no entry, or no log to check it against (the parser says why)
+        return {}
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        _LOG.debug("%s: cache entry ignored (%s)", log, exc)
-        return None
+        _LOG.debug("%s: cache pack ignored (%s)", pack, exc)
+        return {}
+    loaded = {}
+    for member, log in members:
+        try:
+            loaded[log] = _member(log, specs[str(member)], data)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            _LOG.debug("%s: %s's part ignored (%s)", pack, log.name, exc)
+    return loaded
+
+
+def _fresh_members(
+    logs: Any, keys: dict[str, tuple[Path, dict[str, Any]]], found: dict[Path, RawRank]
+) -> list[tuple[int, Path]]:
+    """(position in the pack, log) of the pack's logs that are wanted, not found yet, and
+    whose key is the log's key now."""
+    if type(logs) is not list:
+        raise ValueError("bad pack index")
+    fresh = []
+    for member, (name, key) in enumerate(logs):
+        log, now = keys.get(name, (None, None))
+        if log is not None and log not in found and key == now:
+            fresh.append((member, log))
+    return fresh
+
+
+def _all_stale(logs: list[Any], keys: dict[str, tuple[Path, dict[str, Any]]]) -> bool:
+    """Is every log of the pack one of ``keys``, changed since the pack was written?"""
+    return all(name in keys and keys[name][1] != key for name, key in logs)
+
+
+def _member_specs(specs: Any) -> dict[str, list[list[Any]]]:
+    """The pack's array specs by log (its position), each array's name without the
+    position's prefix."""
+    by_member: dict[str, list[list[Any]]] = {}
+    for name, *rest in specs:
+        member, _, column = name.partition("/")
+        by_member.setdefault(member, []).append([column, *rest])
+    return by_member
+
+
+def _member(log: Path, specs: list[list[Any]], data: memoryview) -> RawRank:
+    """One log's part of a pack as a `RawRank` (ValueError, KeyError or TypeError unless
+    whole and consistent)."""
+    fields = entry_arrays({"arrays": [s for s in specs if s[0] == "fields"]}, data, _FIELDS)
+    index = {
+        "fields": orjson.loads(memoryview(fields["fields"])),
+        "arrays": [spec for spec in specs if spec[0] != "fields"],
+    }
+    return _decode(log, index, data)
 
 
 def read_entry(
@@ -169,18 +270,24 @@ def read_entry(
     (checked before the big read). Raises OSError, ValueError (not an entry, cut short) or
     TraceFormatError (not a regular file)."""
     with open_regular(path) as handle:
-        info = os.fstat(handle.fileno())
         index, start = _read_index(handle)
         if not fresh(index):
             return None
-        if mapped:
-            buffer: bytearray | mmap.mmap = _mapped(handle.fileno(), info)
-        else:
-            buffer = bytearray(info.st_size)
-            handle.seek(0)
-            if handle.readinto(buffer) != info.st_size:
-                raise ValueError("short read")
-    return index, memoryview(buffer)[start:]
+        return index, _read_whole(handle, start, mapped)
+
+
+def _read_whole(handle: Any, start: int, mapped: bool) -> memoryview:
+    """The bytes of an open entry's arrays (``start``: where they begin), read in one go
+    (``mapped``: mapped, `_mapped`)."""
+    info = os.fstat(handle.fileno())
+    if mapped:
+        buffer: bytearray | mmap.mmap = _mapped(handle.fileno(), info)
+    else:
+        buffer = bytearray(info.st_size)
+        handle.seek(0)
+        if handle.readinto(buffer) != info.st_size:
+            raise ValueError("short read")
+    return memoryview(buffer)[start:]
 
 
 def _mapped(fd: int, info: os.stat_result) -> mmap.mmap:
@@ -202,23 +309,43 @@ def _mapped(fd: int, info: os.stat_result) -> mmap.mmap:
     return buffer
 
 
-def parse_and_store(log: Path) -> RawRank:
-    """Parse the log and cache the result when the log held still while it was read."""
-    try:
-        key = LogKey.of(log)
-    except (OSError, TraceFormatError):
-        return parse_rank_file(log)  # the parser says what is wrong with it
-    raw = parse_rank_file(log)
-    if raw.error is None and time.time_ns() - key.mtime_ns >= RECENT_NS:
-        with contextlib.suppress(OSError, TraceFormatError):
-            if LogKey.of(log) == key:
-                store(log, key, raw)
-    return raw
+def parse_and_store_all(logs: list[Path]) -> list[RawRank]:
+    """Parse the logs and cache the results of those that held still while they were read
+    (one pack per directory: `store`)."""
+    raws, held = [], []
+    for log in logs:
+        try:
+            key = LogKey.of(log)
+        except (OSError, TraceFormatError):
+            raws.append(parse_rank_file(log))  # the parser says what is wrong with it
+            continue
+        raw = parse_rank_file(log)
+        raws.append(raw)
+        if raw.error is None and time.time_ns() - key.mtime_ns >= RECENT_NS:
+            with contextlib.suppress(OSError, TraceFormatError):
+                if LogKey.of(log) == key:
+                    held.append((log, key, raw))
+    for members in _by_directory(held, itemgetter(0)).values():
+        store(members)
+    return raws
 
 
-def store(log: Path, key: LogKey, raw: RawRank) -> bool:
-    """Write the log's entry (`write_entry`); was it written?"""
-    return write_entry(cache_path(log), {"key": asdict(key), "fields": _fields(raw)}, _arrays(raw))
+def store(members: list[tuple[Path, LogKey, RawRank]]) -> None:
+    """Write one pack: parsed logs of one directory, each with its key (`write_entry`). It
+    is named after its first log and a digest of the others (the same logs parsed together
+    again replace it)."""
+    logs = [log for log, _, _ in members]
+    name = logs[0].name
+    if len(logs) > 1:
+        names = "\n".join(log.name for log in logs).encode()
+        name += f"+{len(logs) - 1}.{hashlib.blake2b(names, digest_size=4).hexdigest()}"
+    arrays: dict[str, Column] = {}
+    for member, (_, _, raw) in enumerate(members):
+        fields = np.frombuffer(orjson.dumps(_fields(raw)), np.uint8)
+        columns = {"fields": fields, **_arrays(raw)}
+        arrays |= {f"{member}/{column}": array for column, array in columns.items()}
+    index = {"logs": [[log.name, asdict(key)] for log, key, _ in members]}
+    write_entry(logs[0].parent / CACHE_DIR / f"{name}.cols", index, arrays)
 
 
 Column = np.ndarray | list[np.ndarray]
@@ -289,6 +416,7 @@ def _arrays(raw: RawRank) -> dict[str, np.ndarray]:
         **{f"steps.{name}": raw.steps[name] for name in STEP_COLUMNS},
         **{f"p2p.{name}": raw.p2p[name] for name in P2P_COLUMNS},
         **{f"text_parts.{i}": part for i, part in enumerate(raw.text_parts)},
+        "plan_index": raw.plan_index,
         **{f"memory.{name}": column.reshape(-1) for name, column in raw.memory.items()},
     }
 
@@ -337,6 +465,7 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         **{f"steps.{name}": dtype for name, dtype in STEP_COLUMNS.items()},
         **{f"p2p.{name}": dtype for name, dtype in P2P_COLUMNS.items()},
         **{f"text_parts.{i}": dtype for i, dtype in enumerate(_TEXT_PARTS)},
+        "plan_index": np.int32,
         **{f"memory.{name}": np.int64 for name in (*MEMORY_COLUMNS, *MEMORY_GRIDS)},
     }
     arrays = entry_arrays(index, data_bytes, expected)
@@ -351,6 +480,7 @@ def _decode(log: Path, index: dict[str, Any], data_bytes: memoryview) -> RawRank
         shapes=[tuple(shape) for shape in data["shapes"]],
         dtypes=data["dtypes"],
         text_parts=tuple(arrays[f"text_parts.{i}"] for i in range(len(_TEXT_PARTS))),
+        plan_index=arrays["plan_index"],
         steps={name: arrays[f"steps.{name}"] for name in STEP_COLUMNS},
         p2p={name: arrays[f"p2p.{name}"] for name in P2P_COLUMNS},
         iterations={it: row for it, *row in data["iterations"]},
@@ -477,3 +607,18 @@ def _check_columns(raw: RawRank) -> None:
                 raise ValueError(f"{name} out of range")
     if {len(part) for part in raw.text_parts} != {len(raw.texts)}:
         raise ValueError("text parts do not match the texts")
+    _check_plan_index(raw)
+
+
+def _check_plan_index(raw: RawRank) -> None:
+    """Each text of the rank's plan that the index places among its texts is that text (a
+    -1 only costs the loader a look-up)."""
+    plan, index = (raw.run_start or {}).get("plan") or [], raw.plan_index
+    if len(index) != len(plan):
+        raise ValueError("plan index of another length than the plan")
+    if len(index) and not -1 <= index.min() <= index.max() < len(raw.texts):
+        raise ValueError("plan index out of range")
+    known = np.flatnonzero(index >= 0).tolist()
+    texts = map(raw.texts.__getitem__, index[known].tolist())
+    if list(texts) != list(map(plan.__getitem__, known)):
+        raise ValueError("plan index does not match the texts")

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,18 @@ from pipetrace.analyze.model import OP_SEND, OPEN, ClockInfo, LifecycleEvent, Ra
 from pipetrace.recorder import format as fmt
 
 OffsetFn = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ConstantOffset:
+    """An offset that does not depend on the time (one recorded measurement, or none): a
+    rank's times all move by one value, which `load._shift_times` adds to its columns
+    without making an array of it per column."""
+
+    value: int
+
+    def __call__(self, t: np.ndarray) -> np.ndarray:
+        return np.full(len(t), self.value, np.int64)
 
 
 def offset_models(clock_events: list[LifecycleEvent]) -> tuple[ClockInfo, dict[str, OffsetFn]]:
@@ -51,9 +64,6 @@ def offset_models(clock_events: list[LifecycleEvent]) -> tuple[ClockInfo, dict[s
     )
     models: dict[str, OffsetFn] = {}
 
-    def constant(value: int) -> OffsetFn:
-        return lambda t: np.full(len(t), value, np.int64)
-
     def uncertainty(ev: LifecycleEvent) -> int:
         u = ev.fields.get("uncertainty_ns")
         return u if isinstance(u, int) and u >= 0 else 2**62
@@ -72,8 +82,8 @@ def offset_models(clock_events: list[LifecycleEvent]) -> tuple[ClockInfo, dict[s
             o_start + (t - t_start).astype(np.float64) * slope
         ).astype(np.int64)
     for ev in constants:  # the more certain measurement first
-        models[str(ev.fields.get("phase"))] = constant(int(ev.fields["offset_ns"]))
-    models["none"] = constant(0)
+        models[str(ev.fields.get("phase"))] = ConstantOffset(int(ev.fields["offset_ns"]))
+    models["none"] = ConstantOffset(0)
     return info, models
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from itertools import repeat
 from operator import index, itemgetter
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,9 @@ class RawRank:
     shapes: list[tuple[int, ...]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     text_parts: tuple[np.ndarray, ...] = ()  # (kind, stage, microbatch) of each text
+    plan_index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    """int32, one per text of run_start's plan: its index in ``texts``, -1 where no event
+    used it (the loader codes the rank's plan from it, without looking its texts up)."""
     steps: dict[str, np.ndarray] = field(default_factory=dict)  # STEP_COLUMNS
     p2p: dict[str, np.ndarray] = field(default_factory=dict)  # P2P_COLUMNS
     iterations: dict[int, list] = field(default_factory=dict)  # it -> [begin, end, loss]
@@ -406,6 +410,7 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     sb, pp, en = steps.result(), p2p.result(), ends.result()
     _add_listed_open(raw, sb, pp)
     raw.text_parts = parse_texts(raw.texts)  # here, in the worker, not in the loading process
+    raw.plan_index = _plan_index(raw)
     _check_texts(raw)
     end_ids, end_t = en["id"], en["t"]
     order = np.argsort(end_ids, kind="stable")
@@ -493,6 +498,14 @@ def _check_ids(problems: LogProblems, begun: np.ndarray, ended: np.ndarray) -> N
         at = np.minimum(np.searchsorted(begun, ended), max(len(begun) - 1, 0))
         known = begun[at] == ended if len(begun) else np.zeros(len(ended), bool)
         problems.dangling_ids += int(np.count_nonzero(~known))
+
+
+def _plan_index(raw: RawRank) -> np.ndarray:
+    """`RawRank.plan_index`: a lookup in this rank's few hundred texts here costs a fraction
+    of one in the whole run's catalog (a few hundred thousand texts) in the loading process."""
+    plan = (raw.run_start or {}).get("plan") or ()
+    index = dict(zip(raw.texts, range(len(raw.texts)))).get
+    return np.fromiter(map(index, plan, repeat(-1)), np.int32, len(plan))
 
 
 def _check_texts(raw: RawRank) -> None:

@@ -117,12 +117,12 @@ class RunEntry:
         """The cached run, or None when there is no fresh, whole entry."""
         return None if self.key is None else load(self.path, self.key, self.source)
 
-    def store(self, run: model.Run, problems_from: int) -> bool:
+    def store(self, run: model.Run, problems_from: int, planned: list[np.ndarray]) -> bool:
         """Cache ``run`` when the logs held still while it was loaded (`store`); says
         whether they did (``run`` is then the model of this entry's key)."""
         still = self._still()
         if still:
-            store(self.path, self.key, run, problems_from)
+            store(self.path, self.key, run, problems_from, planned)
         return still
 
     def analysis(self) -> kept_analysis.Parts | None:
@@ -173,9 +173,13 @@ class RunEntry:
         return self.path.with_suffix(".analysis")
 
 
-def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
+def store(
+    path: Path, key: str, run: model.Run, problems_from: int, planned: list[np.ndarray]
+) -> None:
     """Write the run's entry; ``problems_from``: the first of ``run.problems`` found while
-    loading (the ones before come from the source, gathered again on every load)."""
+    loading (the ones before come from the source, gathered again on every load);
+    ``planned``: the codes of each row of meta.json's plan, bubbles left out, as the loader
+    read it (`Run.plan`)."""
     ranks = run.ranks
     arrays: dict[str, column_cache.Column] = {
         f"{table}.{name}": [
@@ -186,7 +190,7 @@ def store(path: Path, key: str, run: model.Run, problems_from: int) -> None:
         for name in _columns(empty)
     }
     arrays["plan_codes"] = [r.plan_codes.astype(np.int32, copy=False) for r in ranks]
-    rows = None if run.plan is None else _meta_rows(run.meta, run.catalog)
+    rows = None if run.plan is None else _meta_rows(run.meta, planned)
     arrays["meta_plan"] = np.concatenate([np.empty(0, np.int32), *(rows or ())])
     for name in _columns(_MEMORY):
         arrays[f"memory.{name}"] = [
@@ -237,9 +241,15 @@ def wait_for_writes(path: Path | None = None) -> None:
             thread.join()
 
 
-def _meta_rows(meta: dict[str, Any], catalog: model.StepCatalog) -> list[np.ndarray]:
-    """meta.json's plan (that read as a `Plan`) as codes into the catalog, -1 a bubble."""
-    return [catalog.codes([text or None for text in row]) for row in meta["plan"]]
+def _meta_rows(meta: dict[str, Any], planned: list[np.ndarray]) -> list[np.ndarray]:
+    """meta.json's plan (that read as a `Plan`) as codes into the catalog, -1 a bubble:
+    its rows' codes without bubbles (``planned``) put in place."""
+    rows = []
+    for row, codes in zip(meta["plan"], planned, strict=True):
+        full = np.full(len(row), -1, np.int32)
+        full[np.fromiter(map(bool, row), bool, len(row))] = codes
+        rows.append(full)
+    return rows
 
 
 def _columns(table: Any) -> list[str]:

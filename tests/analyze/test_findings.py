@@ -4,6 +4,8 @@ of every built-in schedule have nothing above info."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from pipetrace.analyze import findings as fk
@@ -144,3 +146,22 @@ def test_rank_given_another_plan_is_a_plan_divergence(tmp_path):
     record_with(tmp_path, rank_steps={1: steps})
     f = kinds(analyzed(tmp_path))[fk.PLAN_DIVERGENCE]
     assert f.ranks == [1] and f.severity == fk.ERROR and f.details["position"] == 1
+
+
+def test_the_ranks_endings_are_read_once_per_analysis(hung_run, monkeypatch):
+    """Several analyzers (and each stalled chain) ask for every rank's verdict: `analyze`
+    reads them once, and the findings are those of reading them at each call."""
+    from pipetrace.analyze import endings
+    from pipetrace.analyze.analysis import analyze
+    from pipetrace.analyze.load import load_run
+
+    run = load_run(hung_run, workers=0)
+    read = endings._endings
+    reads = []
+    monkeypatch.setattr(endings, "_endings", lambda r: reads.append(r) or read(r))
+    once = analyze(run).to_json()
+    assert reads == [run]
+    monkeypatch.setattr(endings, "endings_kept", lambda r: contextlib.nullcontext())
+    monkeypatch.setattr("pipetrace.analyze.analysis.endings_kept", endings.endings_kept)
+    assert analyze(run).to_json() == once and len(reads) > 2
+    assert endings.rank_endings(run) == read(run) and not endings._KEPT

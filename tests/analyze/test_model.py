@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
-from pipetrace.analyze.model import OP_SEND, OPEN, parse_texts, steps_of
+from pipetrace.analyze.model import OP_SEND, OPEN, _parse_texts, parse_texts, steps_of
 from pipetrace.schedule.ir import B, F, Step, StepKind, format_step, overlap
 from pipetrace.testing.cluster import FakeCluster
 from pipetrace.testing.synthetic import write_synthetic_run
@@ -133,3 +135,26 @@ def test_steps_from_parsed_columns_are_the_parsed_steps():
     assert steps_of(texts, *parse_texts(texts)) == [*expected, None, None]
     simple = [format_step(F(s, m)) for s in range(3) for m in range(2)]
     assert steps_of(simple, *parse_texts(simple)) == [F(s, m) for s in range(3) for m in range(2)]
+
+
+_TEXT_PARTS = st.sampled_from(
+    ["0", "1", "7", "12", "007", "1234567890", "٣", "F", "B", "W", "I", "SEND_F", "RECV_B"]
+    + ["SEND_B", "RECV_F", "SEND", "f", "(", ")", ",", "-", " ", "é"]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    texts=st.lists(
+        st.one_of(st.lists(_TEXT_PARTS, max_size=5).map("".join), st.text(max_size=8)),
+        max_size=20,
+    )
+)
+def test_the_compiled_text_reader_reads_as_the_python_one(texts):
+    """`parse_texts` takes the simple texts in C and leaves the rest to `_parse_texts`:
+    together they give what `_parse_texts` gives alone, on any text (non-ASCII digits,
+    leading zeros, digit runs too long for C, kinds that are prefixes of others)."""
+    texts += [format_step(F(2, 3)), format_step(Step(StepKind.SEND_B, 1, 4)), 5]
+    for mine, python in zip(parse_texts(texts), _parse_texts(texts), strict=True):
+        assert mine.dtype == python.dtype
+        np.testing.assert_array_equal(mine, python)

@@ -6,11 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import orjson
 import pytest
 
@@ -22,6 +19,8 @@ from pipetrace.recorder import format as fmt
 from pipetrace.runtime.faults import Hang
 from pipetrace.testing.aging import age_logs
 from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.synthetic import write_synthetic_run
+from tests.analyze.model_equality import assert_same
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
@@ -186,8 +185,8 @@ def _from_run_entry_only(monkeypatch) -> None:
     def refuse(path):
         raise AssertionError(f"{path} was read, not the run's entry")
 
-    monkeypatch.setattr("pipetrace.analyze.cache.load", refuse)
-    monkeypatch.setattr("pipetrace.analyze.cache.parse_and_store", refuse)
+    monkeypatch.setattr("pipetrace.analyze.cache.load_all", refuse)
+    monkeypatch.setattr("pipetrace.analyze.cache.parse_and_store_all", refuse)
     monkeypatch.setattr("pipetrace.analyze.load.parse_rank_file", refuse)
 
 
@@ -258,31 +257,12 @@ def test_analyzing_an_unchanged_run_again_is_a_read(run, capsys, monkeypatch, fl
         main(["analyze", str(run), *flags])
 
 
-def _assert_same(a: Any, b: Any, where: str = "run") -> None:
-    """Field by field, arrays by dtype, shape and values (private fields are caches, and
-    fields out of the comparison, like `Run.entry`, not part of the model)."""
-    if is_dataclass(a):
-        assert type(a) is type(b), where
-        for f in fields(a):
-            if f.compare and not f.name.startswith("_"):
-                _assert_same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
-    elif isinstance(a, np.ndarray):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
-        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
-
-
 def test_the_run_entry_holds_the_whole_model(full_run, monkeypatch):
     """Every field of the model (memory samples, two pipelines, a hang) reads back as built."""
     built = load_run(full_run)
     assert len(built.ranks[0].memory) and built.pipelines.several
     _from_run_entry_only(monkeypatch)
-    _assert_same(built, load_run(full_run))
+    assert_same(built, load_run(full_run))
 
 
 def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(tmp_path, monkeypatch):
@@ -333,3 +313,87 @@ def test_a_plan_that_does_not_read_stays_unread_when_reopened(run, monkeypatch):
     reopened = load_run(run)
     assert reopened.plan is None
     assert [p.to_json() for p in reopened.problems] == [p.to_json() for p in built.problems]
+
+
+@pytest.fixture
+def wide_run(tmp_path):
+    """32 small rank logs (aged): parsed by two workers, two logs per task and pack."""
+    path = tmp_path / "wide"
+    write_synthetic_run(path, num_ranks=32, num_microbatches=2, iterations=1)
+    age_logs(path)
+    return path
+
+
+def _logs(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("rank-*.ndjson"))
+
+
+def test_logs_parsed_together_are_kept_in_one_pack(wide_run, capsys, monkeypatch):
+    plain = _analyze(wide_run, capsys, "--no-cache", "--workers", "2")
+    assert _analyze(wide_run, capsys, "--workers", "2") == plain
+    assert len(_entries(wide_run)) == 16  # 32 logs, two per task
+    (wide_run / cache.CACHE_DIR / "run.model").unlink()
+    _from_cache_only(monkeypatch)
+    assert _analyze(wide_run, capsys, "--workers", "2") == plain
+
+
+def test_a_changed_log_invalidates_its_part_of_a_pack_only(wide_run, monkeypatch):
+    logs = _logs(wide_run)[:3]
+    raws = cache.parse_and_store_all(logs)
+    assert len(_entries(wide_run)) == 1
+    _assert_raw_same(cache.load_all(logs), dict(zip(logs, raws)))
+    with open(logs[1], "ab") as handle:  # the log grew: its part is stale
+        handle.write(b"\n")
+    os.utime(logs[1], ns=(0, os.stat(logs[0]).st_mtime_ns))
+    assert list(cache.load_all(logs)) == [logs[0], logs[2]]
+    cache.parse_and_store_all([logs[1]])  # its new part, in a pack of its own
+    assert set(cache.load_all(logs)) == set(logs) and len(_entries(wide_run)) == 2
+    for log in logs:  # every log of both packs changed: they are deleted when found so
+        with open(log, "ab") as handle:
+            handle.write(b"\n")
+        os.utime(log, ns=(0, os.stat(_logs(wide_run)[5]).st_mtime_ns))
+    assert cache.load_all(logs[:2]) == {}  # log 1's pack goes; log 2's was not asked for
+    assert [p.name.split("+")[0] for p in _entries(wide_run)] == [logs[0].name]
+    assert cache.load_all(logs) == {} and _entries(wide_run) == []
+
+
+def test_a_damaged_part_of_a_pack_leaves_the_others(wide_run):
+    logs = _logs(wide_run)[:3]
+    raws = cache.parse_and_store_all(logs)
+    raws[1].plan_index = raws[1].plan_index + 10**6  # places no text
+    members = [(log, cache.LogKey.of(log), raw) for log, raw in zip(logs, raws)]
+    cache.store(members)
+    assert list(cache.load_all(logs)) == [logs[0], logs[2]]
+
+
+def test_logs_of_several_directories_go_to_a_pack_in_each(wide_run, tmp_path):
+    other = tmp_path / "node1"
+    other.mkdir()
+    moved = _logs(wide_run)[16:]
+    for log in moved:
+        log.rename(other / log.name)
+    logs = [*_logs(wide_run), *_logs(other)]
+    cache.parse_and_store_all(logs)
+    assert len(_entries(wide_run)) == len(_entries(other)) == 1
+    assert set(cache.load_all(logs)) == set(logs)
+
+
+def _assert_raw_same(loaded: dict, parsed: dict) -> None:
+    assert list(loaded) == list(parsed)
+    for log, raw in parsed.items():
+        assert_same(loaded[log].steps, raw.steps, log.name)
+        assert_same(loaded[log].texts, raw.texts, log.name)
+        assert_same(loaded[log].plan_index, raw.plan_index, log.name)
+
+
+def test_packs_are_never_deleted_through_a_linked_cache(wide_run, tmp_path):
+    logs = _logs(wide_run)[:2]
+    cache.parse_and_store_all(logs)
+    elsewhere = tmp_path / "elsewhere"
+    (wide_run / cache.CACHE_DIR).rename(elsewhere)
+    (wide_run / cache.CACHE_DIR).symlink_to(elsewhere)
+    for log in logs:
+        with open(log, "ab") as handle:
+            handle.write(b"\n")
+        os.utime(log, ns=(0, os.stat(_logs(wide_run)[5]).st_mtime_ns))
+    assert cache.load_all(logs) == {} and len(list(elsewhere.iterdir())) == 1
