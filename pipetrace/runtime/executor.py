@@ -179,6 +179,10 @@ class Executor:
         # (gradients) update them from two threads, each only its own.
         self._act_bytes = [0] * len(self._memory_slots)
         self._grad_bytes = [0] * len(self._memory_slots)
+        # Received message bytes per (channel, receiving stage): a P2P buffer is made from
+        # its stream's shape and dtype, fixed for the runner's life, so its size is read from
+        # a tensor once, not at each recv and consumption (a call into the framework each).
+        self._received_bytes: dict[tuple[str, int], int] = {}
         # Set by `_memory_sampler` at each iteration's start:
         self._counting = False  # whether the stages count what they save
         self._sampled = False  # whether an earlier iteration sampled memory
@@ -414,7 +418,9 @@ class Executor:
         else:
             x = self._act_in.pop((s, mb))
             if self._counting:
-                self._act_bytes[self._memory_slots[s]] -= x.nbytes
+                local = self._placement[s - 1] == self.rank
+                n = x.nbytes if local else self._received_bytes.get(("F", s)) or x.nbytes
+                self._act_bytes[self._memory_slots[s]] -= n
             if type(x) is self._pending:
                 x = x.wait()
         hooks = self._capturing.pop((s, mb), None) if self._capturing else None
@@ -453,7 +459,9 @@ class Executor:
             return None
         grad = self._grad_in.pop((s, mb))
         if self._counting and grad is not None:
-            self._grad_bytes[self._memory_slots[s]] -= grad.nbytes
+            local = self._placement[s + 1] == self.rank
+            n = grad.nbytes if local else self._received_bytes.get(("B", s)) or grad.nbytes
+            self._grad_bytes[self._memory_slots[s]] -= n
         if type(grad) is self._pending:
             grad = grad.wait()
         return grad
@@ -546,7 +554,7 @@ class Executor:
             position, step, peer, "F", s - 1
         )
         if self._counting:
-            self._act_bytes[self._memory_slots[s]] += received.nbytes
+            self._act_bytes[self._memory_slots[s]] += self._received_size("F", s, received)
 
     def _recv_b(self, position: int, step: Step) -> None:
         s = step.stage
@@ -555,7 +563,16 @@ class Executor:
             position, step, peer, "B", s + 1
         )
         if self._counting:
-            self._grad_bytes[self._memory_slots[s]] += received.nbytes
+            self._grad_bytes[self._memory_slots[s]] += self._received_size("B", s, received)
+
+    def _received_size(self, channel: str, s: int, received: Any) -> int:
+        """The bytes of a message received for stage ``s`` on ``channel`` (the same for
+        every message of the stream: `_received_bytes`)."""
+        key = (channel, s)
+        size = self._received_bytes.get(key)
+        if size is None:
+            size = self._received_bytes[key] = received.nbytes
+        return size
 
     def _receive(self, position: int, step: Step, peer: int, channel: str, src: int) -> Any:
         """The message of a RECV step: the tensor (plain mode, waited here) or a pending recv

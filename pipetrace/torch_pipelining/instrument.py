@@ -265,13 +265,14 @@ class Instrumentation:
     def _ops_wrapper(
         self, method: Callable[[int], list[Any]], by_microbatch: dict[Any, Message]
     ) -> Callable[[int], list[Any]]:
-        note = self.messages.note
+        pending = self.messages.pending
 
         def recorded(chunk_id: int, *args: Any, **kwargs: Any) -> list[Any]:
             ops = method(chunk_id, *args, **kwargs)
             message = by_microbatch.get(chunk_id)
-            if message is not None and ops:
-                note(ops, message)
+            if message is not None:
+                for op in ops:  # noted for the post (`MessageLog.post`)
+                    pending[id(op)] = (op, message)
             return ops
 
         return recorded

@@ -68,32 +68,33 @@ class MessageLog(P2PBookkeeping):
         self._current_stream = current_stream
         self._tensor_meta = TensorMeta
         self._metas: dict[tuple[Any, Any], ReportedMeta] = {}  # a message kind's few shapes
-        self._pending: dict[int, tuple[Any, Message]] = {}  # id(op) -> (op, its message)
+        # id(message) -> its report: torch receives into buffers made once from the shapes
+        # inferred at the first step, so a message's shape and dtype are the same every
+        # iteration, and its tensor's are read once (two calls into torch per op saved)
+        self._message_metas: dict[int, ReportedMeta] = {}
+        self.pending: dict[int, tuple[Any, Message]] = {}
+        """id(op) -> (op, its message): ops made by a recorded stage, not posted yet (the op
+        object is kept so that its id stays its own)."""
         # id(work) -> (work, the tokens of its ops): posted, not waited yet
         self._unwaited: dict[int, tuple[Any, list[Any]]] = {}
 
     def begin_iteration(self) -> None:
         """Torch makes, posts and waits every op of an iteration inside its ``step``."""
         super().begin_iteration()
-        self._pending.clear()
+        self.pending.clear()
         self._unwaited.clear()
 
     def _post_stream(self) -> Any:
         current_stream = self._current_stream
         return None if current_stream is None else current_stream()
 
-    def note(self, ops: Sequence[Any], message: Message) -> None:
-        """``ops`` were made for ``message``; the op object is kept so its id stays unique."""
-        pending = self._pending
-        for op in ops:
-            pending[id(op)] = (op, message)
-
     def post(self, ops: Sequence[Any], open_steps: bool) -> list[Any]:
         """Report ``ops`` as posted, in order; returns one recorder token per op (None for an
         op not made by a recorded stage, e.g. torch's warm-up handshake). ``open_steps``:
         each op's SEND/RECV step is opened around its post, consecutive ops of one step in
         one step (single-stage schedules have no SEND/RECV actions of their own)."""
-        pending, recorder, metas, posted = self._pending, self.recorder, self._metas, self._posted
+        pending, recorder, posted = self.pending, self.recorder, self._posted
+        metas = self._message_metas
         tokens: list[Any] = []
         open_step: Step | None = None
         step_token = None
@@ -108,18 +109,21 @@ class MessageLog(P2PBookkeeping):
                     recorder.end_step(step_token)
                 open_step = message.step
                 step_token = recorder.begin_step(message.position, open_step)
-            tensor = op.tensor
-            meta = metas.get((tensor.shape, tensor.dtype)) or self._meta_of(tensor)
+            meta = metas.get(id(message)) or self._meta_of(op.tensor, message)
             tokens.append(posted(message.op, message.step, op.group_peer, message.channel, meta))
         if open_step is not None:
             recorder.end_step(step_token)
         return tokens
 
-    def _meta_of(self, tensor: Any) -> ReportedMeta:
-        """The report of a (shape, dtype) not seen before; kept for the next ones."""
-        sized = self._tensor_meta(tuple(tensor.shape), tensor.dtype)
-        meta = ReportedMeta(sized.shape, sized.nbytes, sized.dtype_name)
-        self._metas[(tensor.shape, tensor.dtype)] = meta
+    def _meta_of(self, tensor: Any, message: Message) -> ReportedMeta:
+        """The report of ``message``'s tensors, kept for its next posts; one per (shape,
+        dtype) for all messages."""
+        key = (tensor.shape, tensor.dtype)
+        meta = self._metas.get(key)
+        if meta is None:
+            sized = self._tensor_meta(tuple(tensor.shape), tensor.dtype)
+            meta = self._metas[key] = ReportedMeta(sized.shape, sized.nbytes, sized.dtype_name)
+        self._message_metas[id(message)] = meta  # messages live as long as the log
         return meta
 
     def posted_works(self, works: list[Any], tokens: list[Any]) -> None:

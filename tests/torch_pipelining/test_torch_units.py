@@ -165,8 +165,12 @@ def test_single_stage_ops_are_posted_inside_their_message_steps_and_complete_onc
     log.begin_iteration()
     send_ops = [SimpleNamespace(tensor=torch.zeros(2, 3), group_peer=1) for _ in range(2)]
     recv_op, stray = (SimpleNamespace(tensor=torch.zeros(2, 3), group_peer=1) for _ in range(2))
-    log.note(send_ops, Message.of(1, send, "F"))
-    log.note([recv_op], Message.of(5, recv, "B"))
+    for ops, message in (
+        (send_ops, Message.of(1, send, "F")),
+        ([recv_op], Message.of(5, recv, "B")),
+    ):
+        log.pending.update((id(op), (op, message)) for op in ops)  # as the stages' wrappers note
+
     tokens = log.post([*send_ops, stray, recv_op], open_steps=True)
     assert tokens == [("send", 0), ("send", 1), None, ("recv", 0)]
     assert recorder.calls == [
