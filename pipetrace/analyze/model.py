@@ -260,7 +260,8 @@ def parse_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _parse_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`parse_texts` in Python: the simple form by one regex match, anything else by
-    `parse_step`."""
+    `parse_step`. A stage or micro-batch beyond int32 makes a text unparsable (no plan has
+    one; a damaged log may)."""
     n = len(texts)
     kind, stage, mb = [-1] * n, [-1] * n, [-1] * n
     match = _SIMPLE.fullmatch
@@ -269,18 +270,25 @@ def _parse_texts(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         m = match(text) if type(text) is str else None
         if m is not None:
             st, kind_text, micro = m.groups()
-            kind[i], stage[i], mb[i] = codes[kind_text], int(st), int(micro)
-            continue
-        try:
-            step = parse_step(str(text))
-        except ValueError:
-            continue
-        if step is None:
-            continue
-        kind[i] = KIND_CODE[step.kind]
-        stage[i] = -1 if step.stage is None else step.stage
-        mb[i] = -1 if step.microbatch is None else step.microbatch
+            parsed = codes[kind_text], int(st), int(micro)
+        else:
+            try:
+                step = parse_step(str(text))
+            except ValueError:
+                continue
+            if step is None:
+                continue
+            parsed = (
+                KIND_CODE[step.kind],
+                -1 if step.stage is None else step.stage,
+                -1 if step.microbatch is None else step.microbatch,
+            )
+        if parsed[1] <= _INT32_MAX and parsed[2] <= _INT32_MAX:
+            kind[i], stage[i], mb[i] = parsed
     return np.array(kind, np.int8), np.array(stage, np.int32), np.array(mb, np.int32)
+
+
+_INT32_MAX = 2**31 - 1
 
 
 @dataclass

@@ -137,6 +137,15 @@ def test_steps_from_parsed_columns_are_the_parsed_steps():
     assert steps_of(simple, *parse_texts(simple)) == [F(s, m) for s in range(3) for m in range(2)]
 
 
+def test_a_stage_or_microbatch_beyond_int32_is_unparsable():
+    """No plan has one; a damaged log's text must not wrap around into another step."""
+    texts = ["0F2147483647", "0F2147483648", "2147483648B0", "0UNSHARD", "9" * 12 + "W1"]
+    kind, stage, mb = parse_texts(texts)
+    assert stage.tolist() == [0, -1, -1, 0, -1]
+    assert mb.tolist() == [2147483647, -1, -1, -1, -1]
+    assert (kind[[1, 2, 4]] == -1).all() and (kind[[0, 3]] >= 0).all()
+
+
 _TEXT_PARTS = st.sampled_from(
     ["0", "1", "7", "12", "007", "1234567890", "٣", "F", "B", "W", "I", "SEND_F", "RECV_B"]
     + ["SEND_B", "RECV_F", "SEND", "f", "(", ")", ",", "-", " ", "é"]
