@@ -224,12 +224,11 @@ class Instrumentation:
         find = self.index.by_key.get if self.single else self._sub_step
 
         def recorded(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
-            key = (
-                kind if kind is not None else _backward_kind(args, kwargs),
-                stage_index,
-                chunk_id,
-            )
-            entry = find(key)
+            if kind is not None:
+                entry = find((kind, stage_index, chunk_id))
+            else:  # backward_one_chunk(mb, loss=None, full_backward=True, ...): B, or I (dx)
+                full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+                entry = find((StepKind.B if full else StepKind.I, stage_index, chunk_id))
             if entry is None:
                 return method(chunk_id, *args, **kwargs)
             token = recorder.begin_step(*entry)
@@ -302,13 +301,7 @@ class Instrumentation:
         return recorded
 
 
-def _backward_kind(args: tuple, kwargs: dict) -> StepKind:
-    """``backward_one_chunk(mb, loss=None, full_backward=True, ...)``: B, or I (dx only)."""
-    full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
-    return StepKind.B if full else StepKind.I
-
-
-# compute method -> the step kind it performs (None: B or I, see `_backward_kind`)
+# compute method -> the step kind it performs (None: B or I, as its full_backward says)
 _COMPUTE: dict[str, StepKind | None] = {
     "forward_one_chunk": StepKind.F,
     "backward_one_chunk": None,

@@ -11,6 +11,7 @@ is issued, and reported as completed when their work is waited (`MessageLog.wait
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 from pipetrace.recorder.hooks import RecorderHooks
 from pipetrace.runtime.p2p_common import P2PBookkeeping
 from pipetrace.schedule.ir import Step, StepKind
+
+_NO_STREAM: Callable[[], None] = itertools.repeat(None).__next__
+"""Returns None (no device stream), without a Python frame."""
 
 # get_*_ops method name -> (the step kind its ops belong to, channel)
 OP_SOURCES: dict[str, tuple[StepKind, str]] = {
@@ -66,6 +70,9 @@ class MessageLog(P2PBookkeeping):
 
         super().__init__(num_stages=0, recorder=recorder, overlap=True, known=None)
         self._current_stream = current_stream
+        # The stream an op is posted from: the current one on CUDA, else None from a C-level
+        # callable (this runs for every op: a Python method returning None is a frame each).
+        self._post_stream = _NO_STREAM if current_stream is None else current_stream
         self._tensor_meta = TensorMeta
         self._metas: dict[tuple[Any, Any], ReportedMeta] = {}  # a message kind's few shapes
         # id(message) -> its report: torch receives into buffers made once from the shapes
@@ -83,10 +90,6 @@ class MessageLog(P2PBookkeeping):
         super().begin_iteration()
         self.pending.clear()
         self._unwaited.clear()
-
-    def _post_stream(self) -> Any:
-        current_stream = self._current_stream
-        return None if current_stream is None else current_stream()
 
     def post(self, ops: Sequence[Any], open_steps: bool) -> list[Any]:
         """Report ``ops`` as posted, in order; returns one recorder token per op (None for an
