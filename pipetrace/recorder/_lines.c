@@ -342,7 +342,7 @@ int lines_put(Lines *l, Buffer *b, const Cell *e) {
         ok = layout ? put_layout(l, b, layout, NULL, e[1].o) : 0;
         return ok < 0 ? -1 : ok ? 0 : put_fallback(l, b, e[1].o);
     }
-    ok = put_layout(l, b, &l->layouts[tag], e, NULL);
+    ok = l->layouts[tag].known ? put_layout(l, b, &l->layouts[tag], e, NULL) : 0;
     if (ok) return ok < 0 ? -1 : 0;
     PyObject *record = entry_tuple(e);
     if (record == NULL) return -1;

@@ -678,7 +678,7 @@ static PyObject *queue_open(Queue *q, PyObject *args, PyObject *kwargs) {
     if (lines_open(&q->lines, spec, offset, texts, text, literals, peers, fallback) < 0)
         return NULL;
     q->capacity = capacity;
-    Py_XSETREF(q->on_full, Py_NewRef(on_full));
+    Py_XSETREF(q->on_full, on_full == Py_None ? NULL : Py_NewRef(on_full));
     Py_RETURN_NONE;
 }
 

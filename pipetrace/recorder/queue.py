@@ -40,9 +40,15 @@ class RecordQueue:
         self._on_full: Callable[[], Any] = _nothing
 
     def open(
-        self, encode: Callable[[list[tuple]], bytes | bytearray], capacity: int, on_full
+        self,
+        encode: Callable[[list[tuple]], bytes | bytearray],
+        capacity: int,
+        on_full: Callable[[], Any] | None,
     ) -> None:
-        self._encode, self._capacity, self._on_full = encode, capacity, on_full
+        """Lines from ``encode``; ``on_full()`` when ``capacity`` records wait (None: no
+        bound)."""
+        self._encode, self._capacity = encode, capacity
+        self._on_full = _nothing if on_full is None else on_full
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -86,9 +92,11 @@ def new_queue(
     return _queue.EventQueue(clock, active, step_token, close_token)
 
 
-def open_queue(queue: Any, encoder: LineEncoder, *, capacity: int, on_full) -> None:
-    """Ready ``queue`` to give the lines ``encoder`` writes, calling ``on_full`` when
-    ``capacity`` records wait."""
+def open_queue(
+    queue: Any, encoder: LineEncoder, *, capacity: int, on_full: Callable[[], Any] | None
+) -> None:
+    """Ready ``queue`` to write the lines ``encoder`` writes, calling ``on_full`` when
+    ``capacity`` records wait (None: no bound)."""
     if isinstance(queue, RecordQueue):
         queue.open(encoder.lines, capacity, on_full)
         return

@@ -350,10 +350,9 @@ class Executor:
         """What takes a memory sample after each step of this iteration, given the step's
         token (None: nothing): the recorder's watch of the counts the executor keeps (the
         stages' held bytes, the mailboxes' bytes), or `_sample_memory` with swap steps or a
-        device allocator to read. Asked of
-        the recorder at each iteration's start, so that a recorder switched on and off
-        between iterations (bench/bench_recorder.py) costs nothing while off: the stages
-        count what they save only while memory is sampled.
+        device allocator to read. Asked of the recorder at each iteration's start, so that
+        a recorder switched on and off between iterations (bench/bench_recorder.py) costs
+        nothing while off: the stages count what they save only while memory is sampled.
 
         The recorder writes a sample only when it differs from the one before, and the
         steps of `MEMORY_NEUTRAL` kinds change none of its values; so after the run's first
