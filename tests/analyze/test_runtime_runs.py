@@ -70,7 +70,8 @@ def test_swapped_sends_deadlock_on_gloo(tmp_path):
     # 1F1B on 2 ranks: rank 0 holds 0SEND_F1 back until 0SEND_F2, which comes after 0RECV_B0;
     # rank 1 needs micro-batch 1 before it can send B0: a cycle. Both ranks' gloo waits then
     # time out, which is a symptom (warning), not the cause.
-    assert analysis.findings[0].kind == fk.DEADLOCK
+    seen = [(f.severity, f.kind, f.message, f.cause) for f in analysis.findings]
+    assert analysis.findings[0].kind == fk.DEADLOCK, seen  # the findings, should it fail
     deadlock = analysis.findings[0]
     assert sorted(deadlock.details["cycle"]) == [0, 1]
     assert deadlock.details["blocked"]["0"]["step"] == "0RECV_B0"
