@@ -1,6 +1,6 @@
 """Recorder cost: per event on the hot path, and step-time overhead on the 4-rank demo.
 
-    .venv/bin/python bench/bench_recorder.py [--events N] [--skip-demo] [--rounds N]
+    .venv/bin/python bench/bench_recorder.py [--events N] [--skip-demo] [--rounds N] [--parts]
     .venv/bin/python bench/bench_recorder.py --baseline 6a2ddca --skip-demo   # hot path only
 
 Part 1 drives the real Recorder (writer thread running) through begin_step/end_step and
@@ -20,7 +20,10 @@ the rounds with its interquartile range and standard error, for the job's wall t
 (first rank's start to last rank's end, one host's monotonic clock) and for the CPU time of
 all 4 processes (every thread, the writer's encoding included: each block ends with a flush),
 and where the CPU went: training thread, writer thread, the rest (gloo, watchdog), and the
-time spent in garbage collections on each side.
+time spent in garbage collections on each side. ``--parts`` adds two sides that record with
+some hooks left to `NullRecorder`: ``no-memory`` (no memory samples, so the stages do not
+count what they save either) and ``steps-only`` (no memory samples and no P2P events): what
+each part of the recording costs in the same rounds.
 
 Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
 with and without counting what autograd saves (alternating, ratio of medians), and the
@@ -60,6 +63,17 @@ from pipetrace.schedule.builders import build_plan
 
 BATCH = 1000
 DEMO_SIDES = ("off", "off'", "steps")  # A, A' (the noise floor), B
+PART_SIDES = {  # --parts: recording with some hooks left to NullRecorder, to price each part
+    "no-memory": ("memory_sample", "memory_watch", "records_memory"),
+    "steps-only": (
+        "memory_sample",
+        "memory_watch",
+        "records_memory",
+        "p2p_posted",
+        "p2p_enqueued",
+        "p2p_completed",
+    ),
+}
 WRITER_THREAD = "pipetrace-flush"  # the EventWriter's thread, whose CPU is priced apart
 
 
@@ -308,16 +322,19 @@ class Switch:
         "records_memory",
     )
 
-    def __init__(self, recorder, record: bool) -> None:
+    def __init__(self, recorder, side: str) -> None:
         self.recorder = recorder
         self.null = NullRecorder()
         self.begin_run = recorder.begin_run
         self.end_run = recorder.end_run
-        self.use(record)
+        self.use(side)
 
-    def use(self, record: bool) -> None:
-        target = self.recorder if record else self.null
+    def use(self, side: str) -> None:
+        """``side``: "steps" records, a `PART_SIDES` side records but for its hooks, any
+        other side ("off", "off'") records nothing."""
+        recorded, left_off = side == "steps" or side in PART_SIDES, PART_SIDES.get(side, ())
         for name in self._HOOKS:
+            target = self.recorder if recorded and name not in left_off else self.null
             setattr(self, name, getattr(target, name, None))  # NullRecorder: no memory_watch
 
 
@@ -385,7 +402,7 @@ def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> li
     blocks = []
     gc_time = GcTime()
     for side in order:
-        switch.use(side == "steps")
+        switch.use(side)
         dist.barrier()
         start, cpu, main, writer, gc = (
             time.perf_counter(),
@@ -434,7 +451,7 @@ def _demo_rank(rank: int, order: list[str], block_steps: int, port: int, results
     batch = demo_batch(0, 8 * demo.microbatch_size, demo, seed=0)
     chunks = split_sequential(build_demo_model(plan.num_stages, demo, seed=0), plan.num_stages)
     with tempfile.TemporaryDirectory() as tmp:
-        switch = Switch(torch_recorder(RecordSettings(run_dir=tmp, mode="steps")), False)
+        switch = Switch(torch_recorder(RecordSettings(run_dir=tmp, mode="steps")), "off")
         runner = PipelineRunner(
             {s: chunks[s] for s in plan.stages_of(rank)},
             schedule=plan,
@@ -442,7 +459,7 @@ def _demo_rank(rank: int, order: list[str], block_steps: int, port: int, results
             recorder=switch,
         )
         blocks = _run_blocks(runner, switch, batch, order, block_steps)
-        switch.use(True)
+        switch.use("steps")
         runner.close()
     results.put((rank, [asdict(b) for b in blocks]))
     dist.destroy_process_group()
@@ -482,12 +499,14 @@ def _job_blocks(per_rank: list[list[dict]]) -> list[JobBlock]:
     return blocks
 
 
-def _round_ratios(blocks: list[JobBlock], measure: str) -> dict[str, list[float]]:
+def _round_ratios(
+    blocks: list[JobBlock], measure: str, sides: Sequence[str]
+) -> dict[str, list[float]]:
     """Per round, each side's total ``measure`` over ``off``'s: one ratio per round."""
-    size = 2 * len(DEMO_SIDES)
-    ratios: dict[str, list[float]] = {side: [] for side in DEMO_SIDES[1:]}
+    size = 2 * len(sides)
+    ratios: dict[str, list[float]] = {side: [] for side in sides[1:]}
     for first in range(0, len(blocks) - size + 1, size):
-        totals = dict.fromkeys(DEMO_SIDES, 0.0)
+        totals = dict.fromkeys(sides, 0.0)
         for block in blocks[first : first + size]:
             totals[block.side] += getattr(block, measure)
         for side in ratios:
@@ -502,11 +521,12 @@ def _summary(ratios: list[float]) -> str:
     return f"{median - 1:+.1%} ±{error:.1%} (IQR {q1 - 1:+.1%} .. {q3 - 1:+.1%})"
 
 
-def _print_demo(blocks: list[JobBlock], block_steps: int) -> None:
-    rounds = len(blocks) // (2 * len(DEMO_SIDES))
+def _print_demo(blocks: list[JobBlock], block_steps: int, sides: Sequence[str]) -> None:
+    rounds = len(blocks) // (2 * len(sides))
     print(
-        f"4-rank 1f1b demo (M=8), {rounds} rounds of A A' B B A' A, {block_steps} iterations "
-        f"per block; median over rounds of each side / off, ± its standard error"
+        f"4-rank 1f1b demo (M=8), {rounds} rounds of {' '.join(sides)} and back, "
+        f"{block_steps} iterations per block; median over rounds of each side / off, "
+        f"± its standard error"
     )
     measures = (
         ("wall", "job wall time", 1),
@@ -514,35 +534,39 @@ def _print_demo(blocks: list[JobBlock], block_steps: int) -> None:
         ("threads", "main + writer", 2),
     )
     for measure, label, target in measures:
-        ratios = _round_ratios(blocks, measure)
-        floor, recorded = _summary(ratios[DEMO_SIDES[1]]), _summary(ratios["steps"])
+        ratios = _round_ratios(blocks, measure, sides)
+        floor, recorded = _summary(ratios[sides[1]]), _summary(ratios["steps"])
         print(f"  {label:<14} off' (A/A): {floor}")
         print(f"  {'':<14} steps (A/B): {recorded} (target <= {target} %)")
+        for side in sides[3:]:  # --parts
+            print(f"  {'':<14} {side}: {_summary(ratios[side])}")
     print("  per iteration, median over blocks (ms): wall / CPU = training thread + writer + rest")
-    for side in DEMO_SIDES:
+    for side in sides:
         mine = [b for b in blocks if b.side == side]
 
         def ms(values, mine=mine) -> float:
             return statistics.median(values(b) for b in mine) * 1e3 / block_steps
 
         print(
-            f"  {side:<6} {ms(lambda b: b.wall):6.2f} / {ms(lambda b: b.cpu):6.2f} = "
+            f"  {side:<10} {ms(lambda b: b.wall):6.2f} / {ms(lambda b: b.cpu):6.2f} = "
             f"{ms(lambda b: b.main):6.2f} + {ms(lambda b: b.writer):5.3f} + "
             f"{ms(lambda b: b.cpu - b.main - b.writer):5.2f}"
         )
     print("  garbage collections (4 ranks), mean ms per iteration and share of blocks with one:")
-    for side in DEMO_SIDES:
+    for side in sides:
         gcs = [b.gc for b in blocks if b.side == side]
         with_gc = sum(1 for g in gcs if g > 0) / len(gcs)
-        print(f"  {side:<6} {statistics.mean(gcs) * 1e3 / block_steps:6.3f} ms, {with_gc:.0%}")
+        print(f"  {side:<10} {statistics.mean(gcs) * 1e3 / block_steps:6.3f} ms, {with_gc:.0%}")
 
 
-def demo_overhead(rounds: int, block_steps: int, warmup_rounds: int = 1) -> None:
+def demo_overhead(
+    rounds: int, block_steps: int, sides: Sequence[str] = DEMO_SIDES, warmup_rounds: int = 1
+) -> None:
     import torch.multiprocessing as mp
 
     from pipetrace.runtime.launch import free_port
 
-    order = block_order(DEMO_SIDES, warmup_rounds + rounds)
+    order = block_order(sides, warmup_rounds + rounds)
     context = mp.get_context("spawn")
     results = context.SimpleQueue()
     load_before = os.getloadavg()[0]
@@ -559,8 +583,8 @@ def demo_overhead(rounds: int, block_steps: int, warmup_rounds: int = 1) -> None
     while not ranks.join():
         pass
     print(f"load average {load_before:.2f} before the demo, {os.getloadavg()[0]:.2f} after")
-    warmup = warmup_rounds * 2 * len(DEMO_SIDES)
-    _print_demo(_job_blocks(per_rank)[warmup:], block_steps)
+    warmup = warmup_rounds * 2 * len(sides)
+    _print_demo(_job_blocks(per_rank)[warmup:], block_steps, sides)
 
 
 def _one_rank_demo(port: int):
@@ -585,7 +609,7 @@ def _one_rank_demo(port: int):
     batch = demo_batch(0, 8 * demo.microbatch_size, demo, seed=0)
     chunks = split_sequential(build_demo_model(plan.num_stages, demo, seed=0), plan.num_stages)
     tmp = tempfile.mkdtemp(prefix="pipetrace-bench-")
-    switch = Switch(torch_recorder(RecordSettings(run_dir=tmp, mode="steps")), False)
+    switch = Switch(torch_recorder(RecordSettings(run_dir=tmp, mode="steps")), "off")
     runner = PipelineRunner(
         dict(enumerate(chunks)), schedule=plan, loss_fn=demo_loss, recorder=switch
     )
@@ -611,14 +635,14 @@ def inprocess_overhead(rounds: int, warmup_rounds: int = 5) -> None:
     load_before = os.getloadavg()[0]
     try:
         for index, side in enumerate(block_order(DEMO_SIDES, warmup_rounds + rounds)):
-            switch.use(side == "steps")
+            switch.use(side)
             if side == "steps":
                 switch.end_iteration = timed_end
             t0 = time.thread_time_ns()
             runner.step(*batch)
             if index >= warmup_rounds * 2 * len(DEMO_SIDES):
                 cpu[side].append(time.thread_time_ns() - t0)
-        switch.use(True)
+        switch.use("steps")
         runner.close()
     finally:
         dist.destroy_process_group()
@@ -657,6 +681,12 @@ def main() -> None:
     parser.add_argument(
         "--inprocess-rounds", type=int, default=300, help="part 5's rounds (0: skip it)"
     )
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="part 2 also without memory samples (no-memory) and without them and P2P "
+        "events (steps-only), to price each part",
+    )
     parser.add_argument("--hot-path-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.hot_path_json:  # a --baseline child
@@ -671,7 +701,8 @@ def main() -> None:
     if args.inprocess_rounds:
         inprocess_overhead(args.inprocess_rounds)
     if not args.skip_demo:
-        demo_overhead(args.rounds, args.block_steps)
+        sides = DEMO_SIDES + tuple(PART_SIDES) if args.parts else DEMO_SIDES
+        demo_overhead(args.rounds, args.block_steps, sides)
 
 
 if __name__ == "__main__":
