@@ -63,16 +63,10 @@ from pipetrace.schedule.builders import build_plan
 
 BATCH = 1000
 DEMO_SIDES = ("off", "off'", "steps")  # A, A' (the noise floor), B
+MEMORY_HOOKS = ("memory_sample", "memory_watch", "records_memory")
 PART_SIDES = {  # --parts: recording with some hooks left to NullRecorder, to price each part
-    "no-memory": ("memory_sample", "memory_watch", "records_memory"),
-    "steps-only": (
-        "memory_sample",
-        "memory_watch",
-        "records_memory",
-        "p2p_posted",
-        "p2p_enqueued",
-        "p2p_completed",
-    ),
+    "no-memory": MEMORY_HOOKS,
+    "steps-only": (*MEMORY_HOOKS, "p2p_posted", "p2p_enqueued", "p2p_completed"),
 }
 WRITER_THREAD = "pipetrace-flush"  # the EventWriter's thread, whose CPU is priced apart
 
