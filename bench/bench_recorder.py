@@ -307,6 +307,7 @@ class Switch:
         "end_iteration",
         "begin_step",
         "end_step",
+        "next_step",
         "p2p_posted",
         "p2p_enqueued",
         "p2p_completed",

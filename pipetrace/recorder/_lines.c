@@ -124,17 +124,58 @@ static int put(Buffer *b, const char *text, Py_ssize_t len) {
     return 1;
 }
 
+/* "00".."99": ints are written two digits at a time, from the end. */
+static const char PAIRS[] =
+    "0001020304050607080910111213141516171819202122232425262728293031323334353637383940414243"
+    "4445464748495051525354555657585960616263646566676869707172737475767778798081828384858687"
+    "888990919293949596979899";
+
+/* ``v`` in decimal ending just before ``end``: where it starts. */
+static char *decimal(char *end, uint64_t v) {
+    while (v >= 100) {
+        end -= 2;
+        memcpy(end, PAIRS + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v < 10) {
+        *--end = (char)('0' + v);
+    } else {
+        end -= 2;
+        memcpy(end, PAIRS + 2 * v, 2);
+    }
+    return end;
+}
+
 static int put_int(Buffer *b, int64_t value) {
-    char digits[24];
-    int n = 0;
-    uint64_t v = value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value;
-    do {
-        digits[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    if (!reserve(b, n + 1)) return 0;
-    if (value < 0) b->data[b->len++] = '-';
-    while (n) b->data[b->len++] = digits[--n];
+    char digits[24], *end = digits + sizeof digits;
+    char *start = decimal(end, value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value);
+    if (value < 0) *--start = '-';
+    return put(b, start, end - start);
+}
+
+/* A time in ns since the epoch: its seconds' digits are the last line's but once a second,
+ * so they are kept, and only the nine digits of the nanoseconds are made. */
+static int put_time(Lines *l, Buffer *b, int64_t value) {
+    if (value < 1000000000) return put_int(b, value);
+    int64_t second = value / 1000000000, ns = value % 1000000000;
+    if (second != l->second) {
+        char *end = l->second_text + sizeof l->second_text;
+        char *start = decimal(end, (uint64_t)second);
+        l->second_len = (int)(end - start);
+        memmove(l->second_text, start, (size_t)l->second_len);
+        l->second = second;
+    }
+    if (!reserve(b, l->second_len + 9)) return 0;
+    char *out = b->data + b->len;
+    memcpy(out, l->second_text, (size_t)l->second_len);
+    out += l->second_len + 9;
+    for (int k = 0; k < 4; k++) {
+        out -= 2;
+        memcpy(out, PAIRS + 2 * (ns % 100), 2);
+        ns /= 100;
+    }
+    out[-1] = (char)('0' + ns);
+    b->len += l->second_len + 9;
     return 1;
 }
 
@@ -255,7 +296,7 @@ static int put_int_kind(Lines *l, Buffer *b, int kind, int64_t v) {
     switch (kind) {
     case K_TIME:
         if (__builtin_add_overflow(v, l->offset, &v)) return 0;
-        return put_int(b, v) ? 1 : -1;
+        return put_time(l, b, v) ? 1 : -1;
     case K_PEER:
         return put_peer(l, b, v);
     default:
@@ -433,6 +474,7 @@ int lines_open(Lines *l, PyObject *spec, int64_t offset, PyObject *texts, PyObje
     l->peers = Py_NewRef(peers);
     l->fallback = Py_NewRef(fallback);
     l->offset = offset;
+    l->second = -1;
     if (!read_layouts(l, spec) || !read_peers(l)) {
         lines_clear(l);
         return -1;

@@ -297,15 +297,10 @@ static int push_tracked(Queue *q, TrackSet *s, int64_t id, Cell *e, PyObject *re
 
 /* -- the hot calls ------------------------------------------------------------------------ */
 
-static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 2 || nargs > 3) {
-        PyErr_SetString(PyExc_TypeError, "begin_step(position, step, thread='main')");
-        return NULL;
-    }
-    if (!q->lines.open) return not_recording();
-    PyObject *position = args[0], *step = args[1], *thread = nargs == 3 ? args[2] : s_main;
-    int64_t t, pos;
-    if (stamp(q, &t) < 0) return NULL;
+/* A step begun at ``t``: its token (its id, or a profiler's token from step_token). */
+static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject *step,
+                          PyObject *thread) {
+    int64_t pos;
     int64_t sid = q->next_id++;
     Cell e[7] = {{.i = HEADER(TAG_STEP_BEGIN, 7)}, {.i = t}, {.i = sid}, {.i = q->iteration},
                  {.i = 0},  {.o = step},         {.o = thread}};
@@ -332,18 +327,23 @@ static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
     return token;
 }
 
-static PyObject *end_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "end_step(token, nbytes=None)");
+static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "begin_step(position, step, thread='main')");
         return NULL;
     }
     if (!q->lines.open) return not_recording();
-    int64_t t, sid;
+    int64_t t;
     if (stamp(q, &t) < 0) return NULL;
-    PyObject *token = args[0], *nbytes = nargs == 2 ? args[1] : Py_None;
+    return begin_at(q, t, args[0], args[1], nargs == 3 ? args[2] : s_main);
+}
+
+/* The step of ``token`` ended at ``t`` (``nbytes``: a swap launch's, or None): 0 or -1. */
+static int end_at(Queue *q, int64_t t, PyObject *token, PyObject *nbytes) {
+    int64_t sid;
     PyObject *id = PyTuple_CheckExact(token) ? PyObject_CallOneArg(q->close_token, token)
                                              : Py_NewRef(token);
-    if (id == NULL) return NULL;
+    if (id == NULL) return -1;
     int fits = as_int64(id, &sid);
     if (fits) untrack(&q->open_steps, sid);
     int ok;
@@ -356,7 +356,18 @@ static PyObject *end_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
         ok = push_tuple(q, Py_BuildValue("(iLOO)", TAG_STEP_END, (long long)t, id, nbytes));
     }
     Py_DECREF(id);
-    if (ok < 0) return NULL;
+    return ok;
+}
+
+static PyObject *end_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "end_step(token, nbytes=None)");
+        return NULL;
+    }
+    if (!q->lines.open) return not_recording();
+    int64_t t;
+    if (stamp(q, &t) < 0 || end_at(q, t, args[0], nargs == 2 ? args[1] : Py_None) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -493,7 +504,7 @@ static PyObject *list_or_none(PyObject *value) {
 
 /* A sample of unusual values (an allocator's bytes, swapped bytes, not lists of ints):
  * compared and kept as the Python recorder does, as a tuple of copies. */
-static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample) {
+static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample, const int64_t *at) {
     int same = same_as_last(q, sample);
     if (same != 0) return same < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *kept = Py_BuildValue("(NNON)", PySequence_List(PyTuple_GET_ITEM(sample, 0)),
@@ -504,7 +515,8 @@ static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample) {
     Py_XSETREF(q->last_sample, kept);
     q->last_kind = 2;
     int64_t t;
-    if (now(q, &t) < 0) return NULL;
+    if (at) t = *at;
+    else if (now(q, &t) < 0) return NULL;
     PyObject *record = Py_BuildValue("(iLOOOOO)", TAG_MEMORY, (long long)t, sid,
                                      PyTuple_GET_ITEM(kept, 0), PyTuple_GET_ITEM(kept, 1),
                                      PyTuple_GET_ITEM(kept, 2), PyTuple_GET_ITEM(kept, 3));
@@ -527,7 +539,7 @@ static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssize_t
 /* A sample of ints (``saved`` then ``inflight`` in ``ints``) after step ``sid``: compared
  * with the last and written when it differs. */
 static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_ssize_t saved,
-                             Py_ssize_t inflight) {
+                             Py_ssize_t inflight, const int64_t *at) {
     if (q->last_kind == 2) { /* the last was kept as a tuple: compared as Python does */
         PyObject *lists[2] = {ints_list(ints, saved), ints_list(ints + saved, inflight)};
         PyObject *sample = lists[0] && lists[1]
@@ -541,7 +553,8 @@ static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_ssiz
     }
     if (same_ints(q, ints, saved, inflight)) Py_RETURN_NONE;
     int64_t t;
-    if (now(q, &t) < 0) return NULL;
+    if (at) t = *at;
+    else if (now(q, &t) < 0) return NULL;
     Py_ssize_t n = 7 + saved + inflight;
     Cell e[7 + MAX_RUN] = {{.i = HEADER(TAG_MEMORY, n)}, {.i = t}, {.i = sid},
                            {.i = RUN(7, saved)}, {.i = RUN(7 + saved, inflight)},
@@ -557,13 +570,8 @@ static PyObject *token_id(PyObject *token) {
                                                                      : token;
 }
 
-static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 3 || nargs > 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "memory_sample(token, saved, inflight, allocator=None, swapped=None)");
-        return NULL;
-    }
-    if (!q->lines.open) return not_recording();
+/* memory_sample's work, its event at ``at`` (NULL: the clock read if one is written). */
+static PyObject *sample_at(Queue *q, PyObject *const *args, Py_ssize_t nargs, const int64_t *at) {
     PyObject *allocator = nargs > 3 ? args[3] : Py_None, *swapped = nargs > 4 ? args[4] : Py_None;
     PyObject *sid = token_id(args[0]);
     int64_t ints[MAX_RUN], id;
@@ -572,12 +580,22 @@ static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs
         saved = read_ints(args[1], ints, MAX_RUN);
         inflight = saved < 0 ? -1 : read_ints(args[2], ints + saved, MAX_RUN - saved);
     }
-    if (inflight >= 0) return sample_ints(q, id, ints, saved, inflight);
+    if (inflight >= 0) return sample_ints(q, id, ints, saved, inflight, at);
     /* unusual values: compared and kept as a tuple */
     PyObject *sample = PyTuple_Pack(4, args[1], args[2], allocator, swapped);
-    PyObject *done = sample ? memory_tuple(q, sid, sample) : NULL;
+    PyObject *done = sample ? memory_tuple(q, sid, sample, at) : NULL;
     Py_XDECREF(sample);
     return done;
+}
+
+static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 3 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "memory_sample(token, saved, inflight, allocator=None, swapped=None)");
+        return NULL;
+    }
+    if (!q->lines.open) return not_recording();
+    return sample_at(q, args, nargs, NULL);
 }
 
 static PyObject *watch_memory(Queue *q, PyObject *args) {
@@ -641,21 +659,52 @@ static PyObject *watched_inflight(Queue *q) {
 
 /* sample_watched(token): the memory sample of the watched counts after the step of
  * ``token`` (see `Recorder.memory_watch`). */
-static PyObject *sample_watched(Queue *q, PyObject *token) {
+/* The watched counts' sample after the step of ``token``, at ``at`` (see sample_at). */
+static PyObject *watched_at(Queue *q, PyObject *token, const int64_t *at) {
     if (q->held == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "sample_watched: watch_memory first");
         return NULL;
     }
-    if (!q->lines.open) return not_recording();
     int64_t ints[MAX_RUN], id;
     Py_ssize_t stages;
     if (as_int64(token_id(token), &id) && read_watched(q, ints, &stages))
-        return sample_ints(q, id, ints, stages, stages);
+        return sample_ints(q, id, ints, stages, stages, at);
     PyObject *args[3] = {token, watched_saved(q), watched_inflight(q)};
-    PyObject *done = args[1] && args[2] ? memory_sample(q, args, 3) : NULL;
+    PyObject *done = args[1] && args[2] ? sample_at(q, args, 3, at) : NULL;
     Py_XDECREF(args[1]);
     Py_XDECREF(args[2]);
     return done;
+}
+
+static PyObject *sample_watched(Queue *q, PyObject *token) {
+    if (!q->lines.open) return not_recording();
+    return watched_at(q, token, NULL);
+}
+
+/* next_step(token, sampled, position, step): `end_step(token)`, then when ``sampled`` the
+ * watched counts' sample after it, then `begin_step(position, step)`, all at one time: the
+ * executor's one call between two steps of its loop instead of three (after a step's
+ * framework work each call pays for the code and data it touches, docs/performance.md). A
+ * None ``token``: nothing to end. */
+static PyObject *next_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "next_step(token, sampled, position, step)");
+        return NULL;
+    }
+    if (!q->lines.open) return not_recording();
+    int64_t t;
+    if (stamp(q, &t) < 0) return NULL;
+    PyObject *token = args[0];
+    if (token != Py_None) {
+        int sampled = PyObject_IsTrue(args[1]);
+        if (sampled < 0 || end_at(q, t, token, Py_None) < 0) return NULL;
+        if (sampled) {
+            PyObject *done = watched_at(q, token, &t);
+            if (done == NULL) return NULL;
+            Py_DECREF(done);
+        }
+    }
+    return begin_at(q, t, args[2], args[3], s_main);
 }
 
 /* -- the object --------------------------------------------------------------------------- */
@@ -760,6 +809,8 @@ static PyMethodDef queue_methods[] = {
      "watch_memory(held, act, grad): the counts sample_watched reads"},
     {"sample_watched", (PyCFunction)sample_watched, METH_O,
      "sample_watched(token): memory_sample of the watched counts"},
+    {"next_step", (PyCFunction)(void (*)(void))next_step, METH_FASTCALL,
+     "next_step(token, sampled, position, step): end, sample, begin at one time"},
     {"append", (PyCFunction)append_record, METH_O, "append(record): a record tuple, in order"},
     {"write", (PyCFunction)(void (*)(void))write_lines, METH_FASTCALL,
      "write(fd, n): the first n entries written to fd as their lines"},

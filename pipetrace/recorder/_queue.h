@@ -81,6 +81,9 @@ typedef struct {
     int64_t *peer_ids; /* peers as int64 when each is one, else NULL */
     Py_ssize_t npeers;
     Cached cache[CACHE_SLOTS];
+    int64_t second; /* the last time's seconds (-1: none yet), and their digits */
+    char second_text[20];
+    int second_len;
 } Lines;
 
 typedef struct {

@@ -119,11 +119,26 @@ class RecorderHooks(Protocol):
         ``held`` (bytes per micro-batch) and ``inflight`` ``act`` + ``grad`` per stage. The
         caller keeps the counts up to date in place; a recorder reads them when called."""
 
+    def next_step(self, token: Any, sampled: bool, position: int, step: Step) -> Any:
+        """Optional (a runtime falls back to the calls it stands for): `end_step(token)`
+        (None: no step to end), then, when ``sampled``, the sample of `memory_watch`'s counts
+        after that step, then `begin_step(position, step)` on the main thread, at one time.
+        The executor's one call between two steps of its loop: after a step's framework work
+        each call costs for the code and data it touches, not for its instructions."""
+
     def exception(self, exc: BaseException) -> None:
         """The rank is about to fail with ``exc``."""
 
     def end_run(self) -> None:
         """A clean end; flush and close."""
+
+
+def watched_counts(
+    held: list[dict[int, int]], act: list[int], grad: list[int]
+) -> tuple[list[int], list[int]]:
+    """A memory sample's ``saved`` and ``inflight`` from `RecorderHooks.memory_watch`'s
+    counts."""
+    return list(map(sum, map(dict.values, held))), list(map(add, act, grad))
 
 
 def sample_counts(
@@ -135,7 +150,7 @@ def sample_counts(
 ) -> None:
     """`RecorderHooks.memory_watch`'s sample, through ``memory_sample`` (for recorders
     without their own: bind the first four arguments)."""
-    memory_sample(token, list(map(sum, map(dict.values, held))), list(map(add, act, grad)))
+    memory_sample(token, *watched_counts(held, act, grad))
 
 
 class NullRecorder:

@@ -48,7 +48,7 @@ from pipetrace.recorder.encoding import (
     STEP_END,
     LineEncoder,
 )
-from pipetrace.recorder.hooks import Config, Place, sample_counts
+from pipetrace.recorder.hooks import Config, Place, sample_counts, watched_counts
 from pipetrace.recorder.queue import RecordQueue, new_queue, open_queue
 from pipetrace.recorder.run_dir import create_new_file
 from pipetrace.recorder.writer import EventWriter
@@ -130,6 +130,7 @@ class Recorder:
         self._timer = None if device is None else self._device_timer(device, device_timing)
         self._p2p_timings: dict[int, Any] = {}  # P2P id -> its device timing, until enqueued
         self._last_memory: tuple = ()  # the last memory sample written (only changes are)
+        self._watched: tuple | None = None  # `memory_watch`'s counts: (held, act, grad)
         self._iteration_flushed = 0  # time.monotonic_ns() of the last iteration end's write
         self._queue = new_queue(
             self._monotonic_ns,
@@ -146,6 +147,7 @@ class Recorder:
             self.p2p_posted = self._hot.p2p_posted
             self.p2p_completed = self._hot.p2p_completed
             self.memory_sample = self._hot.memory_sample
+            self.next_step = self._hot.next_step
 
     @property
     def open_steps(self) -> dict[int, tuple]:
@@ -320,7 +322,9 @@ class Recorder:
     # -- the hot path ----------------------------------------------------------------------
 
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
-        t = self._monotonic_ns()
+        return self._begin_at(self._monotonic_ns(), position, step, thread)
+
+    def _begin_at(self, t: int, position: int, step: Step, thread: str) -> Any:
         self._progress = t
         sid = next(self._ids)
         record = (STEP_BEGIN, t, sid, self._iteration, position, step, thread)
@@ -353,7 +357,9 @@ class Recorder:
         return sid
 
     def end_step(self, token: Any, nbytes: int | None = None) -> None:
-        t = self._monotonic_ns()
+        self._end_at(self._monotonic_ns(), token, nbytes)
+
+    def _end_at(self, t: int, token: Any, nbytes: int | None) -> None:
         self._progress = t
         if type(token) is tuple:
             token = self._close_token(token)
@@ -428,24 +434,50 @@ class Recorder:
         """A ``memory`` event, when a value differs from the previous sample's. The lists are
         copied: a caller may pass the same ones, changed in place, every time. Appended
         unchecked: it follows its step's `end_step`, which checked the queue's bound."""
+        self._sample_at(None, token, saved, inflight, allocator, swapped)
+
+    def _sample_at(
+        self,
+        t: int | None,  # None: the clock's time, read when the sample is written
+        token: Any,
+        saved: list[int],
+        inflight: list[int],
+        allocator: tuple[int, int] | None = None,
+        swapped: list[int] | None = None,
+    ) -> None:
         if (saved, inflight, allocator, swapped) == self._last_memory:
             return
         saved, inflight = list(saved), list(inflight)
         swapped = None if swapped is None else list(swapped)
         self._last_memory = (saved, inflight, allocator, swapped)
         sid = token[0] if type(token) is tuple else token
-        t = self._monotonic_ns()
+        t = self._monotonic_ns() if t is None else t
         self._append_unchecked((MEMORY, t, sid, saved, inflight, allocator, swapped))
 
     def memory_watch(
         self, held: list[dict[int, int]], act: list[int], grad: list[int]
     ) -> Callable[[Any], None]:
         """What samples these live counts after a step (`RecorderHooks.memory_watch`): the C
-        queue reads them itself, without a list made per sample."""
+        queue reads them itself, without a list made per sample. `next_step` samples them
+        too."""
+        self._watched = (held, act, grad)
         if self._hot is None:
             return partial(sample_counts, self.memory_sample, held, act, grad)
         self._hot.watch_memory(held, act, grad)
         return self._hot.sample_watched
+
+    def next_step(self, token: Any, sampled: bool, position: int, step: Step) -> Any:
+        """`RecorderHooks.next_step`: the step of ``token`` ends (None: none to end), the
+        watched counts are sampled after it when ``sampled``, and the step at ``position``
+        begins on the main thread, all at one time (one clock reading)."""
+        t = self._monotonic_ns()
+        if token is not None:
+            self._end_at(t, token, None)
+            if sampled:
+                if self._watched is None:
+                    raise RuntimeError("sample_watched: watch_memory first")
+                self._sample_at(t, token, *watched_counts(*self._watched))
+        return self._begin_at(t, position, step, "main")
 
     # -- device timing ---------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ fill or empty no mailbox (a sent tensor is not counted)."""
 Handler = Callable[[int, Step], "int | None"]
 """(position in the rank's plan, step) -> None, or the bytes an activation swap launch copies
 (recorded with the step)."""
+Entry = tuple[int, Step, Handler]
+"""A step of the rank's program: (position, step, its handler)."""
 
 
 class FrameworkOps(Protocol):
@@ -151,7 +153,7 @@ class Executor:
             self.context.losses = stages[self._last_stage].losses
         self._tied = tied or {}
         self._check_needs()
-        self._program: list[tuple[int, Step, Handler]] = []
+        self._program: list[Entry] = []
         self._compile()
         # Recvs posted one message ahead where the transport matches by tag (gloo).
         self._ahead: RecvAhead | None = None
@@ -188,6 +190,7 @@ class Executor:
         self._sampled = False  # whether an earlier iteration sampled memory
         self._reads_allocator = False  # whether the device has an allocator to read
         self._unsampled: frozenset[StepKind] = frozenset()  # kinds not followed by a sample
+        self._watched = False  # whether the sample is the recorder's `memory_watch`
 
     def _builtin_handlers(self) -> dict[StepKind, Handler]:
         return {
@@ -287,25 +290,19 @@ class Executor:
             self.p2p.begin_iteration()
         if self._ahead is not None:
             self._ahead.begin_iteration(self.p2p)
-        begin, end = recorder.begin_step, recorder.end_step
         sample = self._memory_sampler()
-        unsampled = self._unsampled
         program = self._program
         if (
             self._step_order is not None
             and (order := self._step_order(self._iteration)) is not None
         ):
             program = [program[position] for position in order]
+        turn = getattr(recorder, "next_step", None)
         try:
-            for position, step, handler in program:
-                token = begin(position, step)
-                moved = handler(position, step)
-                if moved is None:
-                    end(token)
-                else:  # an activation swap launch: the bytes it copies go with the step
-                    end(token, moved)
-                if sample is not None and step.kind not in unsampled:
-                    sample(token)
+            if turn is not None and (sample is None or self._watched):
+                self._run_turns(program, turn, sample)
+            else:
+                self._run_steps(program, sample)
             if self.p2p is not None:
                 self.p2p.drain()
             self._check_finished()
@@ -316,6 +313,44 @@ class Executor:
         loss = self._ops.mean_loss(losses.values()) if losses else None
         recorder.end_iteration(self._iteration, loss)
         return loss
+
+    def _run_steps(self, program: list[Entry], sample: Callable[[Any], None] | None) -> None:
+        """The steps of ``program`` in order, each between the recorder's `begin_step` and
+        `end_step`, and ``sample`` after each whose kind may change memory."""
+        begin, end = self.recorder.begin_step, self.recorder.end_step
+        unsampled = self._unsampled
+        for position, step, handler in program:
+            token = begin(position, step)
+            moved = handler(position, step)
+            if moved is None:
+                end(token)
+            else:  # an activation swap launch: the bytes it copies go with the step
+                end(token, moved)
+            if sample is not None and step.kind not in unsampled:
+                sample(token)
+
+    def _run_turns(
+        self, program: list[Entry], turn: Callable[..., Any], sample: Callable[[Any], None] | None
+    ) -> None:
+        """`_run_steps` with one call into the recorder between two steps (its `next_step`:
+        the end, the sample of the counts it watches, the next begin), for a recorder that
+        has it and samples memory, if at all, through `memory_watch`."""
+        end = self.recorder.end_step
+        unsampled = self._unsampled
+        token, sampled = None, False
+        for position, step, handler in program:
+            token = turn(token, sampled, position, step)
+            moved = handler(position, step)
+            sampled = sample is not None and step.kind not in unsampled
+            if moved is not None:  # an activation swap launch: the bytes it copies go with it
+                end(token, moved)
+                if sampled:
+                    sample(token)
+                token = None
+        if token is not None:
+            end(token)
+            if sampled:
+                sample(token)
 
     def _check_finished(self) -> None:
         leftovers = {
@@ -372,12 +407,14 @@ class Executor:
         every_step = self._reads_allocator or self._swap is not None or not self._sampled
         self._unsampled = frozenset() if every_step else MEMORY_NEUTRAL
         self._sampled = True
+        self._watched = False
         if self._swap is not None or self._reads_allocator:
             return self._sample_memory
         counts = (self._held, self._act_bytes, self._grad_bytes)
         watch = getattr(self.recorder, "memory_watch", None)
         if watch is None:  # a recorder without its own: the lists made here
             return partial(sample_counts, self.recorder.memory_sample, *counts)
+        self._watched = True
         return watch(*counts)
 
     def _count_mailboxes(self) -> None:

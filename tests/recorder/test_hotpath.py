@@ -2,9 +2,9 @@
 
 Two recorders on the same virtual clock, one with the C queue's hot calls (`recorder/_queue.c`)
 and one without, are driven through the same random sequence of calls (steps with and
-without a profiler range, swap launches' bytes, P2P ops with their keywords in any order,
-repeated and changed memory samples, of lists or of watched counts changed in place, wrong
-calls). They must return the same, keep the same
+without a profiler range, swap launches' bytes, the executor's `next_step` between two
+steps, P2P ops with their keywords in any order, repeated and changed memory samples, of
+lists or of watched counts changed in place, wrong calls). They must return the same, keep the same
 open steps, in-flight ops and progress time (what the watchdog and stall dumps read), and
 write the same log.
 """
@@ -91,6 +91,11 @@ class Side:
             elif name == "end":
                 token = self.steps.pop(arg % len(self.steps)) if self.steps else 99
                 result = rec.end_step(token, *((4096,) if arg % 3 == 0 else ()))
+            elif name == "next":  # the executor's one call between two steps
+                ending, sampled, position = arg
+                token = self.steps.pop(ending % len(self.steps)) if self.steps and ending else None
+                result = rec.next_step(token, sampled, position, STEPS[position % len(STEPS)])
+                self.steps.append(result)
             elif name == "post":
                 order, dropped = arg
                 keys = sorted(POST, key=lambda k: (hash(k) * order) % 97)
@@ -117,6 +122,7 @@ actions = st.lists(
         st.tuples(st.just("profiler"), st.booleans()),
         st.tuples(st.just("begin"), st.tuples(st.integers(0, 20), st.booleans())),
         st.tuples(st.just("end"), st.integers(0, 10)),
+        st.tuples(st.just("next"), st.tuples(st.integers(0, 3), st.booleans(), st.integers(0, 20))),
         st.tuples(
             st.just("post"),
             st.tuples(st.integers(1, 50), st.sampled_from([None, None, None, "dtype", "peer"])),
