@@ -37,7 +37,7 @@ const char *const CELLS[NTAGS] = {
 
 /* -- entries ------------------------------------------------------------------------------ */
 
-void entry_incref(const Cell *e) {
+HOT void entry_incref(const Cell *e) {
     int tag = HEADER_TAG(e[0].i);
     if (tag == TAG_TUPLE) {
         Py_INCREF(e[1].o);
@@ -48,7 +48,7 @@ void entry_incref(const Cell *e) {
         if (cells[i] == 'o') Py_XINCREF(e[i].o);
 }
 
-void entry_decref(const Cell *e) {
+HOT void entry_decref(const Cell *e) {
     int tag = HEADER_TAG(e[0].i);
     if (tag == TAG_TUPLE) {
         Py_DECREF(e[1].o);
@@ -185,7 +185,7 @@ static int put_bytes(Buffer *b, PyObject *found) {
     return put(b, PyBytes_AS_STRING(found), PyBytes_GET_SIZE(found)) ? 1 : -1;
 }
 
-int as_int64(PyObject *value, int64_t *out) {
+HOT int as_int64(PyObject *value, int64_t *out) {
     if (!PyLong_CheckExact(value)) return 0;
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(value, &overflow);

@@ -70,19 +70,13 @@ typedef struct {
 
 static PyObject *s_main, *s_sum;
 
-static PyObject *not_recording(void) {
+COLD static PyObject *not_recording(void) {
     PyErr_SetString(PyExc_RuntimeError,
                     "the recorder is not recording: begin_run first, and not after close");
     return NULL;
 }
 
-static int now(Queue *q, int64_t *t) {
-    if (q->clock == NULL) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        *t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-        return 0;
-    }
+COLD static int call_clock(Queue *q, int64_t *t) {
     PyObject *v = PyObject_CallNoArgs(q->clock);
     if (v == NULL) return -1;
     int ok = as_int64(v, t);
@@ -91,7 +85,15 @@ static int now(Queue *q, int64_t *t) {
     return ok ? 0 : -1;
 }
 
-static int stamp(Queue *q, int64_t *t) {
+HOT static int now(Queue *q, int64_t *t) {
+    if (q->clock != NULL) return call_clock(q, t);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return 0;
+}
+
+HOT static int stamp(Queue *q, int64_t *t) {
     if (now(q, t) < 0) return -1;
     q->progress = *t;
     return 0;
@@ -101,24 +103,20 @@ static int stamp(Queue *q, int64_t *t) {
 
 /* Append a copy of entry ``e`` (its objects' references taken), then let the writer flush
  * when the bound is reached. */
-static int push(Queue *q, const Cell *e) {
-    Py_ssize_t n = HEADER_LENGTH(e[0].i);
-    if (q->tail + n > q->cap) {
-        Py_ssize_t cap = q->cap ? q->cap : 4096;
-        while (cap < q->tail + n) cap *= 2;
-        Cell *cells = PyMem_Realloc(q->cells, (size_t)cap * sizeof(Cell));
-        if (cells == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        q->cells = cells;
-        q->cap = cap;
+COLD static int grow_cells(Queue *q, Py_ssize_t n) {
+    Py_ssize_t cap = q->cap ? q->cap : 4096;
+    while (cap < q->tail + n) cap *= 2;
+    Cell *cells = PyMem_Realloc(q->cells, (size_t)cap * sizeof(Cell));
+    if (cells == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
-    memcpy(q->cells + q->tail, e, (size_t)n * sizeof(Cell));
-    entry_incref(e);
-    q->tail += n;
-    q->count++;
-    if (q->count < q->capacity || q->on_full == NULL || q->flushing) return 0;
+    q->cells = cells;
+    q->cap = cap;
+    return 0;
+}
+
+COLD static int call_on_full(Queue *q) {
     q->flushing = 1;
     PyObject *done = PyObject_CallNoArgs(q->on_full);
     q->flushing = 0;
@@ -126,8 +124,19 @@ static int push(Queue *q, const Cell *e) {
     return done ? 0 : -1;
 }
 
+HOT static int push(Queue *q, const Cell *e) {
+    Py_ssize_t n = HEADER_LENGTH(e[0].i);
+    if (q->tail + n > q->cap && grow_cells(q, n) < 0) return -1;
+    memcpy(q->cells + q->tail, e, (size_t)n * sizeof(Cell));
+    entry_incref(e);
+    q->tail += n;
+    q->count++;
+    if (q->count < q->capacity || q->on_full == NULL || q->flushing) return 0;
+    return call_on_full(q);
+}
+
 /* A record kept as its tuple (stolen). */
-static int push_tuple(Queue *q, PyObject *record) {
+COLD static int push_tuple(Queue *q, PyObject *record) {
     if (record == NULL) return -1;
     Cell e[2] = {{.i = HEADER(TAG_TUPLE, 2)}, {.o = record}};
     int ok = push(q, e);
@@ -217,17 +226,20 @@ static Py_ssize_t queue_length(Queue *q) { return q->count; }
 
 /* -- what is open ------------------------------------------------------------------------- */
 
-static int track(TrackSet *s, int64_t id, const Cell *e) {
-    if (s->len == s->cap) {
-        Py_ssize_t cap = s->cap ? 2 * s->cap : 8;
-        Tracked *items = PyMem_Realloc(s->items, (size_t)cap * sizeof(Tracked));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        s->items = items;
-        s->cap = cap;
+COLD static int grow_tracked(TrackSet *s) {
+    Py_ssize_t cap = s->cap ? 2 * s->cap : 8;
+    Tracked *items = PyMem_Realloc(s->items, (size_t)cap * sizeof(Tracked));
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
+    s->items = items;
+    s->cap = cap;
+    return 0;
+}
+
+HOT static int track(TrackSet *s, int64_t id, const Cell *e) {
+    if (s->len == s->cap && grow_tracked(s) < 0) return -1;
     Tracked *t = &s->items[s->len++];
     t->id = id;
     memcpy(t->cells, e, (size_t)HEADER_LENGTH(e[0].i) * sizeof(Cell));
@@ -236,8 +248,16 @@ static int track(TrackSet *s, int64_t id, const Cell *e) {
     return 0;
 }
 
+/* The removed items dropped (most of the set: many ops were in flight). */
+COLD static void compact(TrackSet *s) {
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t i = 0; i < s->len; i++)
+        if (s->items[i].id >= 0) s->items[kept++] = s->items[i];
+    s->len = kept;
+}
+
 /* Forget ``id`` if it is there. Ids are increasing, removed ones keep their place. */
-static void untrack(TrackSet *s, int64_t id) {
+HOT static void untrack(TrackSet *s, int64_t id) {
     Py_ssize_t lo = 0, hi = s->len;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
@@ -250,14 +270,8 @@ static void untrack(TrackSet *s, int64_t id) {
     t->id = -id - 2; /* removed, still ordered */
     s->live--;
     entry_decref(t->cells);
-    if (s->live == 0) {
-        s->len = 0;
-    } else if (s->len - s->live > 32 && s->len - s->live > s->live) {
-        Py_ssize_t kept = 0;
-        for (Py_ssize_t i = 0; i < s->len; i++)
-            if (s->items[i].id >= 0) s->items[kept++] = s->items[i];
-        s->len = kept;
-    }
+    if (s->live == 0) s->len = 0;
+    else if (s->len - s->live > 32 && s->len - s->live > s->live) compact(s);
 }
 
 static void track_clear(TrackSet *s) {
@@ -268,7 +282,7 @@ static void track_clear(TrackSet *s) {
 }
 
 /* {id: record tuple} of what is open, in order. */
-static PyObject *track_dict(TrackSet *s) {
+COLD static PyObject *track_dict(TrackSet *s) {
     PyObject *dict = PyDict_New();
     for (Py_ssize_t i = 0; dict && i < s->len; i++) {
         if (s->items[i].id < 0) continue;
@@ -287,7 +301,7 @@ static PyObject *inflight(Queue *q, PyObject *unused) { return track_dict(&q->in
 
 /* An entry kept by the queue and in ``s`` under ``id`` (its record tuple when it does not
  * fit in cells: ``record``, stolen, or NULL). */
-static int push_tracked(Queue *q, TrackSet *s, int64_t id, Cell *e, PyObject *record) {
+HOT static int push_tracked(Queue *q, TrackSet *s, int64_t id, Cell *e, PyObject *record) {
     Cell kept[2] = {{.i = HEADER(TAG_TUPLE, 2)}, {.o = record}};
     const Cell *entry = record ? kept : e;
     int ok = push(q, entry) == 0 && track(s, id, entry) == 0;
@@ -297,8 +311,23 @@ static int push_tracked(Queue *q, TrackSet *s, int64_t id, Cell *e, PyObject *re
 
 /* -- the hot calls ------------------------------------------------------------------------ */
 
+/* A step's token (its ``id``, stolen) when a profiler may want ranges: the profiler's token
+ * from step_token when it does. */
+COLD static PyObject *profiled_token(Queue *q, PyObject *id, PyObject *step) {
+    PyObject *active = PyObject_CallNoArgs(q->active);
+    int wanted = active ? PyObject_IsTrue(active) : -1;
+    Py_XDECREF(active);
+    if (wanted <= 0) {
+        if (wanted < 0) Py_CLEAR(id);
+        return id;
+    }
+    PyObject *token = PyObject_CallFunctionObjArgs(q->step_token, id, step, NULL);
+    Py_DECREF(id);
+    return token;
+}
+
 /* A step begun at ``t``: its token (its id, or a profiler's token from step_token). */
-static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject *step,
+HOT static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject *step,
                           PyObject *thread) {
     int64_t pos;
     int64_t sid = q->next_id++;
@@ -315,19 +344,10 @@ static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject *ste
     if (push_tracked(q, &q->open_steps, sid, e, record) < 0) return NULL;
     PyObject *id = PyLong_FromLongLong(sid);
     if (id == NULL || q->active == Py_None) return id;
-    PyObject *active = PyObject_CallNoArgs(q->active);
-    int wanted = active ? PyObject_IsTrue(active) : -1;
-    Py_XDECREF(active);
-    if (wanted <= 0) {
-        if (wanted < 0) Py_CLEAR(id);
-        return id;
-    }
-    PyObject *token = PyObject_CallFunctionObjArgs(q->step_token, id, step, NULL);
-    Py_DECREF(id);
-    return token;
+    return profiled_token(q, id, step);
 }
 
-static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+HOT static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 2 || nargs > 3) {
         PyErr_SetString(PyExc_TypeError, "begin_step(position, step, thread='main')");
         return NULL;
@@ -339,7 +359,7 @@ static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
 }
 
 /* The step of ``token`` ended at ``t`` (``nbytes``: a swap launch's, or None): 0 or -1. */
-static int end_at(Queue *q, int64_t t, PyObject *token, PyObject *nbytes) {
+HOT static int end_at(Queue *q, int64_t t, PyObject *token, PyObject *nbytes) {
     int64_t sid;
     PyObject *id = PyTuple_CheckExact(token) ? PyObject_CallOneArg(q->close_token, token)
                                              : Py_NewRef(token);
@@ -359,7 +379,7 @@ static int end_at(Queue *q, int64_t t, PyObject *token, PyObject *nbytes) {
     return ok;
 }
 
-static PyObject *end_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+HOT static PyObject *end_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "end_step(token, nbytes=None)");
         return NULL;
@@ -377,7 +397,7 @@ static const char *const post_names[] = {"op",    "step",   "peer",  "channel", 
 static PyObject *post_keys[NPOST]; /* interned: a call site's keywords are the same objects */
 
 /* The index of a keyword in post_names, NPOST if none. */
-static int post_index(PyObject *name, Py_ssize_t k) {
+HOT static int post_index(PyObject *name, Py_ssize_t k) {
     if (k < NPOST && name == post_keys[k]) return (int)k; /* the usual order */
     for (int i = 0; i < NPOST; i++)
         if (name == post_keys[i]) return i;
@@ -387,7 +407,7 @@ static int post_index(PyObject *name, Py_ssize_t k) {
 }
 
 /* p2p_posted's keyword-only arguments in post_names' order; stream may be absent. */
-static int post_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+HOT static int post_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                           PyObject **values) {
     Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs) {
@@ -413,7 +433,7 @@ static int post_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwn
     return 0;
 }
 
-static PyObject *p2p_posted(Queue *q, PyObject *const *args, Py_ssize_t nargs,
+HOT static PyObject *p2p_posted(Queue *q, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames) {
     PyObject *v[NPOST];
     if (post_arguments(args, nargs, kwnames, v) < 0) return NULL;
@@ -440,7 +460,7 @@ static PyObject *p2p_posted(Queue *q, PyObject *const *args, Py_ssize_t nargs,
     return PyLong_FromLongLong(pid);
 }
 
-static PyObject *p2p_completed(Queue *q, PyObject *token) {
+HOT static PyObject *p2p_completed(Queue *q, PyObject *token) {
     if (!q->lines.open) return not_recording();
     int64_t t, pid;
     if (stamp(q, &t) < 0) return NULL;
@@ -459,14 +479,14 @@ static PyObject *p2p_completed(Queue *q, PyObject *token) {
 /* -- memory samples ----------------------------------------------------------------------- */
 
 /* A list of exact int64 ints copied into ``out`` (at most ``room``): its length, or -1. */
-static Py_ssize_t read_ints(PyObject *list, int64_t *out, Py_ssize_t room) {
+HOT static Py_ssize_t read_ints(PyObject *list, int64_t *out, Py_ssize_t room) {
     if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) > room) return -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++)
         if (!as_int64(PyList_GET_ITEM(list, i), &out[i])) return -1;
     return PyList_GET_SIZE(list);
 }
 
-static PyObject *ints_list(const int64_t *ints, Py_ssize_t n) {
+COLD static PyObject *ints_list(const int64_t *ints, Py_ssize_t n) {
     PyObject *list = PyList_New(n);
     for (Py_ssize_t i = 0; list && i < n; i++) {
         PyObject *v = PyLong_FromLongLong(ints[i]);
@@ -477,7 +497,7 @@ static PyObject *ints_list(const int64_t *ints, Py_ssize_t n) {
 }
 
 /* The last sample as the Python recorder keeps it: (saved, inflight, allocator, swapped). */
-static PyObject *last_sample(Queue *q) {
+COLD static PyObject *last_sample(Queue *q) {
     if (q->last_kind != 1) return Py_NewRef(q->last_sample ? q->last_sample : Py_None);
     PyObject *saved = ints_list(q->last_ints, q->last_saved);
     PyObject *inflight = ints_list(q->last_ints + q->last_saved, q->last_inflight);
@@ -491,20 +511,20 @@ static PyObject *last_sample(Queue *q) {
 
 /* Whether ``sample`` (saved, inflight, allocator, swapped: the caller's objects) equals the
  * last one written: 1, 0, or -1 with an error set. */
-static int same_as_last(Queue *q, PyObject *sample) {
+COLD static int same_as_last(Queue *q, PyObject *sample) {
     PyObject *last = last_sample(q);
     int same = last ? PyObject_RichCompareBool(sample, last, Py_EQ) : -1;
     Py_XDECREF(last);
     return same;
 }
 
-static PyObject *list_or_none(PyObject *value) {
+COLD static PyObject *list_or_none(PyObject *value) {
     return value == Py_None ? Py_NewRef(value) : PySequence_List(value);
 }
 
 /* A sample of unusual values (an allocator's bytes, swapped bytes, not lists of ints):
  * compared and kept as the Python recorder does, as a tuple of copies. */
-static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample, const int64_t *at) {
+COLD static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample, const int64_t *at) {
     int same = same_as_last(q, sample);
     if (same != 0) return same < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *kept = Py_BuildValue("(NNON)", PySequence_List(PyTuple_GET_ITEM(sample, 0)),
@@ -525,7 +545,7 @@ static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample, const i
 }
 
 /* Ints of a sample of lists of ints: the same as the last (1), or kept as the last (0). */
-static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssize_t inflight) {
+HOT static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssize_t inflight) {
     if (q->last_kind == 1 && q->last_saved == saved && q->last_inflight == inflight &&
         memcmp(q->last_ints, ints, (size_t)(saved + inflight) * sizeof(int64_t)) == 0)
         return 1;
@@ -538,7 +558,7 @@ static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssize_t
 
 /* A sample of ints (``saved`` then ``inflight`` in ``ints``) after step ``sid``: compared
  * with the last and written when it differs. */
-static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_ssize_t saved,
+HOT static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_ssize_t saved,
                              Py_ssize_t inflight, const int64_t *at) {
     if (q->last_kind == 2) { /* the last was kept as a tuple: compared as Python does */
         PyObject *lists[2] = {ints_list(ints, saved), ints_list(ints + saved, inflight)};
@@ -565,13 +585,13 @@ static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_ssiz
 }
 
 /* The step id of a token: the int itself, or the first item of a step's tuple token. */
-static PyObject *token_id(PyObject *token) {
+HOT static PyObject *token_id(PyObject *token) {
     return PyTuple_CheckExact(token) && PyTuple_GET_SIZE(token) > 0 ? PyTuple_GET_ITEM(token, 0)
                                                                      : token;
 }
 
 /* memory_sample's work, its event at ``at`` (NULL: the clock read if one is written). */
-static PyObject *sample_at(Queue *q, PyObject *const *args, Py_ssize_t nargs, const int64_t *at) {
+HOT static PyObject *sample_at(Queue *q, PyObject *const *args, Py_ssize_t nargs, const int64_t *at) {
     PyObject *allocator = nargs > 3 ? args[3] : Py_None, *swapped = nargs > 4 ? args[4] : Py_None;
     PyObject *sid = token_id(args[0]);
     int64_t ints[MAX_RUN], id;
@@ -588,7 +608,7 @@ static PyObject *sample_at(Queue *q, PyObject *const *args, Py_ssize_t nargs, co
     return done;
 }
 
-static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+HOT static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 3 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError,
                         "memory_sample(token, saved, inflight, allocator=None, swapped=None)");
@@ -611,7 +631,7 @@ static PyObject *watch_memory(Queue *q, PyObject *args) {
 
 /* The watched counts as ints: per stage the sum of its held dict, then act + grad per
  * stage. 0 when a value is not an exact int64 (or the shapes differ): Python does it. */
-static int read_watched(Queue *q, int64_t *ints, Py_ssize_t *stages) {
+HOT static int read_watched(Queue *q, int64_t *ints, Py_ssize_t *stages) {
     Py_ssize_t n = PyList_GET_SIZE(q->held);
     if (2 * n > MAX_RUN || PyList_GET_SIZE(q->act) != n || PyList_GET_SIZE(q->grad) != n) return 0;
     for (Py_ssize_t k = 0; k < n; k++) {
@@ -633,7 +653,7 @@ static int read_watched(Queue *q, int64_t *ints, Py_ssize_t *stages) {
 
 /* The watched counts as Python computes them, for values `read_watched` does not take:
  * [sum(held.values()) for each stage] and list(map(add, act, grad)). */
-static PyObject *watched_saved(Queue *q) {
+COLD static PyObject *watched_saved(Queue *q) {
     Py_ssize_t n = PyList_GET_SIZE(q->held);
     PyObject *saved = PyList_New(n);
     for (Py_ssize_t k = 0; saved && k < n; k++) {
@@ -646,7 +666,7 @@ static PyObject *watched_saved(Queue *q) {
     return saved;
 }
 
-static PyObject *watched_inflight(Queue *q) {
+COLD static PyObject *watched_inflight(Queue *q) {
     Py_ssize_t n = Py_MIN(PyList_GET_SIZE(q->act), PyList_GET_SIZE(q->grad));
     PyObject *inflight = PyList_New(n);
     for (Py_ssize_t k = 0; inflight && k < n; k++) {
@@ -660,7 +680,7 @@ static PyObject *watched_inflight(Queue *q) {
 /* sample_watched(token): the memory sample of the watched counts after the step of
  * ``token`` (see `Recorder.memory_watch`). */
 /* The watched counts' sample after the step of ``token``, at ``at`` (see sample_at). */
-static PyObject *watched_at(Queue *q, PyObject *token, const int64_t *at) {
+HOT static PyObject *watched_at(Queue *q, PyObject *token, const int64_t *at) {
     if (q->held == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "sample_watched: watch_memory first");
         return NULL;
@@ -676,7 +696,7 @@ static PyObject *watched_at(Queue *q, PyObject *token, const int64_t *at) {
     return done;
 }
 
-static PyObject *sample_watched(Queue *q, PyObject *token) {
+HOT static PyObject *sample_watched(Queue *q, PyObject *token) {
     if (!q->lines.open) return not_recording();
     return watched_at(q, token, NULL);
 }
@@ -686,7 +706,7 @@ static PyObject *sample_watched(Queue *q, PyObject *token) {
  * executor's one call between two steps of its loop instead of three (after a step's
  * framework work each call pays for the code and data it touches, docs/performance.md). A
  * None ``token``: nothing to end. */
-static PyObject *next_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
+HOT static PyObject *next_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "next_step(token, sampled, position, step)");
         return NULL;
