@@ -54,7 +54,7 @@ typedef struct {
     Lines lines;
     Buffer out;
     PyObject *clock; /* () -> monotonic ns; NULL: CLOCK_MONOTONIC read here */
-    PyObject *active; /* None, or () -> whether a profiler wants ranges now */
+    int profiling; /* whether a profiler wants ranges this iteration (the recorder sets it) */
     PyObject *step_token, *close_token;
     int64_t next_id, iteration, progress;
     TrackSet open_steps, inflight;
@@ -311,16 +311,8 @@ HOT static int push_tracked(Queue *q, TrackSet *s, int64_t id, Cell *e, PyObject
 
 /* -- the hot calls ------------------------------------------------------------------------ */
 
-/* A step's token (its ``id``, stolen) when a profiler may want ranges: the profiler's token
- * from step_token when it does. */
+/* A step's token when a profiler wants ranges: step_token's, from the step's ``id`` (stolen). */
 COLD static PyObject *profiled_token(Queue *q, PyObject *id, PyObject *step) {
-    PyObject *active = PyObject_CallNoArgs(q->active);
-    int wanted = active ? PyObject_IsTrue(active) : -1;
-    Py_XDECREF(active);
-    if (wanted <= 0) {
-        if (wanted < 0) Py_CLEAR(id);
-        return id;
-    }
     PyObject *token = PyObject_CallFunctionObjArgs(q->step_token, id, step, NULL);
     Py_DECREF(id);
     return token;
@@ -343,7 +335,7 @@ HOT static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject 
     }
     if (push_tracked(q, &q->open_steps, sid, e, record) < 0) return NULL;
     PyObject *id = PyLong_FromLongLong(sid);
-    if (id == NULL || q->active == Py_None) return id;
+    if (id == NULL || !q->profiling) return id;
     return profiled_token(q, id, step);
 }
 
@@ -757,13 +749,12 @@ static PyObject *queue_close(Queue *q, PyObject *unused) {
 }
 
 static int queue_init(Queue *q, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"clock", "active", "step_token", "close_token", NULL};
-    PyObject *clock, *active, *step_token, *close_token;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO:EventQueue", names, &clock, &active,
-                                     &step_token, &close_token))
+    static char *names[] = {"clock", "step_token", "close_token", NULL};
+    PyObject *clock, *step_token, *close_token;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:EventQueue", names, &clock, &step_token,
+                                     &close_token))
         return -1;
     Py_XSETREF(q->clock, clock == Py_None ? NULL : Py_NewRef(clock));
-    Py_XSETREF(q->active, Py_NewRef(active));
     Py_XSETREF(q->step_token, Py_NewRef(step_token));
     Py_XSETREF(q->close_token, Py_NewRef(close_token));
     return 0;
@@ -784,7 +775,6 @@ static int queue_traverse(Queue *q, visitproc visit, void *arg) {
     }
     Py_VISIT(q->on_full);
     Py_VISIT(q->clock);
-    Py_VISIT(q->active);
     Py_VISIT(q->step_token);
     Py_VISIT(q->close_token);
     Py_VISIT(q->last_sample);
@@ -801,7 +791,6 @@ static int queue_clear(Queue *q) {
     lines_clear(&q->lines);
     Py_CLEAR(q->on_full);
     Py_CLEAR(q->clock);
-    Py_CLEAR(q->active);
     Py_CLEAR(q->step_token);
     Py_CLEAR(q->close_token);
     Py_CLEAR(q->last_sample);
@@ -845,6 +834,8 @@ static PyMethodDef queue_methods[] = {
 static PyMemberDef queue_members[] = {
     {"iteration", T_LONGLONG, offsetof(Queue, iteration), 0, "the iteration events belong to"},
     {"progress", T_LONGLONG, offsetof(Queue, progress), 0, "the last hot call's time"},
+    {"profiling", T_INT, offsetof(Queue, profiling), 0,
+     "whether begin_step opens a profiler range (step_token) this iteration"},
     {NULL},
 };
 
@@ -854,7 +845,7 @@ static PyTypeObject QueueType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "pipetrace.recorder._queue.EventQueue",
     .tp_basicsize = sizeof(Queue),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "EventQueue(clock, active, step_token, close_token): a rank's events until "
+    .tp_doc = "EventQueue(clock, step_token, close_token): a rank's events until "
               "they are written (see the module's source)",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)queue_init,

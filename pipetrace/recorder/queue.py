@@ -78,18 +78,18 @@ def new_queue(
     monotonic_ns: Callable[[], int],
     *,
     compiled: bool,
-    active: Callable[[], bool] | None,
     step_token: Callable[..., Any],
     close_token: Callable[..., Any],
 ) -> Any:
     """The C queue when it is built and ``compiled``, else a `RecordQueue`. The C queue
-    reads the clock itself when it is the system's (`time.perf_counter_ns`); its hot calls
-    ask ``active`` whether a profiler wants a range for a step, which ``step_token`` opens
-    and ``close_token`` closes (the recorder's own)."""
+    reads the clock itself when it is the system's (`time.perf_counter_ns`); while its
+    ``profiling`` is set (by the recorder, at each iteration's start) its hot calls open a
+    profiler range for each step with ``step_token`` and close it with ``close_token`` (the
+    recorder's own)."""
     if not compiled or _queue is None:
         return RecordQueue()
     clock = None if monotonic_ns is time.perf_counter_ns else monotonic_ns
-    return _queue.EventQueue(clock, active, step_token, close_token)
+    return _queue.EventQueue(clock, step_token, close_token)
 
 
 def open_queue(

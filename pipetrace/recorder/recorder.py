@@ -132,10 +132,10 @@ class Recorder:
         self._last_memory: tuple = ()  # the last memory sample written (only changes are)
         self._watched: tuple | None = None  # `memory_watch`'s counts: (held, act, grad)
         self._iteration_flushed = 0  # time.monotonic_ns() of the last iteration end's write
+        self._profiling = False  # whether steps get profiler ranges (`_check_profiler`)
         self._queue = new_queue(
             self._monotonic_ns,
             compiled=compiled,
-            active=None if profiler is None else profiler.active,
             step_token=self._step_token,
             close_token=self._close_token,
         )
@@ -215,6 +215,7 @@ class Recorder:
                 created_ns=self.now_ns(),
                 pipelines=None if place is None else place.pipelines,
             )
+        self._check_profiler()
         steps = [format_step(s) for s in plan.steps(rank)]
         self._other(fmt.RUN_START, config=config, plan=steps, stages=plan.stages_of(rank))
         self._align_clock("start")
@@ -295,10 +296,21 @@ class Recorder:
 
     def begin_iteration(self, iteration: int) -> None:
         self._iteration = iteration
+        self._check_profiler()
         if self._hot is not None:
             self._hot.iteration = iteration
         self._other(fmt.ITER_BEGIN, it=iteration)
         self._in_iteration = True
+
+    def _check_profiler(self) -> None:
+        """Whether the steps from here on get profiler ranges: asked at each iteration's
+        start (and the run's), not at each step. A profiler starts and steps between
+        training iterations (`torch.profiler.profile`, its `step()`); asking it cost a call
+        into the framework per step (~0.5 µs after the step's work, docs/performance.md)."""
+        profiler = self._profiler
+        self._profiling = profiler is not None and bool(profiler.active())
+        if self._hot is not None:
+            self._hot.profiling = self._profiling
 
     def end_iteration(self, iteration: int, loss: float | None) -> None:
         self._in_iteration = False
@@ -330,19 +342,17 @@ class Recorder:
         record = (STEP_BEGIN, t, sid, self._iteration, position, step, thread)
         self._open_steps[sid] = record  # the record itself: one tuple per step, not two
         self._append_unchecked(record)  # `end_step` checks the queue's bound
-        profiler = self._profiler
-        if self._timer is None and (profiler is None or not profiler.active()):
+        if self._timer is None and not self._profiling:
             return sid
         return self._step_token(sid, step)
 
     def _step_token(self, sid: int, step: Step) -> tuple[int, Any, Any]:
         """(id, profiler range or None, device timing or None): the token of a step that
         has a profiler range or a device timing open, so that `end_step` closes them."""
-        profiler = self._profiler
         text = format_step(step)
         handle = None
-        if profiler is not None and profiler.active():
-            handle = profiler.begin("pipetrace/" + text)
+        if self._profiling:
+            handle = self._profiler.begin("pipetrace/" + text)
         timer = self._timer
         timing = None if timer is None else timer.begin(sid, text, self._device.current_stream())
         return (sid, handle, timing)

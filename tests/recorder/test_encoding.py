@@ -109,9 +109,7 @@ peers = st.one_of(st.none(), st.just((4, 5, 6, 7)))
 
 def _queued(encoder: LineEncoder, batch: list[tuple], compiled: bool) -> bytes:
     """The lines of ``batch`` appended to a queue and written by it."""
-    queue = queue_module.new_queue(
-        int, compiled=compiled, active=None, step_token=None, close_token=None
-    )
+    queue = queue_module.new_queue(int, compiled=compiled, step_token=None, close_token=None)
     queue_module.open_queue(queue, encoder, capacity=10**6, on_full=None)
     for record in batch:
         queue.append(record)

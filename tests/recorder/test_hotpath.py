@@ -80,9 +80,9 @@ class Side:
         name, arg = action
         rec = self.recorder
         try:
-            if name == "profiler":
+            if name == "profiler":  # asked at an iteration's start
                 self.profiler.on = arg
-                result = None
+                result = rec.begin_iteration(0)
             elif name == "begin":
                 position, with_thread = arg
                 thread = ("dw-0",) if with_thread else ()

@@ -26,9 +26,7 @@ def _open(queue, writer: EventWriter, capacity: int) -> None:
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_full_buffer_is_written_by_the_appending_thread(tmp_path, compiled):
     path = tmp_path / "log.ndjson"
-    queue = queue_module.new_queue(
-        int, compiled=compiled, active=None, step_token=None, close_token=None
-    )
+    queue = queue_module.new_queue(int, compiled=compiled, step_token=None, close_token=None)
     # the background thread never runs in this test (hour-long interval): only backpressure writes
     writer = EventWriter(path, {"h": 1}, queue, flush_interval=3600)
     _open(queue, writer, capacity=100)
