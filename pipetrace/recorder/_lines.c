@@ -103,7 +103,8 @@ PyObject *entry_tuple(const Cell *e) {
 
 /* -- the output buffer -------------------------------------------------------------------- */
 
-COLD static int grow(Buffer *b, Py_ssize_t more) {
+static int reserve(Buffer *b, Py_ssize_t more) {
+    if (b->len + more <= b->cap) return 1;
     Py_ssize_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + more) cap *= 2;
     char *data = PyMem_Realloc(b->data, (size_t)cap);
@@ -116,32 +117,9 @@ COLD static int grow(Buffer *b, Py_ssize_t more) {
     return 1;
 }
 
-static inline int reserve(Buffer *b, Py_ssize_t more) {
-    return b->len + more <= b->cap || grow(b, more);
-}
-
-/* ``n`` bytes copied by fixed-size moves that may overlap (a line's texts and numbers are
- * short: a call to memcpy for each cost more than the copy). */
-static inline void copy(char *dst, const char *src, Py_ssize_t n) {
-    if (n >= 16 && n <= 32) {
-        memcpy(dst, src, 16);
-        memcpy(dst + n - 16, src + n - 16, 16);
-    } else if (n >= 8 && n < 16) {
-        memcpy(dst, src, 8);
-        memcpy(dst + n - 8, src + n - 8, 8);
-    } else if (n >= 4 && n < 8) {
-        memcpy(dst, src, 4);
-        memcpy(dst + n - 4, src + n - 4, 4);
-    } else if (n < 4) {
-        for (Py_ssize_t i = 0; i < n; i++) dst[i] = src[i];
-    } else {
-        memcpy(dst, src, (size_t)n);
-    }
-}
-
 static int put(Buffer *b, const char *text, Py_ssize_t len) {
     if (!reserve(b, len)) return 0;
-    copy(b->data + b->len, text, len);
+    memcpy(b->data + b->len, text, (size_t)len);
     b->len += len;
     return 1;
 }
@@ -189,7 +167,7 @@ static int put_time(Lines *l, Buffer *b, int64_t value) {
     }
     if (!reserve(b, l->second_len + 9)) return 0;
     char *out = b->data + b->len;
-    copy(out, l->second_text, l->second_len);
+    memcpy(out, l->second_text, (size_t)l->second_len);
     out += l->second_len + 9;
     for (int k = 0; k < 4; k++) {
         out -= 2;
