@@ -32,6 +32,10 @@ Recorder's `memory_sample` per call (changed values, so each writes an event).
 Part 4 prices an event where a run pays for it: after other work that left the caches cold
 (the demo stage's forward + backward, a sweep over memory, small numpy calls), recorded
 against NullRecorder in one thread, alternating. The hot-path loop of part 1 runs warm.
+It then times single calls after the demo stage's forward + backward, one kind of call
+after each, in turn: the step hooks of `NullRecorder` and of the recorder (with and without
+the memory sample, and the executor's one `next_step` for all three), a P2P op on each, and
+the stage's and executor's counting (a tensor's ``nbytes``, the saved-bytes lookup).
 
 Part 5 is the demo's recording in one process, where a load on the machine hits both sides
 alike: one rank holding the demo's four stages (interleaved-1f1b, M=8: 64 steps, their
@@ -289,6 +293,66 @@ def between_work_costs(rounds: int = 400) -> None:
                 f"per 8 units; recording {extra / 1000:.2f} us per event"
             )
         recorder.end_run()
+
+
+def cold_call_costs(rounds: int = 400) -> None:
+    """Part 4's single calls (see the module's docstring): median ns of each, timed with
+    two clock reads around it after the demo stage's forward + backward."""
+    import torch
+
+    stage, x, _ = _demo_stage()
+    plan = build_plan("1f1b", num_ranks=4, num_microbatches=8, comms=True)
+    steps = plan.steps(0)
+    post = dict(peer=1, channel="F", nbytes=4096, shape=(32, 128), dtype="float32", stream=None)
+    saved = {(x.shape, x.dtype): 1}
+    with tempfile.TemporaryDirectory() as tmp:
+        recorder = Recorder(RecordSettings(Path(tmp), stall_timeout=0))
+        recorder.begin_run(rank=0, world_size=1, plan=plan, config={})
+        recorder.begin_iteration(0)
+        null = NullRecorder()
+        sample = recorder.memory_watch([{0: 4096}], [0], [0])
+        token = recorder.begin_step(0, steps[0])
+
+        def next_step(step) -> None:
+            nonlocal token
+            token = recorder.next_step(token, True, 0, step)
+
+        def step_pair(hooks, step, then=None) -> None:
+            ended = hooks.begin_step(0, step)
+            hooks.end_step(ended)
+            if then is not None:
+                then(ended)
+
+        def p2p(hooks, step) -> None:
+            hooks.p2p_completed(hooks.p2p_posted(op="send", step=step, seq=0, **post))
+
+        calls = {
+            "two clock reads (the floor)": lambda step: None,
+            "NullRecorder begin_step + end_step": lambda step: step_pair(null, step),
+            "begin_step + end_step": lambda step: step_pair(recorder, step),
+            "begin_step + end_step + memory sample": lambda step: step_pair(recorder, step, sample),
+            "next_step (the three at once)": next_step,
+            "NullRecorder p2p_posted + p2p_completed": lambda step: p2p(null, step),
+            "p2p_posted + p2p_completed": lambda step: p2p(recorder, step),
+            "a tensor's nbytes": lambda step: x.nbytes,
+            "saved bytes lookup (shape, dtype)": lambda step: saved.get((x.shape, x.dtype)),
+        }
+        times: dict[str, list[int]] = {name: [] for name in calls}
+        clock = time.perf_counter_ns
+        for r in range(rounds * len(calls)):
+            out = stage.forward(0, x)
+            stage.backward(0, torch.ones_like(out))
+            name = list(calls)[r % len(calls)]
+            step = steps[r % len(steps)]
+            t0 = clock()
+            calls[name](step)
+            times[name].append(clock() - t0)
+            if r % 200 == 199:
+                recorder.flush()
+        recorder.end_run()
+    print("  single calls after the demo stage's forward + backward, median:")
+    for name, values in times.items():
+        print(f"    {name:<42} {statistics.median(values):6.0f} ns")
 
 
 class Switch:
@@ -693,6 +757,7 @@ def main() -> None:
         hot_path(args.events)
     memory_costs()
     between_work_costs()
+    cold_call_costs()
     if args.inprocess_rounds:
         inprocess_overhead(args.inprocess_rounds)
     if not args.skip_demo:
