@@ -320,7 +320,7 @@ COLD static PyObject *profiled_token(Queue *q, PyObject *id, PyObject *step) {
 
 /* A step begun at ``t``: its token (its id, or a profiler's token from step_token). */
 HOT static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject *step,
-                          PyObject *thread) {
+                              PyObject *thread) {
     int64_t pos;
     int64_t sid = q->next_id++;
     Cell e[7] = {{.i = HEADER(TAG_STEP_BEGIN, 7)}, {.i = t}, {.i = sid}, {.i = q->iteration},
@@ -400,7 +400,7 @@ HOT static int post_index(PyObject *name, Py_ssize_t k) {
 
 /* p2p_posted's keyword-only arguments in post_names' order; stream may be absent. */
 HOT static int post_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
-                          PyObject **values) {
+                              PyObject **values) {
     Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs) {
         PyErr_SetString(PyExc_TypeError, "p2p_posted takes keyword arguments only");
@@ -426,7 +426,7 @@ HOT static int post_arguments(PyObject *const *args, Py_ssize_t nargs, PyObject 
 }
 
 HOT static PyObject *p2p_posted(Queue *q, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames) {
+                                PyObject *kwnames) {
     PyObject *v[NPOST];
     if (post_arguments(args, nargs, kwnames, v) < 0) return NULL;
     if (!q->lines.open) return not_recording();
@@ -551,7 +551,7 @@ HOT static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssi
 /* A sample of ints (``saved`` then ``inflight`` in ``ints``) after step ``sid``: compared
  * with the last and written when it differs. */
 HOT static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_ssize_t saved,
-                             Py_ssize_t inflight, const int64_t *at) {
+                                 Py_ssize_t inflight, const int64_t *at) {
     if (q->last_kind == 2) { /* the last was kept as a tuple: compared as Python does */
         PyObject *lists[2] = {ints_list(ints, saved), ints_list(ints + saved, inflight)};
         PyObject *sample = lists[0] && lists[1]
@@ -583,7 +583,8 @@ HOT static PyObject *token_id(PyObject *token) {
 }
 
 /* memory_sample's work, its event at ``at`` (NULL: the clock read if one is written). */
-HOT static PyObject *sample_at(Queue *q, PyObject *const *args, Py_ssize_t nargs, const int64_t *at) {
+HOT static PyObject *sample_at(Queue *q, PyObject *const *args, Py_ssize_t nargs,
+                              const int64_t *at) {
     PyObject *allocator = nargs > 3 ? args[3] : Py_None, *swapped = nargs > 4 ? args[4] : Py_None;
     PyObject *sid = token_id(args[0]);
     int64_t ints[MAX_RUN], id;
