@@ -22,8 +22,10 @@ all 4 processes (every thread, the writer's encoding included: each block ends w
 and where the CPU went: training thread, writer thread, the rest (gloo, watchdog), and the
 time spent in garbage collections on each side. ``--parts`` adds two sides that record with
 some hooks left to `NullRecorder`: ``no-memory`` (no memory samples, so the stages do not
-count what they save either) and ``steps-only`` (no memory samples and no P2P events): what
-each part of the recording costs in the same rounds.
+count what they save either), ``steps-only`` (no memory samples and no P2P events) and
+``counting`` (nothing recorded, but the runtime counts what a memory sample reads: the
+stages' saved bytes, the mailboxes' bytes): what each part of the recording costs in the
+same rounds.
 
 Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
 with and without counting what autograd saves (alternating, ratio of medians), and the
@@ -72,6 +74,7 @@ PART_SIDES = {  # --parts: recording with some hooks left to NullRecorder, to pr
     "no-memory": MEMORY_HOOKS,
     "steps-only": (*MEMORY_HOOKS, "p2p_posted", "p2p_enqueued", "p2p_completed"),
 }
+COUNTING = "counting"  # --parts: records nothing, but the runtime counts what a sample reads
 WRITER_THREAD = "pipetrace-flush"  # the EventWriter's thread, whose CPU is priced apart
 
 
@@ -390,11 +393,18 @@ class Switch:
 
     def use(self, side: str) -> None:
         """``side``: "steps" records, a `PART_SIDES` side records but for its hooks, any
-        other side ("off", "off'") records nothing."""
+        other side ("off", "off'", `COUNTING`) records nothing."""
         recorded, left_off = side == "steps" or side in PART_SIDES, PART_SIDES.get(side, ())
         for name in self._HOOKS:
             target = self.recorder if recorded and name not in left_off else self.null
             setattr(self, name, getattr(target, name, None))  # NullRecorder: no memory_watch
+        if side == COUNTING:  # the executor and stages count, the sample does nothing
+            self.records_memory = True
+            self.memory_watch = lambda *counts: _no_sample
+
+
+def _no_sample(token) -> None:
+    pass
 
 
 @dataclass(frozen=True)
@@ -743,8 +753,9 @@ def main() -> None:
     parser.add_argument(
         "--parts",
         action="store_true",
-        help="part 2 also without memory samples (no-memory) and without them and P2P "
-        "events (steps-only), to price each part",
+        help="part 2 also without memory samples (no-memory), without them and P2P "
+        "events (steps-only), and with only the runtime's counting (counting), to price "
+        "each part",
     )
     parser.add_argument("--hot-path-json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -761,7 +772,7 @@ def main() -> None:
     if args.inprocess_rounds:
         inprocess_overhead(args.inprocess_rounds)
     if not args.skip_demo:
-        sides = DEMO_SIDES + tuple(PART_SIDES) if args.parts else DEMO_SIDES
+        sides = (*DEMO_SIDES, *PART_SIDES, COUNTING) if args.parts else DEMO_SIDES
         demo_overhead(args.rounds, args.block_steps, sides)
 
 

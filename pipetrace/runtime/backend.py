@@ -46,6 +46,7 @@ class Stage(Protocol):
     stage_index: int
     losses: dict[int, Any]
     count_saved: bool
+    input_fixed: bool
     held_bytes: dict[int, int]
 
     def forward(self, mb: int, x: Any, target: Any = None, loss_scale: float = 1.0) -> Any: ...

@@ -175,12 +175,18 @@ class Executor:
         self._memory_slots = {s: i for i, s in enumerate(self.plan.stages_of(self.rank))}
         # per slot, its stage's bytes held for each micro-batch's backward (`held_bytes`)
         self._held = [self.stages[s].held_bytes for s in self._memory_slots]
+        for s, stage in self.stages.items():  # fed over P2P: its streams' shapes are fixed
+            stage.input_fixed = s > 0 and self._placement[s - 1] != self.rank
         # Per slot, the bytes in `_act_in` and in `_grad_in`, kept as the mailboxes fill and
         # empty while the stages count (a sample then reads them instead of scanning the
         # mailboxes). Two lists: an overlapped pair's forward (activations) and backward
         # (gradients) update them from two threads, each only its own.
         self._act_bytes = [0] * len(self._memory_slots)
         self._grad_bytes = [0] * len(self._memory_slots)
+        # The bytes of each local hand-off in `_act_in` and `_grad_in` (same keys), read from
+        # the tensor when it is handed on, not again when it is taken.
+        self._handed_act: dict[tuple[int, int], int] = {}
+        self._handed_grad: dict[tuple[int, int], int] = {}
         # Received message bytes per (channel, receiving stage): a P2P buffer is made from
         # its stream's shape and dtype, fixed for the runner's life, so its size is read from
         # a tensor once, not at each recv and consumption (a call into the framework each).
@@ -421,6 +427,8 @@ class Executor:
         """The mailboxes' bytes per slot, counted afresh (counting starts: from here on
         they are kept up to date as the mailboxes fill and empty)."""
         slots = self._memory_slots
+        self._handed_act.clear()  # a hand-off not in them is read from its tensor
+        self._handed_grad.clear()
         for box, counts in ((self._act_in, self._act_bytes), (self._grad_in, self._grad_bytes)):
             counts[:] = [0] * len(slots)
             for (stage, _), value in list(box.items()):
@@ -452,10 +460,12 @@ class Executor:
         if s == 0:
             x = self.context.inputs[mb]
         else:
-            x = self._act_in.pop((s, mb))
+            key = (s, mb)
+            x = self._act_in.pop(key)
             if self._counting:
-                local = self._placement[s - 1] == self.rank
-                n = x.nbytes if local else self._received_bytes.get(("F", s)) or x.nbytes
+                n = self._handed_act.pop(key, None)
+                if n is None:
+                    n = self._received_bytes.get(("F", s)) or x.nbytes
                 self._act_bytes[self._memory_slots[s]] -= n
             if type(x) is self._pending:
                 x = x.wait()
@@ -469,9 +479,11 @@ class Executor:
         if out is None:
             return
         if self._placement[s + 1] == self.rank:
-            self._act_in[(s + 1, mb)] = out
+            key = (s + 1, mb)
+            self._act_in[key] = out
             if self._counting:
-                self._act_bytes[self._memory_slots[s + 1]] += out.nbytes
+                n = self._handed_act[key] = out.nbytes
+                self._act_bytes[self._memory_slots[s + 1]] += n
         else:
             self._act_out[(s, mb)] = out
 
@@ -493,10 +505,12 @@ class Executor:
     def _output_grad(self, s: int, mb: int) -> torch.Tensor | None:
         if s == self._last_stage:
             return None
-        grad = self._grad_in.pop((s, mb))
+        key = (s, mb)
+        grad = self._grad_in.pop(key)
         if self._counting and grad is not None:
-            local = self._placement[s + 1] == self.rank
-            n = grad.nbytes if local else self._received_bytes.get(("B", s)) or grad.nbytes
+            n = self._handed_grad.pop(key, None)
+            if n is None:
+                n = self._received_bytes.get(("B", s)) or grad.nbytes
             self._grad_bytes[self._memory_slots[s]] -= n
         if type(grad) is self._pending:
             grad = grad.wait()
@@ -506,9 +520,11 @@ class Executor:
         if s == 0:
             return
         if self._placement[s - 1] == self.rank:
-            self._grad_in[(s - 1, mb)] = dx
+            key = (s - 1, mb)
+            self._grad_in[key] = dx
             if self._counting and dx is not None:
-                self._grad_bytes[self._memory_slots[s - 1]] += dx.nbytes
+                n = self._handed_grad[key] = dx.nbytes
+                self._grad_bytes[self._memory_slots[s - 1]] += n
         else:
             self._grad_out[(s, mb)] = dx  # type: ignore[assignment]
 

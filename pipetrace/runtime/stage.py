@@ -71,8 +71,12 @@ class PipelineStage(StageBase):
             x = stage_input
         output = self.module(x)
         if self.count_saved:  # inline: a call per forward cost more than this work
-            size = self._saved_per_input.get((x.shape, x.dtype))
-            self.held_bytes[mb] = self._measure_saved(x, output) if size is None else size
+            size = self._saved_fixed
+            if size is None:
+                size = self._saved_per_input.get((x.shape, x.dtype))
+                if size is None:
+                    size = self._measure_saved(x, output)
+            self.held_bytes[mb] = size
         if self.is_last:
             loss = self.loss_fn(output, target)  # type: ignore[misc]
             self.losses[mb] = loss.detach()
@@ -85,8 +89,11 @@ class PipelineStage(StageBase):
         """The bytes autograd saved for the backward of ``output`` (the forward of ``x``),
         measured on the first forward of each input shape and dtype and reused after
         (measuring walks the new autograd graph; a module whose saved tensors depend on the
-        data, not only on the shape, would need a measurement per forward)."""
+        data, not only on the shape, would need a measurement per forward); on the first
+        forward only with ``input_fixed``."""
         size = self._saved_per_input[(x.shape, x.dtype)] = self._saved_in_graph(output)
+        if self.input_fixed:
+            self._saved_fixed = size
         return size
 
     def _saved_in_graph(self, output: torch.Tensor) -> int:

@@ -23,6 +23,11 @@ class StageBase:
     With ``count_saved`` on (the executor turns it on when its recorder samples memory) a
     stage also counts, per micro-batch, the bytes of activations it holds for that
     micro-batch's backward steps until the last of them (`held_bytes`, `saved_bytes`).
+    With ``input_fixed`` on too (the executor sets it on a stage fed over P2P, whose
+    streams' shapes are exchanged once and fixed for the runner's life), a stage that
+    measures those bytes (the torch stage walks autograd's graph once per input shape)
+    measures them at the first forward and takes them as they are after, without looking
+    the input's shape up at each forward.
     """
 
     def __init__(
@@ -44,7 +49,9 @@ class StageBase:
         self.held_bytes: dict[int, int] = {}
         """Micro-batch -> the bytes its backward holds (while ``count_saved``): the executor
         sums them for a memory sample, without a call into the stage."""
+        self.input_fixed = False
         self._saved_per_input: dict[Any, int] = {}  # (shape, dtype) -> bytes, once measured
+        self._saved_fixed: int | None = None  # the bytes of every forward, with input_fixed
 
     def pending(self) -> int:
         """Micro-batches whose backward has not finished (0 after a clean iteration)."""

@@ -4,6 +4,8 @@ reports from them against the plan's in-flight count."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -12,7 +14,8 @@ from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
 from pipetrace.cli import cli
 from pipetrace.runtime.config import DemoConfig
-from pipetrace.runtime.demo import build_demo_model
+from pipetrace.runtime.demo import build_demo_model, demo_loss
+from pipetrace.runtime.executor import Executor
 from pipetrace.runtime.stage import PipelineStage
 from pipetrace.runtime.torch_backend import split_sequential
 from pipetrace.schedule.builders import build_plan
@@ -54,6 +57,36 @@ def test_a_torch_stage_counts_each_saved_activation_once_until_its_backward():
     assert stage.saved_bytes() == 6 * one
     stage.backward(0, torch.ones_like(out))
     assert stage.saved_bytes() == 3 * one
+
+
+def test_a_stage_fed_over_p2p_measures_what_it_saves_once(monkeypatch):
+    """A stage whose input arrives over P2P (a stream's shape is exchanged once) measures
+    its saved bytes at its first forward and takes them as they are after, without a
+    lookup by shape; the executor says which stages are fed so."""
+    demo = DemoConfig(width=16, microbatch_size=4)
+    plan = build_plan("zbv", num_ranks=2, num_microbatches=2, comms=True)
+    assert plan.placement == (0, 1, 1, 0)
+    chunks = split_sequential(build_demo_model(4, demo, seed=0), 4)
+    fixed = {}
+    for rank in range(2):
+        stages = {
+            s: PipelineStage(chunks[s], stage_index=s, num_stages=4, loss_fn=demo_loss)
+            for s in plan.stages_of(rank)
+        }
+        Executor(plan=plan, rank=rank, stages=stages, p2p=SimpleNamespace())
+        fixed |= {s: stage.input_fixed for s, stage in stages.items()}
+    assert fixed == {0: False, 1: True, 2: False, 3: True}  # 2 is fed by 1 on its own rank
+
+    stage = PipelineStage(chunks[1], stage_index=1, num_stages=4)
+    stage.count_saved = stage.input_fixed = True
+    x = torch.randn(demo.microbatch_size, demo.width, dtype=torch.float64)
+    stage.forward(0, x)
+    measured = stage.held_bytes[0]
+    assert measured > 0
+    monkeypatch.setattr(stage, "_saved_in_graph", lambda output: pytest.fail("measured again"))
+    stage._saved_per_input.clear()  # nor looked up by the input's shape
+    stage.forward(1, x.clone())
+    assert stage.held_bytes[1] == measured
 
 
 def test_gpipe_holds_every_microbatch_and_1f1b_as_many_as_ranks(tmp_path):
