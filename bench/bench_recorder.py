@@ -19,13 +19,14 @@ round, so every side takes every position alike); each round gives one ratio per
 the rounds with its interquartile range and standard error, for the job's wall time per block
 (first rank's start to last rank's end, one host's monotonic clock) and for the CPU time of
 all 4 processes (every thread, the writer's encoding included: each block ends with a flush),
-and where the CPU went: training thread, writer thread, the rest (gloo, watchdog), and the
-time spent in garbage collections on each side. ``--parts`` adds two sides that record with
-some hooks left to `NullRecorder`: ``no-memory`` (no memory samples, so the stages do not
-count what they save either), ``steps-only`` (no memory samples and no P2P events) and
-``counting`` (nothing recorded, but the runtime counts what a memory sample reads: the
-stages' saved bytes, the mailboxes' bytes): what each part of the recording costs in the
-same rounds.
+and where the CPU went: training thread (and of it the block's closing flush: the block's
+events encoded and written, one write every block where a run writes every 0.1 s), writer
+thread, the rest (gloo, watchdog), and the time spent in garbage collections on each side.
+``--parts`` adds sides that record with some hooks left to `NullRecorder`: ``no-memory`` (no
+memory samples, so the stages do not count what they save either), ``steps-only`` (no
+memory samples and no P2P events) and ``counting`` (nothing recorded, but the runtime counts
+what a memory sample reads: the stages' saved bytes, the mailboxes' bytes): what each part
+of the recording costs in the same rounds.
 
 Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
 with and without counting what autograd saves (alternating, ratio of medians), and the
@@ -418,6 +419,7 @@ class Block:
     main: float  # the training thread's
     writer: float  # the recorder's writer thread's
     gc: float  # seconds in garbage collections (any thread), part of the above
+    flush: float  # the training thread's in the block's closing flush (encode + write)
 
 
 class GcTime:
@@ -484,7 +486,9 @@ def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> li
             runner.step(*batch)
         end = time.perf_counter()
         dist.barrier()
+        before_flush = time.thread_time()
         switch.recorder.flush()
+        flush = time.thread_time() - before_flush
         blocks.append(
             Block(
                 side,
@@ -494,6 +498,7 @@ def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> li
                 time.thread_time() - main,
                 _thread_cpu(WRITER_THREAD) - writer,
                 gc_time.total - gc,
+                flush,
             )
         )
     return blocks
@@ -544,6 +549,7 @@ class JobBlock:
     main: float
     writer: float
     gc: float
+    flush: float
 
     @property
     def threads(self) -> float:
@@ -563,6 +569,7 @@ def _job_blocks(per_rank: list[list[dict]]) -> list[JobBlock]:
                 sum(p["main"] for p in parts),
                 sum(p["writer"] for p in parts),
                 sum(p["gc"] for p in parts),
+                sum(p["flush"] for p in parts),
             )
         )
     return blocks
@@ -619,7 +626,8 @@ def _print_demo(blocks: list[JobBlock], block_steps: int, sides: Sequence[str]) 
         print(
             f"  {side:<10} {ms(lambda b: b.wall):6.2f} / {ms(lambda b: b.cpu):6.2f} = "
             f"{ms(lambda b: b.main):6.2f} + {ms(lambda b: b.writer):5.3f} + "
-            f"{ms(lambda b: b.cpu - b.main - b.writer):5.2f}"
+            f"{ms(lambda b: b.cpu - b.main - b.writer):5.2f}; "
+            f"of the training thread's, the block's closing flush {ms(lambda b: b.flush):5.3f}"
         )
     print("  garbage collections (4 ranks), mean ms per iteration and share of blocks with one:")
     for side in sides:
