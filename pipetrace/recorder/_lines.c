@@ -37,37 +37,33 @@ const char *const CELLS[NTAGS] = {
 
 /* -- entries ------------------------------------------------------------------------------ */
 
-HOT void entry_incref(const Cell *e) {
+/* Per tag, the cells holding an object (bit i: cell i), from CELLS; a tuple's is cell 1. */
+static uint64_t object_cells[NTAGS];
+
+void entries_init(void) {
+    for (int tag = 0; tag < NTAGS; tag++)
+        for (int i = 1; CELLS[tag] && CELLS[tag][i]; i++)
+            if (CELLS[tag][i] == 'o') object_cells[tag] |= (uint64_t)1 << i;
+}
+
+HOT static uint64_t objects_of(const Cell *e) {
     int tag = HEADER_TAG(e[0].i);
-    if (tag == TAG_TUPLE) {
-        Py_INCREF(e[1].o);
-        return;
-    }
-    const char *cells = CELLS[tag];
-    for (Py_ssize_t i = 1; cells[i]; i++)
-        if (cells[i] == 'o') Py_XINCREF(e[i].o);
+    return tag == TAG_TUPLE ? (uint64_t)1 << 1 : object_cells[tag];
+}
+
+HOT void entry_incref(const Cell *e) {
+    for (uint64_t objects = objects_of(e); objects; objects &= objects - 1)
+        Py_XINCREF(e[__builtin_ctzll(objects)].o);
 }
 
 HOT void entry_decref(const Cell *e) {
-    int tag = HEADER_TAG(e[0].i);
-    if (tag == TAG_TUPLE) {
-        Py_DECREF(e[1].o);
-        return;
-    }
-    const char *cells = CELLS[tag];
-    for (Py_ssize_t i = 1; cells[i]; i++)
-        if (cells[i] == 'o') Py_XDECREF(e[i].o);
+    for (uint64_t objects = objects_of(e); objects; objects &= objects - 1)
+        Py_XDECREF(e[__builtin_ctzll(objects)].o);
 }
 
 int entry_visit(const Cell *e, visitproc visit, void *arg) {
-    int tag = HEADER_TAG(e[0].i);
-    if (tag == TAG_TUPLE) {
-        Py_VISIT(e[1].o);
-        return 0;
-    }
-    const char *cells = CELLS[tag];
-    for (Py_ssize_t i = 1; cells[i]; i++)
-        if (cells[i] == 'o') Py_VISIT(e[i].o);
+    for (uint64_t objects = objects_of(e); objects; objects &= objects - 1)
+        Py_VISIT(e[__builtin_ctzll(objects)].o);
     return 0;
 }
 
@@ -185,7 +181,7 @@ static int put_bytes(Buffer *b, PyObject *found) {
     return put(b, PyBytes_AS_STRING(found), PyBytes_GET_SIZE(found)) ? 1 : -1;
 }
 
-HOT int as_int64(PyObject *value, int64_t *out) {
+COLD int long_as_int64(PyObject *value, int64_t *out) {
     if (!PyLong_CheckExact(value)) return 0;
     int overflow = 0;
     long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
@@ -479,12 +475,10 @@ int lines_open(Lines *l, PyObject *spec, int64_t offset, PyObject *texts, PyObje
         lines_clear(l);
         return -1;
     }
-    l->open = 1;
     return 0;
 }
 
 void lines_clear(Lines *l) {
-    l->open = 0;
     Py_CLEAR(l->spec);
     Py_CLEAR(l->texts);
     Py_CLEAR(l->text);

@@ -44,28 +44,31 @@ typedef struct {
     Py_ssize_t len, cap, live;
 } TrackSet;
 
+/* The fields every hot call reads come first, in a few cache lines; the encoder's state
+ * (`lines`, `out`) and the last sample's ints after them. */
 typedef struct {
     PyObject_HEAD
+    int open; /* 0: the hot calls refuse (before `open`, after `close`) */
+    int flushing, taking;
+    int profiling; /* whether a profiler wants ranges this iteration (the recorder sets it) */
     Cell *cells; /* entries [head, tail) wait to be written */
     Py_ssize_t head, tail, cap, count;
     int64_t capacity; /* entries: when reached, on_full() is called */
-    PyObject *on_full;
-    int flushing, taking;
-    Lines lines;
-    Buffer out;
-    PyObject *clock; /* () -> monotonic ns; NULL: CLOCK_MONOTONIC read here */
-    int profiling; /* whether a profiler wants ranges this iteration (the recorder sets it) */
-    PyObject *step_token, *close_token;
     int64_t next_id, iteration, progress;
+    PyObject *clock; /* () -> monotonic ns; NULL: CLOCK_MONOTONIC read here */
+    PyObject *on_full;
     TrackSet open_steps, inflight;
     /* The last memory sample written: ints (kind 1) or a tuple (kind 2); none yet: 0. */
     int last_kind;
     Py_ssize_t last_saved, last_inflight;
-    int64_t last_ints[MAX_RUN];
-    PyObject *last_sample;
     /* The live counts `sample_watched` reads (`watch_memory`): per stage, a dict of bytes
      * held per micro-batch, and two lists of bytes in flight. */
     PyObject *held, *act, *grad;
+    int64_t last_ints[MAX_RUN];
+    PyObject *last_sample;
+    PyObject *step_token, *close_token;
+    Lines lines;
+    Buffer out;
 } Queue;
 
 static PyObject *s_main, *s_sum;
@@ -124,15 +127,31 @@ COLD static int call_on_full(Queue *q) {
     return done ? 0 : -1;
 }
 
-HOT static int push(Queue *q, const Cell *e) {
-    Py_ssize_t n = HEADER_LENGTH(e[0].i);
-    if (q->tail + n > q->cap && grow_cells(q, n) < 0) return -1;
-    memcpy(q->cells + q->tail, e, (size_t)n * sizeof(Cell));
+/* Room for an entry of ``n`` cells at the queue's end, for the caller to fill in place and
+ * then `commit` (no copy of it made on the stack first: its cells are written once). */
+HOT static Cell *reserve(Queue *q, Py_ssize_t n) {
+    if (q->tail + n > q->cap && grow_cells(q, n) < 0) return NULL;
+    return q->cells + q->tail;
+}
+
+/* The entry filled in at the end kept (its objects' references taken), then the writer
+ * let flush when the bound is reached. */
+HOT static int commit(Queue *q) {
+    Cell *e = q->cells + q->tail;
     entry_incref(e);
-    q->tail += n;
+    q->tail += HEADER_LENGTH(e[0].i);
     q->count++;
     if (q->count < q->capacity || q->on_full == NULL || q->flushing) return 0;
     return call_on_full(q);
+}
+
+/* Append a copy of entry ``e``. */
+static int push(Queue *q, const Cell *e) {
+    Py_ssize_t n = HEADER_LENGTH(e[0].i);
+    Cell *to = reserve(q, n);
+    if (to == NULL) return -1;
+    memcpy(to, e, (size_t)n * sizeof(Cell));
+    return commit(q);
 }
 
 /* A record kept as its tuple (stolen). */
@@ -184,7 +203,7 @@ static PyObject *write_lines(Queue *q, PyObject *const *args, Py_ssize_t nargs) 
     int fd = PyObject_AsFileDescriptor(args[0]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
     if (fd < 0 || (limit == -1 && PyErr_Occurred())) return NULL;
-    if (!q->lines.open) {
+    if (!q->open) {
         PyErr_SetString(PyExc_RuntimeError, "write: the queue was not opened");
         return NULL;
     }
@@ -242,7 +261,7 @@ HOT static int track(TrackSet *s, int64_t id, const Cell *e) {
     if (s->len == s->cap && grow_tracked(s) < 0) return -1;
     Tracked *t = &s->items[s->len++];
     t->id = id;
-    memcpy(t->cells, e, (size_t)HEADER_LENGTH(e[0].i) * sizeof(Cell));
+    for (Py_ssize_t k = 0; k < HEADER_LENGTH(e[0].i); k++) t->cells[k] = e[k];
     entry_incref(e);
     s->live++;
     return 0;
@@ -299,14 +318,19 @@ COLD static PyObject *track_dict(TrackSet *s) {
 static PyObject *open_steps(Queue *q, PyObject *unused) { return track_dict(&q->open_steps); }
 static PyObject *inflight(Queue *q, PyObject *unused) { return track_dict(&q->inflight); }
 
-/* An entry kept by the queue and in ``s`` under ``id`` (its record tuple when it does not
- * fit in cells: ``record``, stolen, or NULL). */
-HOT static int push_tracked(Queue *q, TrackSet *s, int64_t id, Cell *e, PyObject *record) {
+/* A record tuple (stolen) kept by the queue and in ``s`` under ``id``: an entry whose values
+ * do not fit in cells. */
+COLD static int push_tracked(Queue *q, TrackSet *s, int64_t id, PyObject *record) {
+    if (record == NULL) return -1;
     Cell kept[2] = {{.i = HEADER(TAG_TUPLE, 2)}, {.o = record}};
-    const Cell *entry = record ? kept : e;
-    int ok = push(q, entry) == 0 && track(s, id, entry) == 0;
-    Py_XDECREF(record);
+    int ok = push(q, kept) == 0 && track(s, id, kept) == 0;
+    Py_DECREF(record);
     return ok ? 0 : -1;
+}
+
+/* An entry filled in at the queue's end (`reserve`) kept, and in ``s`` under ``id``. */
+HOT static int commit_tracked(Queue *q, TrackSet *s, int64_t id) {
+    return track(s, id, q->cells + q->tail) == 0 && commit(q) == 0 ? 0 : -1;
 }
 
 /* -- the hot calls ------------------------------------------------------------------------ */
@@ -318,25 +342,38 @@ COLD static PyObject *profiled_token(Queue *q, PyObject *id, PyObject *step) {
     return token;
 }
 
-/* A step begun at ``t``: its token (its id, or a profiler's token from step_token). */
-HOT static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject *step,
-                              PyObject *thread) {
-    int64_t pos;
-    int64_t sid = q->next_id++;
-    Cell e[7] = {{.i = HEADER(TAG_STEP_BEGIN, 7)}, {.i = t}, {.i = sid}, {.i = q->iteration},
-                 {.i = 0},  {.o = step},         {.o = thread}};
-    PyObject *record = NULL;
-    if (as_int64(position, &pos)) {
-        e[4].i = pos;
-    } else {
-        record = Py_BuildValue("(iLLLOOO)", TAG_STEP_BEGIN, (long long)t, (long long)sid,
-                               (long long)q->iteration, position, step, thread);
-        if (record == NULL) return NULL;
-    }
-    if (push_tracked(q, &q->open_steps, sid, e, record) < 0) return NULL;
+/* The token of step ``sid``: its id, or a profiler's token from step_token. */
+HOT static PyObject *step_token(Queue *q, int64_t sid, PyObject *step) {
     PyObject *id = PyLong_FromLongLong(sid);
     if (id == NULL || !q->profiling) return id;
     return profiled_token(q, id, step);
+}
+
+/* begin_at's record for a position that is not an int64: kept as its tuple. */
+COLD static PyObject *begin_kept(Queue *q, int64_t t, int64_t sid, PyObject *position,
+                                 PyObject *step, PyObject *thread) {
+    PyObject *record = Py_BuildValue("(iLLLOOO)", TAG_STEP_BEGIN, (long long)t, (long long)sid,
+                                     (long long)q->iteration, position, step, thread);
+    if (push_tracked(q, &q->open_steps, sid, record) < 0) return NULL;
+    return step_token(q, sid, step);
+}
+
+/* A step begun at ``t``: its token. */
+HOT static PyObject *begin_at(Queue *q, int64_t t, PyObject *position, PyObject *step,
+                              PyObject *thread) {
+    int64_t pos, sid = q->next_id++;
+    if (!as_int64(position, &pos)) return begin_kept(q, t, sid, position, step, thread);
+    Cell *e = reserve(q, 7);
+    if (e == NULL) return NULL;
+    e[0].i = HEADER(TAG_STEP_BEGIN, 7);
+    e[1].i = t;
+    e[2].i = sid;
+    e[3].i = q->iteration;
+    e[4].i = pos;
+    e[5].o = step;
+    e[6].o = thread;
+    if (commit_tracked(q, &q->open_steps, sid) < 0) return NULL;
+    return step_token(q, sid, step);
 }
 
 HOT static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t nargs) {
@@ -344,10 +381,20 @@ HOT static PyObject *begin_step(Queue *q, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "begin_step(position, step, thread='main')");
         return NULL;
     }
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     int64_t t;
     if (stamp(q, &t) < 0) return NULL;
     return begin_at(q, t, args[0], args[1], nargs == 3 ? args[2] : s_main);
+}
+
+/* A record of (tag, t, id): a step's end, a P2P op's completion. */
+HOT static int push_id(Queue *q, int tag, int64_t t, int64_t id) {
+    Cell *e = reserve(q, 3);
+    if (e == NULL) return -1;
+    e[0].i = HEADER(tag, 3);
+    e[1].i = t;
+    e[2].i = id;
+    return commit(q);
 }
 
 /* The step of ``token`` ended at ``t`` (``nbytes``: a swap launch's, or None): 0 or -1. */
@@ -360,8 +407,7 @@ HOT static int end_at(Queue *q, int64_t t, PyObject *token, PyObject *nbytes) {
     if (fits) untrack(&q->open_steps, sid);
     int ok;
     if (fits && nbytes == Py_None) {
-        Cell e[3] = {{.i = HEADER(TAG_STEP_END, 3)}, {.i = t}, {.i = sid}};
-        ok = push(q, e);
+        ok = push_id(q, TAG_STEP_END, t, sid);
     } else if (nbytes == Py_None) {
         ok = push_tuple(q, Py_BuildValue("(iLO)", TAG_STEP_END, (long long)t, id));
     } else { /* a swap launch's bytes */
@@ -376,7 +422,7 @@ HOT static PyObject *end_step(Queue *q, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "end_step(token, nbytes=None)");
         return NULL;
     }
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     int64_t t;
     if (stamp(q, &t) < 0 || end_at(q, t, args[0], nargs == 2 ? args[1] : Py_None) < 0)
         return NULL;
@@ -429,38 +475,45 @@ HOT static PyObject *p2p_posted(Queue *q, PyObject *const *args, Py_ssize_t narg
                                 PyObject *kwnames) {
     PyObject *v[NPOST];
     if (post_arguments(args, nargs, kwnames, v) < 0) return NULL;
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     int64_t t, peer, seq, nbytes;
     if (stamp(q, &t) < 0) return NULL;
     int64_t pid = q->next_id++;
-    /* (tag, t, id, it, op, step, peer, channel, seq, bytes, shape, dtype, stack) */
-    Cell e[13] = {{.i = HEADER(TAG_P2P_POST, 13)}, {.i = t}, {.i = pid}, {.i = q->iteration},
-                  {.o = v[0]}, {.o = v[1]}, {.i = 0}, {.o = v[3]}, {.i = 0}, {.i = 0},
-                  {.o = v[6]}, {.o = v[7]}, {.o = NULL}};
-    PyObject *record = NULL;
-    if (as_int64(v[2], &peer) && as_int64(v[4], &seq) && as_int64(v[5], &nbytes)) {
-        e[6].i = peer;
-        e[8].i = seq;
-        e[9].i = nbytes;
-    } else {
-        record = Py_BuildValue("(iLLLOOOOOOOOO)", TAG_P2P_POST, (long long)t, (long long)pid,
-                               (long long)q->iteration, v[0], v[1],
-                               v[2], v[3], v[4], v[5], v[6], v[7], Py_None);
-        if (record == NULL) return NULL;
+    if (!as_int64(v[2], &peer) || !as_int64(v[4], &seq) || !as_int64(v[5], &nbytes)) {
+        PyObject *record = Py_BuildValue("(iLLLOOOOOOOOO)", TAG_P2P_POST, (long long)t,
+                                         (long long)pid, (long long)q->iteration, v[0], v[1],
+                                         v[2], v[3], v[4], v[5], v[6], v[7], Py_None);
+        if (push_tracked(q, &q->inflight, pid, record) < 0) return NULL;
+        return PyLong_FromLongLong(pid);
     }
-    if (push_tracked(q, &q->inflight, pid, e, record) < 0) return NULL;
+    /* (tag, t, id, it, op, step, peer, channel, seq, bytes, shape, dtype, stack) */
+    Cell *e = reserve(q, 13);
+    if (e == NULL) return NULL;
+    e[0].i = HEADER(TAG_P2P_POST, 13);
+    e[1].i = t;
+    e[2].i = pid;
+    e[3].i = q->iteration;
+    e[4].o = v[0];
+    e[5].o = v[1];
+    e[6].i = peer;
+    e[7].o = v[3];
+    e[8].i = seq;
+    e[9].i = nbytes;
+    e[10].o = v[6];
+    e[11].o = v[7];
+    e[12].o = NULL;
+    if (commit_tracked(q, &q->inflight, pid) < 0) return NULL;
     return PyLong_FromLongLong(pid);
 }
 
 HOT static PyObject *p2p_completed(Queue *q, PyObject *token) {
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     int64_t t, pid;
     if (stamp(q, &t) < 0) return NULL;
     int ok;
     if (as_int64(token, &pid)) {
         untrack(&q->inflight, pid);
-        Cell e[3] = {{.i = HEADER(TAG_P2P_DONE, 3)}, {.i = t}, {.i = pid}};
-        ok = push(q, e);
+        ok = push_id(q, TAG_P2P_DONE, t, pid);
     } else {
         ok = push_tuple(q, Py_BuildValue("(iLO)", TAG_P2P_DONE, (long long)t, token));
     }
@@ -538,13 +591,15 @@ COLD static PyObject *memory_tuple(Queue *q, PyObject *sid, PyObject *sample, co
 
 /* Ints of a sample of lists of ints: the same as the last (1), or kept as the last (0). */
 HOT static int same_ints(Queue *q, const int64_t *ints, Py_ssize_t saved, Py_ssize_t inflight) {
-    if (q->last_kind == 1 && q->last_saved == saved && q->last_inflight == inflight &&
-        memcmp(q->last_ints, ints, (size_t)(saved + inflight) * sizeof(int64_t)) == 0)
-        return 1;
+    Py_ssize_t n = saved + inflight, k = 0; /* a few ints: compared here, not by memcmp */
+    if (q->last_kind == 1 && q->last_saved == saved && q->last_inflight == inflight) {
+        while (k < n && q->last_ints[k] == ints[k]) k++;
+        if (k == n) return 1;
+    }
     q->last_kind = 1;
     q->last_saved = saved;
     q->last_inflight = inflight;
-    memcpy(q->last_ints, ints, (size_t)(saved + inflight) * sizeof(int64_t));
+    for (k = 0; k < n; k++) q->last_ints[k] = ints[k];
     return 0;
 }
 
@@ -568,11 +623,16 @@ HOT static PyObject *sample_ints(Queue *q, int64_t sid, const int64_t *ints, Py_
     if (at) t = *at;
     else if (now(q, &t) < 0) return NULL;
     Py_ssize_t n = 7 + saved + inflight;
-    Cell e[7 + MAX_RUN] = {{.i = HEADER(TAG_MEMORY, n)}, {.i = t}, {.i = sid},
-                           {.i = RUN(7, saved)}, {.i = RUN(7 + saved, inflight)},
-                           {.o = NULL}, {.o = NULL}};
+    Cell *e = reserve(q, n);
+    if (e == NULL) return NULL;
+    e[0].i = HEADER(TAG_MEMORY, n);
+    e[1].i = t;
+    e[2].i = sid;
+    e[3].i = RUN(7, saved);
+    e[4].i = RUN(7 + saved, inflight);
+    e[5].o = e[6].o = NULL;
     for (Py_ssize_t k = 0; k < saved + inflight; k++) e[7 + k].i = ints[k];
-    if (push(q, e) < 0) return NULL;
+    if (commit(q) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -607,7 +667,7 @@ HOT static PyObject *memory_sample(Queue *q, PyObject *const *args, Py_ssize_t n
                         "memory_sample(token, saved, inflight, allocator=None, swapped=None)");
         return NULL;
     }
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     return sample_at(q, args, nargs, NULL);
 }
 
@@ -690,7 +750,7 @@ HOT static PyObject *watched_at(Queue *q, PyObject *token, const int64_t *at) {
 }
 
 HOT static PyObject *sample_watched(Queue *q, PyObject *token) {
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     return watched_at(q, token, NULL);
 }
 
@@ -704,12 +764,12 @@ HOT static PyObject *next_step(Queue *q, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "next_step(token, sampled, position, step)");
         return NULL;
     }
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     int64_t t;
     if (stamp(q, &t) < 0) return NULL;
     PyObject *token = args[0];
     if (token != Py_None) {
-        int sampled = PyObject_IsTrue(args[1]);
+        int sampled = args[1] == Py_True ? 1 : args[1] == Py_False ? 0 : PyObject_IsTrue(args[1]);
         if (sampled < 0 || end_at(q, t, token, Py_None) < 0) return NULL;
         if (sampled) {
             PyObject *done = watched_at(q, token, &t);
@@ -723,7 +783,7 @@ HOT static PyObject *next_step(Queue *q, PyObject *const *args, Py_ssize_t nargs
 /* -- the object --------------------------------------------------------------------------- */
 
 static PyObject *append_record(Queue *q, PyObject *record) {
-    if (!q->lines.open) return not_recording();
+    if (!q->open) return not_recording();
     if (push_tuple(q, Py_NewRef(record)) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -737,15 +797,17 @@ static PyObject *queue_open(Queue *q, PyObject *args, PyObject *kwargs) {
                                      &spec, &offset, &PyDict_Type, &texts, &text, &PyDict_Type,
                                      &literals, &peers, &fallback, &capacity, &on_full))
         return NULL;
+    q->open = 0;
     if (lines_open(&q->lines, spec, offset, texts, text, literals, peers, fallback) < 0)
         return NULL;
+    q->open = 1;
     q->capacity = capacity;
     Py_XSETREF(q->on_full, on_full == Py_None ? NULL : Py_NewRef(on_full));
     Py_RETURN_NONE;
 }
 
 static PyObject *queue_close(Queue *q, PyObject *unused) {
-    q->lines.open = 0; /* the hot calls refuse; what waits can still be taken */
+    q->open = 0; /* the hot calls refuse; what waits can still be taken */
     Py_RETURN_NONE;
 }
 
@@ -786,6 +848,7 @@ static int queue_traverse(Queue *q, visitproc visit, void *arg) {
 }
 
 static int queue_clear(Queue *q) {
+    q->open = 0;
     release_all(q);
     track_clear(&q->open_steps);
     track_clear(&q->inflight);
@@ -868,6 +931,7 @@ PyMODINIT_FUNC PyInit__queue(void) {
     if (s_sum == NULL) return NULL;
     for (int i = 0; i < NPOST; i++)
         if ((post_keys[i] = PyUnicode_InternFromString(post_names[i])) == NULL) return NULL;
+    entries_init();
     if (PyType_Ready(&QueueType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

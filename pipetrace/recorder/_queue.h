@@ -51,7 +51,8 @@ enum { TAG_STEP_BEGIN, TAG_STEP_END, TAG_P2P_POST, TAG_P2P_DONE, TAG_OTHER, TAG_
  * ints; NULL: never kept in cells. */
 extern const char *const CELLS[NTAGS];
 
-/* Each cell's objects: the entry's references, taken or given back. */
+/* Each cell's objects: the entry's references, taken or given back (`entries_init` first). */
+void entries_init(void);
 HOT void entry_incref(const Cell *e);
 HOT void entry_decref(const Cell *e);
 int entry_visit(const Cell *e, visitproc visit, void *arg);
@@ -84,7 +85,6 @@ typedef struct {
 } Cached;
 
 typedef struct {
-    int open;
     int64_t offset;
     PyObject *spec; /* the layouts' description: the slots' texts point into its bytes */
     Layout layouts[NTAGS];
@@ -108,7 +108,26 @@ void lines_clear(Lines *l);
 int lines_traverse(Lines *l, visitproc visit, void *arg);
 /* An entry's line appended to ``b``: 0, or -1 with an exception set. */
 int lines_put(Lines *l, Buffer *b, const Cell *e);
-/* An exact int within int64: 1 (``out`` set) or 0. */
-HOT int as_int64(PyObject *value, int64_t *out);
+/* An exact int within int64: 1 (``out`` set) or 0. Inline for the ints that fit a machine
+ * word's part of the int object (every count, size and time the hot calls see), so that the
+ * usual call runs no code of the interpreter's (each function's code is one more cache line
+ * that a framework's work evicted); `long_as_int64` for the rest. */
+int long_as_int64(PyObject *value, int64_t *out);
+static inline int as_int64(PyObject *value, int64_t *out) {
+    if (!PyLong_CheckExact(value)) return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)value)) {
+        *out = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)value);
+        return 1;
+    }
+#else
+    Py_ssize_t size = Py_SIZE(value);
+    if (size >= -1 && size <= 1) { /* one digit (zero too: its digit is there, and 0) */
+        *out = (int64_t)size * (int64_t)((PyLongObject *)value)->ob_digit[0];
+        return 1;
+    }
+#endif
+    return long_as_int64(value, out);
+}
 
 #endif
