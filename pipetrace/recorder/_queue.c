@@ -275,8 +275,8 @@ COLD static void compact(TrackSet *s) {
     s->len = kept;
 }
 
-/* Forget ``id`` if it is there. Ids are increasing, removed ones keep their place. */
-HOT static void untrack(TrackSet *s, int64_t id) {
+/* The index of ``id`` in ``s`` (ids are increasing, removed ones keep their place), or -1. */
+static Py_ssize_t find_tracked(TrackSet *s, int64_t id) {
     Py_ssize_t lo = 0, hi = s->len;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
@@ -284,8 +284,16 @@ HOT static void untrack(TrackSet *s, int64_t id) {
         if (at < id) lo = mid + 1;
         else hi = mid;
     }
-    if (lo == s->len || s->items[lo].id != id) return;
-    Tracked *t = &s->items[lo];
+    return lo < s->len && s->items[lo].id == id ? lo : -1;
+}
+
+/* Forget ``id`` if it is there; usually the last one tracked (a step's end, a plain-mode
+ * op's completion), found without a search. */
+HOT static void untrack(TrackSet *s, int64_t id) {
+    Py_ssize_t at = s->len - 1;
+    if (at < 0 || s->items[at].id != id) at = find_tracked(s, id);
+    if (at < 0) return;
+    Tracked *t = &s->items[at];
     t->id = -id - 2; /* removed, still ordered */
     s->live--;
     entry_decref(t->cells);
