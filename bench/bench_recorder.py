@@ -26,7 +26,11 @@ thread, the rest (gloo, watchdog), and the time spent in garbage collections on 
 memory samples, so the stages do not count what they save either), ``steps-only`` (no
 memory samples and no P2P events) and ``counting`` (nothing recorded, but the runtime counts
 what a memory sample reads: the stages' saved bytes, the mailboxes' bytes): what each part
-of the recording costs in the same rounds.
+of the recording costs in the same rounds. With ``--block-steps`` above 1 it also prints each
+measure without each block's first iteration (the one after a switch, which pays for turning
+recording and counting on or off and for the other side's code leaving the caches: a run
+recording every iteration pays that once), and the training threads' first and later
+iterations per side.
 
 Part 3 prices the memory samples alone, in one process: a demo stage's forward + backward
 with and without counting what autograd saves (alternating, ratio of medians), and the
@@ -420,6 +424,9 @@ class Block:
     writer: float  # the recorder's writer thread's
     gc: float  # seconds in garbage collections (any thread), part of the above
     flush: float  # the training thread's in the block's closing flush (encode + write)
+    first_end: float  # perf_counter at the end of the block's first iteration
+    first_cpu: float  # the process's CPU seconds in the first iteration
+    first_main: float  # the training thread's in the first iteration
 
 
 class GcTime:
@@ -482,7 +489,13 @@ def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> li
             _thread_cpu(WRITER_THREAD),
             gc_time.total,
         )
-        for _ in range(block_steps):
+        runner.step(*batch)
+        first_end, first_cpu, first_main = (
+            time.perf_counter(),
+            time.process_time() - cpu,
+            time.thread_time() - main,
+        )
+        for _ in range(block_steps - 1):
             runner.step(*batch)
         end = time.perf_counter()
         dist.barrier()
@@ -499,6 +512,9 @@ def _run_blocks(runner, switch, batch, order: list[str], block_steps: int) -> li
                 _thread_cpu(WRITER_THREAD) - writer,
                 gc_time.total - gc,
                 flush,
+                first_end,
+                first_cpu,
+                first_main,
             )
         )
     return blocks
@@ -550,12 +566,30 @@ class JobBlock:
     writer: float
     gc: float
     flush: float
+    first_wall: float  # the block's first iteration (its ranks' first start to last end)
+    first_cpu: float
+    first_main: float
 
     @property
     def threads(self) -> float:
         """CPU of the threads recording runs on (training + writer): steadier than the
         process's, whose gloo threads' CPU moves with the load."""
         return self.main + self.writer
+
+    # The block less its first iteration: the one after a switch, which pays for turning
+    # recording (and counting) on or off and for the other side's code leaving the caches,
+    # what a run recording every iteration pays once. The closing flush stays in.
+    @property
+    def later_wall(self) -> float:
+        return self.wall - self.first_wall
+
+    @property
+    def later_cpu(self) -> float:
+        return self.cpu - self.first_cpu
+
+    @property
+    def later_threads(self) -> float:
+        return self.threads - self.first_main
 
 
 def _job_blocks(per_rank: list[list[dict]]) -> list[JobBlock]:
@@ -570,6 +604,9 @@ def _job_blocks(per_rank: list[list[dict]]) -> list[JobBlock]:
                 sum(p["writer"] for p in parts),
                 sum(p["gc"] for p in parts),
                 sum(p["flush"] for p in parts),
+                max(p["first_end"] for p in parts) - min(p["start"] for p in parts),
+                sum(p["first_cpu"] for p in parts),
+                sum(p["first_main"] for p in parts),
             )
         )
     return blocks
@@ -604,11 +641,17 @@ def _print_demo(blocks: list[JobBlock], block_steps: int, sides: Sequence[str]) 
         f"{block_steps} iterations per block; median over rounds of each side / off, "
         f"± its standard error"
     )
-    measures = (
+    measures = [
         ("wall", "job wall time", 1),
         ("cpu", "CPU, 4 ranks", 2),
         ("threads", "main + writer", 2),
-    )
+    ]
+    if block_steps > 1:  # the same without each block's first iteration
+        measures += [
+            ("later_wall", "wall, 2nd on", 1),
+            ("later_cpu", "CPU, 2nd on", 2),
+            ("later_threads", "main, 2nd on", 2),
+        ]
     for measure, label, target in measures:
         ratios = _round_ratios(blocks, measure, sides)
         floor, recorded = _summary(ratios[sides[1]]), _summary(ratios["steps"])
@@ -629,6 +672,13 @@ def _print_demo(blocks: list[JobBlock], block_steps: int, sides: Sequence[str]) 
             f"{ms(lambda b: b.cpu - b.main - b.writer):5.2f}; "
             f"of the training thread's, the block's closing flush {ms(lambda b: b.flush):5.3f}"
         )
+    if block_steps > 1:
+        print("  training threads per iteration, median over blocks (ms): first, the others")
+        for side in sides:
+            mine = [b for b in blocks if b.side == side]
+            first = statistics.median(b.first_main for b in mine) * 1e3
+            later = statistics.median(b.later_threads for b in mine) * 1e3 / (block_steps - 1)
+            print(f"  {side:<10} {first:6.2f}, {later:6.2f}")
     print("  garbage collections (4 ranks), mean ms per iteration and share of blocks with one:")
     for side in sides:
         gcs = [b.gc for b in blocks if b.side == side]
