@@ -1,4 +1,4 @@
-"""Cache lines each hot call of the recorder touches when it runs cold, counted by valgrind.
+"""Cache lines each hot call of the recorder (and its flush) touches cold, counted by valgrind.
 
     .venv/bin/python bench/count_recorder_lines.py [--calls N] [--baseline REV]
 
@@ -14,10 +14,14 @@ code, data read, data written; every miss of the last level is a line the call t
 - ``next_step``: the executor's one call between two steps (a step's end, a memory sample
   of the watched counts that differs from the last, the next step's begin);
 - ``p2p``: a ``p2p_posted`` and its ``p2p_completed``, a sweep between them (a plain-mode
-  op: posted, then waited for).
+  op: posted, then waited for);
+- ``flush``: the queue's ``write`` of two iterations of the rank's events (its 48 steps
+  each, their memory samples and P2P ops, the iterations' begin and end), the bench's
+  closing flush of a block (`bench/bench_recorder.py`); per call, one flush.
 
 ``--baseline REV`` counts REV's recorder too (its tree checked out and built in a temporary
-directory), the two side by side. Needs valgrind and a C compiler; takes ~1 minute a tree.
+directory), the two side by side. Needs valgrind and a C compiler; takes ~1 minute a tree
+(the flush most of it).
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-CALLS = {"next_step": ("next_step",), "p2p": ("p2p_posted", "p2p_completed")}
+CALLS = {
+    "next_step": ("next_step",),
+    "p2p": ("p2p_posted", "p2p_completed"),
+    "flush": ("write_lines",),
+}
+OPS = {"SEND_F": "send", "SEND_B": "send", "RECV_F": "recv", "RECV_B": "recv"}
 COLUMNS = ("Ir", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +47,7 @@ def drive(which: str, calls: int) -> None:
     """The child: ``calls`` cold calls of ``which`` on a recorder of the 1F1B demo's rank 1."""
     import numpy as np
 
+    from pipetrace.recorder import recorder as recorder_module
     from pipetrace.recorder.recorder import Recorder
     from pipetrace.recorder.setup import RecordSettings
     from pipetrace.schedule.builders import build_plan
@@ -51,6 +61,15 @@ def drive(which: str, calls: int) -> None:
         recorder.begin_iteration(1)
         held, act, grad = [{}], [0], [0]
         recorder.memory_watch(held, act, grad)
+        if which == "flush":  # only the flush measured writes: no iteration end's own
+            recorder_module.ITERATION_FLUSH_SPACING_NS = 1 << 62
+            recorder.end_iteration(1, None)
+            for call in range(calls):
+                record_iterations(recorder, steps, held, act, range(2 + 2 * call, 4 + 2 * call))
+                sweep += 1
+                recorder.flush()
+            recorder.end_run()
+            return
         token = None
         for i in range(calls):
             sweep += 1
@@ -69,6 +88,32 @@ def drive(which: str, calls: int) -> None:
             if i % 20 == 19:
                 recorder.flush()
         recorder.end_run()
+
+
+def record_iterations(recorder, steps, held, act, iterations: range) -> None:
+    """The ``iterations`` of rank 1's events as the executor and its P2P layer make them: a
+    `next_step` between two steps (a memory sample after each but the sends), a P2P op
+    posted and completed inside each send and recv step."""
+    for iteration in iterations:
+        recorder.begin_iteration(iteration)
+        token, sampled = None, False
+        for position, step in enumerate(steps):
+            token = recorder.next_step(token, sampled, position, step)
+            if step.kind in OPS:
+                post = recorder.p2p_posted(
+                    op=OPS[step.kind], step=step, peer=0 if "F" in step.kind else 2,
+                    channel=step.kind[-1], seq=step.microbatch, nbytes=16384,
+                    shape=(32, 128), dtype="float32", stream=None,
+                )  # fmt: skip
+                recorder.p2p_completed(post)
+            if step.kind == "F":
+                held[0][step.microbatch] = 65536
+            elif step.kind == "B":
+                held[0].pop(step.microbatch, None)
+            act[0] = 16384 if step.kind == "RECV_F" else 0
+            sampled = not step.kind.startswith("SEND")
+        recorder.end_step(token)
+        recorder.end_iteration(iteration, 0.6931471805599453)
 
 
 def count(tree: Path, which: str, calls: int, out: Path) -> dict[str, float]:
