@@ -120,6 +120,25 @@ static int put(Buffer *b, const char *text, Py_ssize_t len) {
     return 1;
 }
 
+/* ``len`` (at most PAD) bytes of ``padded``, which has PAD readable: all PAD copied. */
+static inline int put_padded(Buffer *b, const char *padded, Py_ssize_t len) {
+    if (!reserve(b, PAD)) return 0;
+    memcpy(b->data + b->len, padded, PAD);
+    b->len += len;
+    return 1;
+}
+
+/* A text kept beside its PAD copy (``padded`` NULL: longer than PAD). */
+static inline int put_text_of(Buffer *b, const char *text, const char *padded, Py_ssize_t len) {
+    return len <= PAD ? put_padded(b, padded, len) : put(b, text, len);
+}
+
+/* ``text`` in ``pad`` (PAD bytes), zero-filled, when it fits. */
+static void pad_text(char *pad, const char *text, Py_ssize_t len) {
+    memset(pad, 0, PAD);
+    if (len <= PAD) memcpy(pad, text, (size_t)len);
+}
+
 /* "00".."99": ints are written two digits at a time, from the end. */
 static const char PAIRS[] =
     "0001020304050607080910111213141516171819202122232425262728293031323334353637383940414243"
@@ -143,10 +162,10 @@ static char *decimal(char *end, uint64_t v) {
 }
 
 static int put_int(Buffer *b, int64_t value) {
-    char digits[24], *end = digits + sizeof digits;
+    char digits[2 * PAD], *end = digits + PAD; /* at most 20 digits and a sign before end */
     char *start = decimal(end, value < 0 ? (uint64_t)0 - (uint64_t)value : (uint64_t)value);
     if (value < 0) *--start = '-';
-    return put(b, start, end - start);
+    return put_padded(b, start, end - start);
 }
 
 /* A time in ns since the epoch: its seconds' digits are the last line's but once a second,
@@ -161,9 +180,9 @@ static int put_time(Lines *l, Buffer *b, int64_t value) {
         memmove(l->second_text, start, (size_t)l->second_len);
         l->second = second;
     }
-    if (!reserve(b, l->second_len + 9)) return 0;
+    if (!reserve(b, PAD + 9)) return 0;
     char *out = b->data + b->len;
-    memcpy(out, l->second_text, (size_t)l->second_len);
+    memcpy(out, l->second_text, PAD); /* its first second_len bytes: the digits */
     out += l->second_len + 9;
     for (int k = 0; k < 4; k++) {
         out -= 2;
@@ -195,10 +214,12 @@ COLD int long_as_int64(PyObject *value, int64_t *out) {
 
 /* -- values ------------------------------------------------------------------------------- */
 
-/* The cached bytes of ``key`` for ``kind`` (borrowed), or NULL. The cache is keyed by the
- * object's address and keeps the object alive, so an address is never another object's. */
+/* The slot for ``key``'s cached bytes. The cache is keyed by the object's address and keeps
+ * the object alive, so an address is never another object's. Addresses hashed by a
+ * multiplication: their low bits repeat from one 4 KiB pool of the allocator to the next, so
+ * a plan's steps taken modulo the slots (as before) met each other's slots every flush. */
 static Cached *cache_slot(Lines *l, PyObject *key) {
-    return &l->cache[((uintptr_t)key >> 4) % CACHE_SLOTS];
+    return &l->cache[((uintptr_t)key * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - CACHE_BITS)];
 }
 
 static void cache_put(Lines *l, PyObject *key, int kind, PyObject *bytes) {
@@ -206,6 +227,8 @@ static void cache_put(Lines *l, PyObject *key, int kind, PyObject *bytes) {
     Py_XSETREF(slot->key, Py_NewRef(key));
     Py_XSETREF(slot->bytes, Py_NewRef(bytes));
     slot->kind = kind;
+    slot->len = PyBytes_GET_SIZE(bytes);
+    pad_text(slot->pad, PyBytes_AS_STRING(bytes), slot->len);
 }
 
 /* The bytes the literals mapping gives for ``key`` (a dict subclass: __missing__ may run). */
@@ -303,7 +326,8 @@ static int put_int_kind(Lines *l, Buffer *b, int kind, int64_t v) {
 static int put_object_kind(Lines *l, Buffer *b, int kind, PyObject *value) {
     if (kind == K_NONE) return value == Py_None;
     Cached *hit = cache_slot(l, value);
-    if (hit->key == value && hit->kind == kind) return put_bytes(b, hit->bytes);
+    if (hit->key == value && hit->kind == kind)
+        return put_text_of(b, PyBytes_AS_STRING(hit->bytes), hit->pad, hit->len) ? 1 : -1;
     switch (kind) {
     case K_TEXT:
         return put_text(l, b, value);
@@ -340,14 +364,14 @@ static int put_layout(Lines *l, Buffer *b, const Layout *layout, const Cell *e, 
     Py_ssize_t start = b->len;
     for (int i = 0; i < layout->nslots; i++) {
         const Slot *s = &layout->slots[i];
-        if (!put(b, s->text, s->text_len)) return -1;
+        if (!put_text_of(b, s->text, s->pad, s->text_len)) return -1;
         int ok = record ? put_item(l, b, s, record) : put_cell(l, b, s, e);
         if (ok != 1) {
             b->len = start;
             return ok;
         }
     }
-    return put(b, layout->tail, layout->tail_len) ? 1 : -1;
+    return put_text_of(b, layout->tail, layout->tail_pad, layout->tail_len) ? 1 : -1;
 }
 
 static int put_fallback(Lines *l, Buffer *b, PyObject *record) {
@@ -422,7 +446,9 @@ static int read_layout(PyObject *entry, Layout *l, int tag) {
                          tag, s->index);
             return 0;
         }
+        pad_text(s->pad, s->text, s->text_len);
     }
+    pad_text(l->tail_pad, l->tail, l->tail_len);
     l->known = 1;
     return 1;
 }

@@ -49,8 +49,15 @@ times = st.one_of(
     # last time's seconds (offsets near 0 put these at second and nanosecond boundaries)
     st.integers(10**9 - 10, 3 * 10**9 + 10),
 )
-names = st.sampled_from(["main", "dw-0", "send", "recv", "act", "grad", "float32", "é", 'q"t'])
-shape_ints = st.lists(st.integers(0, 4096), max_size=4)
+# a name and shapes longer than the compiled encoder's 32-byte copies of short texts
+long_name = "a-thread-named-at-length-by-its-user"
+names = st.sampled_from(
+    ["main", "dw-0", "send", "recv", "act", "grad", "float32", "é", 'q"t', long_name]
+)
+shape_ints = st.one_of(
+    st.lists(st.integers(0, 4096), max_size=4),
+    st.lists(st.integers(0, 2**40), min_size=5, max_size=8),
+)
 shapes = st.one_of(shape_ints.map(tuple), shape_ints, shape_ints.map(Size))
 int_lists = st.lists(ints, max_size=4)
 steps = st.sampled_from(STEPS)
