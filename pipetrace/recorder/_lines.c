@@ -128,7 +128,7 @@ static inline int put_padded(Buffer *b, const char *padded, Py_ssize_t len) {
     return 1;
 }
 
-/* A text kept beside its PAD copy (``padded`` NULL: longer than PAD). */
+/* A text kept beside its PAD copy: the copy written when the text fits in it. */
 static inline int put_text_of(Buffer *b, const char *text, const char *padded, Py_ssize_t len) {
     return len <= PAD ? put_padded(b, padded, len) : put(b, text, len);
 }
