@@ -3,8 +3,9 @@
 How a rank ended is decided once, in `endings`; this module turns the verdicts into findings.
 Only root causes are errors: a "connection closed" failure after another rank's first failure
 is named a consequence of it (gloo tears down the peers of a dead rank), a signal after it the
-launcher ending the ranks left behind, and a P2P timeout of a rank caught in a deadlock or
-stall a symptom of that hang; those are warnings.
+launcher ending the ranks left behind, and the end of a P2P wait of a rank caught in a
+deadlock or stall (a timeout, or a connection closed under it) a symptom of that hang; those
+are warnings.
 """
 
 from __future__ import annotations
@@ -84,9 +85,13 @@ def _raised(
     if closed and first and exc and first.explains(rank.rank, exc.t):
         severity = fk.WARNING
         cause = first.follows(exc.t, "its connection to a failed peer closed")
-    elif timed_out and hung:
+    elif (closed or timed_out) and hung:
+        # A hung rank's wait ends when it gives up or when a peer that gave up first closes the
+        # connection; gloo may close it before that peer records its own error, so a lost
+        # connection recorded first is still the hang's symptom, not a root cause.
         severity = fk.WARNING
-        cause = "a P2P wait gave up: a symptom of the hang reported as deadlock / rank_stalled"
+        how = "a P2P wait gave up" if timed_out else "a peer that gave up closed its connection"
+        cause = f"{how}: a symptom of the hang reported as deadlock / rank_stalled"
     message = f"rank {rank.rank} raised {_one_line(st.error)} {at.phrase}"
     details = {"error": st.error, "traceback": tb}
     return _told(rank, ending, at, exc.t if exc else None, severity, message, cause, details)
