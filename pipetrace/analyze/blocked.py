@@ -5,7 +5,8 @@ it is waiting on: the op of its open SEND/RECV step, else the recv feeding its o
 step (overlap mode), else its oldest open op (e.g. sends drained at iteration end). A blocked
 rank waits for the op's peer, unless the peer already posted the counterpart (then the
 transfer itself is stuck: the chain ends there). A rank in an open SEND/RECV step that has
-not posted its op yet, or in a collective over the replicas, waits the same way.
+not posted its op yet, or in a collective over the replicas, waits the same way (a peer that
+sits in the counterpart step, posted or not, is at the message too: the transfer is stuck).
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked |
         iteration = int(rank.steps.it[row])
         waits_for: int | None = peer
         state = ""
+        counterpart = counterpart_text(op, channel, src, step.microbatch)  # type: ignore[arg-type]
         if 0 <= peer < run.world_size and run.ranks[peer].present:
             other = run.ranks[peer]
             hits = _counterparts(
@@ -195,6 +197,9 @@ def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked |
             if len(hits):
                 waits_for = None
                 state = _posted_state(other.p2p.done[hits[0]])
+            elif _sits_in(run, other, counterpart, iteration):
+                waits_for = None  # both sides are at the message: neither waits for the other
+                state = "in that step, not posted yet"
         text = catalog.texts[code]
         return Blocked(
             rank=rank.rank,
@@ -206,10 +211,17 @@ def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked |
             iteration=iteration,
             posted_ns=int(rank.steps.begin[row]),
             waits_for=waits_for,
-            counterpart=counterpart_text(op, channel, src, step.microbatch),  # type: ignore[arg-type]
+            counterpart=counterpart,
             counterpart_state=state,
         )
     return None
+
+
+def _sits_in(run: Run, rank: RankTimeline, text: str, iteration: int) -> bool:
+    """Whether ``rank``'s log ends inside the step ``text`` of ``iteration``."""
+    rows = open_rows(rank)
+    code = run.catalog.code(text)
+    return bool(((rank.steps.code[rows] == code) & (rank.steps.it[rows] == iteration)).any())
 
 
 def _counterparts(

@@ -24,24 +24,48 @@ def find_hangs(run: Run) -> list[Finding]:
     findings = [_deadlock(run, blocked, g.cycle, g.members) for g in by_kind[waitfor.CYCLE]]
     for g in sorted(by_kind[waitfor.ENDS_AT], key=lambda g: g.end):
         findings.append(_stalled(run, blocked, g.end, g.members))
-    findings += [_stuck_transfer(run, blocked[g.end]) for g in by_kind[waitfor.DEAD_END]]
+    stuck = [blocked[g.end] for g in by_kind[waitfor.DEAD_END]]
+    findings += [_stuck_transfer(run, b) for b in stuck if not _told_by_peer(b, stuck)]
     return findings + _lone_stalls(run, {r for f in findings for r in f.ranks})
 
 
 def _stuck_transfer(run: Run, b: Blocked) -> Finding:
-    """A blocked rank whose peer posted the counterpart: the transfer itself never ended."""
+    """A blocked rank whose peer reached the counterpart: the transfer itself never ended,
+    or the peer had given up on it before this rank got there."""
+    cause = (
+        "the transfer itself is stuck: the two sides disagree on the message (size, tag) "
+        "or the transport lost it"
+    )
+    peer = run.ranks[b.peer]
+    if peer.last_time() < b.posted_ns:
+        cause = (
+            f"rank {b.peer}'s log ends ({peer.status.state}) "
+            f"{(b.posted_ns - peer.last_time()) / 1e9:.3g} s before rank {b.rank} got to the "
+            "message: it gave up or died before its peer came (a slow peer, or a stall or "
+            "P2P timeout too short for it)"
+        )
     return Finding(
         fk.RANK_STALLED,
         fk.ERROR,
-        f"{b.describe()} never completed although rank {b.peer} posted the "
+        f"{b.describe()} never completed although rank {b.peer} reached the "
         f"counterpart {b.counterpart} ({b.counterpart_state})",
-        "the transfer itself is stuck: the two sides disagree on the message (size, tag) "
-        "or the transport lost it",
+        cause,
         ranks=[b.rank, b.peer],
         steps=[_ref(b, "blocked")],
         iterations=[b.iteration],
         time_ns=(b.posted_ns, _end_of_log(run)),
         details={"chain": [b.rank, b.peer], "terminal_rank": b.peer, "terminal_state": "transfer"},
+    )
+
+
+def _told_by_peer(b: Blocked, stuck: list[Blocked]) -> bool:
+    """Both sides of one message are stuck in it: one finding tells it, the one of the rank
+    that got there last (the lower rank's on a tie)."""
+    return any(
+        o.rank == b.peer
+        and o.step == b.counterpart
+        and (o.posted_ns, -o.rank) > (b.posted_ns, -b.rank)
+        for o in stuck
     )
 
 

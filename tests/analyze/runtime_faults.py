@@ -15,11 +15,12 @@ from pipetrace.schedule.ir import Step
 class Record:
     """Recorder factory: the real torch recorder writing into ``run_dir``; with several
     cases in one launch, case n records into ``run_dir/case-n`` (each rank process counts
-    its own calls, and every rank runs the cases in the same order)."""
+    its own calls, and every rank runs the cases in the same order). A timeout given as a
+    tuple is per rank."""
 
     run_dir: str
-    stall_timeout: float = 30.0
-    abort_timeout: float = 30.0
+    stall_timeout: float | tuple[float, ...] = 30.0
+    abort_timeout: float | tuple[float, ...] = 30.0
     several: bool = False
     calls: int = 0
 
@@ -31,11 +32,15 @@ class Record:
         return torch_recorder(
             RecordSettings(
                 run_dir=str(where),
-                stall_timeout=self.stall_timeout,
-                abort_timeout=self.abort_timeout,
+                stall_timeout=_of_rank(self.stall_timeout, rank),
+                abort_timeout=_of_rank(self.abort_timeout, rank),
                 flush_interval=0.05,
             )
         )
+
+
+def _of_rank(timeout: float | tuple[float, ...], rank: int) -> float:
+    return timeout[rank] if isinstance(timeout, tuple) else timeout
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,8 @@ def run(
     overlap_p2p: bool = False,
     timeout: float = 20.0,
     custom=(),
-    stall_timeout: float = 30.0,
-    abort_timeout: float = 30.0,
+    stall_timeout: float | tuple[float, ...] = 30.0,
+    abort_timeout: float | tuple[float, ...] = 30.0,
 ):
     from pipetrace.runtime.config import RunConfig
     from pipetrace.runtime.launch import launch

@@ -99,3 +99,28 @@ def test_rank_that_never_returns_ends_the_wait_chain(tmp_path):
     assert stalled.details["chain"] == [0, 1] and stalled.details["terminal_state"] == "computing"
     assert "1B1" in stalled.message
     assert analysis.run.ranks[1].status.state == "aborted"
+
+
+def test_peer_that_gave_up_before_the_sender_came_is_no_deadlock(tmp_path):
+    # rank 0 computes 0F0 for 4 s (its watchdog is patient); rank 1's ends it in 1RECV_F0
+    # (still exchanging the first message's shape) after 2 s; rank 0 then sends to a closed
+    # connection. Both logs end in the two sides of one message: no cycle of waits, a peer
+    # that left before the sender came.
+    rf.run(
+        tmp_path,
+        ranks=2,
+        microbatches=4,
+        steps=1,
+        custom=[(StepKind.F, rf.SlowRank(0, 4.0))],
+        stall_timeout=(30.0, 1.0),
+        abort_timeout=(30.0, 1.0),
+    )
+    analysis = analyzed(tmp_path)
+    seen = [(f.severity, f.kind, f.message, f.cause) for f in analysis.findings]
+    assert not [f for f in analysis.findings if f.kind == fk.DEADLOCK], seen
+    stalled = analysis.findings[0]
+    assert stalled.kind == fk.RANK_STALLED and sorted(stalled.ranks) == [0, 1], seen
+    assert stalled.details["terminal_state"] == "transfer"
+    assert "rank 1's log ends (aborted)" in stalled.cause and "0SEND_F0" in stalled.message
+    failed = [f for f in analysis.findings if f.kind == fk.RANK_FAILED]
+    assert [(f.ranks, f.severity) for f in failed] == [([0], fk.WARNING)], seen
