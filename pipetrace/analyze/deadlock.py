@@ -37,10 +37,11 @@ def _stuck_transfer(run: Run, b: Blocked) -> Finding:
         "or the transport lost it"
     )
     peer = run.ranks[b.peer]
-    if peer.last_time() < b.posted_ns:
+    left = peer.last_time()
+    if left < b.posted_ns:
         cause = (
             f"rank {b.peer}'s log ends ({peer.status.state}) "
-            f"{(b.posted_ns - peer.last_time()) / 1e9:.3g} s before rank {b.rank} got to the "
+            f"{(b.posted_ns - left) / 1e9:.3g} s before rank {b.rank} got to the "
             "message: it gave up or died before its peer came (a slow peer, or a stall or "
             "P2P timeout too short for it)"
         )
