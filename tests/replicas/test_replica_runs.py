@@ -21,6 +21,7 @@ from pipetrace.export.layout import process_name
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.launch import free_port
 from pipetrace.tui.session import open_session
+from tests.analyze.conftest import untimed_problems
 
 pytestmark = pytest.mark.multiproc
 
@@ -93,7 +94,7 @@ def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
     for rank in run.ranks:  # every message of a replica stays in its pipeline, and matched
         assert set(rank.p2p.peer.tolist()) <= set(run.pipelines.members(rank.header["replica"]))
         assert (rank.p2p.match_rank >= 0).all()
-    assert not [f for f in clean.findings if f.severity != fk.INFO]
+    assert untimed_problems(clean.findings) == []
     assert clean.replicas is not None and len(clean.replicas.skew) == 2
     names = [process_name(run, rank) for rank in run.ranks]  # the export's process tracks
     assert names[3] == "replica 1, stage 1, global rank 3"
@@ -132,5 +133,5 @@ def test_torch_pipelining_groups_record_as_replicas(tmp_path):
     assert run.pipelines.groups == ((0, 1), (2, 3))
     assert [r.header["pipeline_rank"] for r in run.ranks] == [0, 1, 0, 1]
     assert {int(p) for p in run.ranks[3].p2p.peer} == {2}
-    assert not [f for f in analysis.findings if f.severity != fk.INFO]
+    assert untimed_problems(analysis.findings) == []
     assert analysis.replicas is not None and len(analysis.replicas.skew) == 2
