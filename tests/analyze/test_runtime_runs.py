@@ -7,6 +7,7 @@ import pytest
 
 from pipetrace.analyze import findings as fk
 from pipetrace.schedule.ir import StepKind
+from tests.ranks import BlockAt, RaiseAt, SlowRank, SwapSends
 
 from . import runtime_faults as rf
 from .conftest import analyzed, untimed_problems
@@ -42,7 +43,7 @@ def test_clean_runs_of_every_schedule(tmp_path):
 
 
 def test_straggler_rank(tmp_path):
-    custom = [(StepKind.F, rf.SlowRank(1, 0.01)), (StepKind.B, rf.SlowRank(1, 0.02))]
+    custom = [(StepKind.F, SlowRank(1, 0.01)), (StepKind.B, SlowRank(1, 0.02))]
     rf.run(tmp_path, ranks=2, microbatches=4, steps=2, custom=custom)
     analysis = analyzed(tmp_path)
     stragglers = [f for f in analysis.findings if f.kind == fk.STRAGGLER]
@@ -51,7 +52,7 @@ def test_straggler_rank(tmp_path):
 
 
 def test_raising_rank_is_the_first_failure(tmp_path):
-    rf.run(tmp_path, ranks=2, microbatches=4, steps=2, custom=[(StepKind.F, rf.RaiseAt(1, "1F1"))])
+    rf.run(tmp_path, ranks=2, microbatches=4, steps=2, custom=[(StepKind.F, RaiseAt(1, "1F1"))])
     analysis = analyzed(tmp_path)
     first = analysis.findings[0]
     assert first.kind == fk.RANK_FAILED and first.ranks == [1]
@@ -61,7 +62,7 @@ def test_raising_rank_is_the_first_failure(tmp_path):
 
 
 def test_swapped_sends_deadlock_on_gloo(tmp_path):
-    swap = rf.SwapSends(0, "0SEND_F1", "0SEND_F2")
+    swap = SwapSends(0, "0SEND_F1", "0SEND_F2")
     rf.run(
         tmp_path, ranks=2, microbatches=4, steps=1, timeout=4.0, custom=[(StepKind.SEND_F, swap)]
     )
@@ -91,7 +92,7 @@ def test_rank_that_never_returns_ends_the_wait_chain(tmp_path):
         ranks=2,
         microbatches=4,
         steps=1,
-        custom=[(StepKind.B, rf.BlockAt(1, "1B1"))],
+        custom=[(StepKind.B, BlockAt(1, "1B1"))],
         stall_timeout=2.0,
         abort_timeout=2.0,
     )
@@ -112,7 +113,7 @@ def test_peer_that_gave_up_before_the_sender_came_is_no_deadlock(tmp_path):
         ranks=2,
         microbatches=4,
         steps=1,
-        custom=[(StepKind.F, rf.SlowRank(0, 4.0))],
+        custom=[(StepKind.F, SlowRank(0, 4.0))],
         stall_timeout=(30.0, 1.0),
         abort_timeout=(30.0, 1.0),
     )

@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-from ms_helpers import BlockAt, RaiseAt, RecordCases, alive, children_of_this_process
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
@@ -22,6 +21,7 @@ from pipetrace.cli import main
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.config import DemoConfig, RunConfig
 from pipetrace.schedule.ir import StepKind
+from tests.ranks import BlockAt, RaiseAt, Record, alive, children_of_this_process
 from tests.tui.conftest import wait_loaded
 
 pytest.importorskip("mindspore")
@@ -51,7 +51,11 @@ def test_schedules_match_single_process_and_record_clean_runs(tmp_path):
             BASE, schedule="dualpipev", overlap_p2p=True
         ),  # OVERLAP_F_B on two threads
     ]
-    result = launch(cases, make_recorder=RecordCases(str(tmp_path)), kill_grace=5.0)
+    result = launch(
+        cases,
+        make_recorder=Record(str(tmp_path), several=True, backend="mindspore"),
+        kill_grace=5.0,
+    )
     assert result.ok, result.failures
     assert not [pid for pid in result.pids if alive(pid)]
     for index, case in enumerate(cases):
@@ -150,13 +154,13 @@ def test_crashing_rank_is_diagnosed_and_nothing_is_left_running(tmp_path):
     case = dataclasses.replace(BASE, steps=1, check_parity=False)
     result = launch(
         [case],
-        make_recorder=RecordCases(str(tmp_path)),
+        make_recorder=Record(str(tmp_path), several=True, backend="mindspore"),
         custom_functions=[(StepKind.F, RaiseAt(1, "1F1"))],
         kill_grace=2.0,
     )
     first, *others = result.failures
     assert (first.rank, first.error) == (1, "RuntimeError: injected failure in 1F1")
-    assert "ms_helpers.py" in first.traceback
+    assert "tests/ranks.py" in first.traceback
     assert [(f.rank, f.error) for f in others] == [
         (0, "killed: still running 2 s after rank 1 failed")
     ]
@@ -186,8 +190,8 @@ def test_hanging_rank_is_ended_by_the_watchdog_and_diagnosed_as_a_stall(tmp_path
     )
     result = launch(
         [case],
-        make_recorder=RecordCases(str(tmp_path), stall_timeout=2, abort_timeout=1),
-        custom_functions=[(StepKind.B, BlockAt(1, "1B1"))],
+        make_recorder=Record(str(tmp_path), 2, 1, several=True, backend="mindspore"),
+        custom_functions=[(StepKind.B, BlockAt(1, "1B1", iteration=1))],
         kill_grace=2.0,
     )
     assert not result.ok

@@ -14,33 +14,10 @@ import pipetrace.runtime.mindspore.cluster
 from pipetrace.cli import main
 from pipetrace.runtime.config import DemoConfig, RunConfig
 from pipetrace.runtime.mindspore import support
-from pipetrace.schedule.ir import B, F, I, Plan, Step, StepKind, W, overlap
+from pipetrace.schedule.ir import Plan
+from tests.plans import MIXED_ROWS
 
 DEMO = DemoConfig(width=16, microbatch_size=4)
-
-# A one-rank plan over 3 local stages with every compute kind, a composite and FSDP steps
-# (no-ops here), as in the torch runtime's unit tests.
-MIXED_ROWS: list[list[Step | None]] = [
-    [
-        Step(StepKind.UNSHARD, 0),
-        F(0, 0),
-        F(1, 0),
-        F(2, 0),
-        F(0, 1),
-        F(1, 1),
-        overlap(F(2, 1), I(2, 0)),
-        W(2, 0),
-        B(1, 0),
-        I(0, 0),
-        W(0, 0),
-        B(2, 1),
-        I(1, 1),
-        W(1, 1),
-        B(0, 1),
-        Step(StepKind.REDUCE_GRAD, 0),
-        Step(StepKind.RESHARD, 0),
-    ]
-]
 
 
 @pytest.fixture(scope="module")

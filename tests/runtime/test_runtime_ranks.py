@@ -7,7 +7,6 @@ one after the other in the same process group.
 
 from __future__ import annotations
 
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,6 +18,7 @@ from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
 from pipetrace.schedule.ir import Plan, parse_step
 from pipetrace.testing.cases import parity_case
+from tests.ranks import alive, children_of_this_process
 
 pytestmark = pytest.mark.multiproc
 
@@ -38,26 +38,6 @@ def every_schedule(ranks: int) -> list[RunConfig]:
         for name, v in SCHEDULES
         for overlap in (False, True)
     ]
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
-def children_of_this_process() -> list[int]:
-    me, found = os.getpid(), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == me:
-            found.append(int(stat.parent.name))
-    return found
 
 
 @pytest.mark.parametrize("ranks", [2, 4])

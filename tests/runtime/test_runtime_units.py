@@ -23,7 +23,8 @@ from pipetrace.runtime.p2p import TensorMeta
 from pipetrace.runtime.split import stages_of_rank
 from pipetrace.runtime.stage import PipelineStage
 from pipetrace.runtime.torch_backend import TorchBackend, split_sequential
-from pipetrace.schedule.ir import B, F, I, Plan, Step, StepKind, W, format_step, overlap
+from pipetrace.schedule.ir import B, F, I, Plan, Step, StepKind, format_step
+from tests.plans import MIXED_ROWS
 
 DEMO = DemoConfig(width=16, microbatch_size=4)
 TORCH = TorchBackend()
@@ -84,30 +85,6 @@ def assert_matches_reference(
     )
     assert report.ok, report.mismatches
     assert report.compared == 1 + 2 * 2 * num_stages  # loss + (weight, bias) x 2 blocks per stage
-
-
-# A one-rank plan over 3 local stages with every compute kind, a composite and FSDP steps.
-MIXED_ROWS: list[list[Step | None]] = [
-    [
-        Step(StepKind.UNSHARD, 0),
-        F(0, 0),
-        F(1, 0),
-        F(2, 0),
-        F(0, 1),
-        F(1, 1),
-        overlap(F(2, 1), I(2, 0)),
-        W(2, 0),
-        B(1, 0),
-        I(0, 0),
-        W(0, 0),
-        B(2, 1),
-        I(1, 1),
-        W(1, 1),
-        B(0, 1),
-        Step(StepKind.REDUCE_GRAD, 0),
-        Step(StepKind.RESHARD, 0),
-    ]
-]
 
 
 def test_split_sequential_keeps_names_and_balances():

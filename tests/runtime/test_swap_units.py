@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from runtime_helpers import ListRecorder
-from test_runtime_units import MIXED_ROWS, assert_matches_reference, run_plan
+from test_runtime_units import assert_matches_reference, run_plan
 
 from pipetrace.errors import PipetraceError
 from pipetrace.runtime.config import RunConfig
@@ -15,6 +15,7 @@ from pipetrace.schedule.builders import build_plan
 from pipetrace.schedule.ir import SWAP_ORDER, Plan, Step, parse_step
 from pipetrace.schedule.swap import SwapPolicy, add_swap_steps
 from pipetrace.settings import SettingsError
+from tests.plans import MIXED_ROWS
 
 
 def swapped_rows(policy: str) -> list[list[Step | None]]:
