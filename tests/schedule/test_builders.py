@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from schedule_cases import V_CHOICES
 
 from pipetrace.schedule.builders import (
     SCHEDULE_NAMES,
@@ -24,15 +25,6 @@ from pipetrace.schedule.ir import (
     infer_placement,
     stage_to_rank,
 )
-
-V_CHOICES = {
-    "gpipe": (1,),
-    "1f1b": (1,),
-    "interleaved-1f1b": (1, 2, 3),
-    "zb1p": (1, 2, 3),
-    "zbv": (2,),
-    "dualpipev": (2,),
-}
 
 
 def is_valid(name: str, p: int, m: int, v: int) -> bool:

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict, deque
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from schedule_cases import V_CHOICES
 
 from pipetrace.schedule.builders import SCHEDULE_NAMES, build_compute_plan, build_plan
 from pipetrace.schedule.csvio import parse_csv_text
@@ -26,14 +27,6 @@ from pipetrace.schedule.ir import (
 from pipetrace.schedule.lowering import add_fsdp_steps, layout_bubbles, lower
 
 SEMANTICS = ("eager", "rendezvous", "fifo")
-V_CHOICES = {
-    "gpipe": (1,),
-    "1f1b": (1,),
-    "interleaved-1f1b": (1, 2, 3),
-    "zb1p": (1, 2, 3),
-    "zbv": (2,),
-    "dualpipev": (2,),
-}
 
 
 def valid_sizes(name: str, p: int) -> list[tuple[int, int]]:

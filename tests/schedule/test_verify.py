@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from schedule_cases import V_CHOICES
 
 from pipetrace.schedule.builders import SCHEDULE_NAMES, build_plan
 from pipetrace.schedule.ir import Plan, ScheduleError, infer_placement, parse_step
@@ -299,16 +300,6 @@ def test_json_shape() -> None:
     }
     assert set(data["findings"][0]) == {"kind", "severity", "message", "ranks", "steps"}
     assert data["findings"][0]["steps"][0] == {"rank": 0, "position": 1, "text": "0RECV_B0"}
-
-
-V_CHOICES = {
-    "gpipe": (1,),
-    "1f1b": (1,),
-    "interleaved-1f1b": (1, 2, 3),
-    "zb1p": (1, 2, 3),
-    "zbv": (2,),
-    "dualpipev": (2,),
-}
 
 
 def microbatch_choices(name: str, p: int) -> list[int]:
