@@ -16,7 +16,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipetrace.analyze import endings as en
-from pipetrace.analyze.derive import counterpart_text, message_identity
+from pipetrace.analyze.derive import (
+    StepMessage,
+    counterpart_rows,
+    counterpart_text,
+    message_identity,
+    step_message,
+)
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
 from pipetrace.schedule.ir import StepKind
 
@@ -25,6 +31,8 @@ COLLECTIVE = "collective"
 JOINING = frozenset({StepKind.REDUCE_GRAD, StepKind.UNSHARD})
 """The steps that are collectives over the replicas: FSDP's gradient reduce-scatter and
 parameter all-gather (a run without several replicas has nobody to wait for in them)."""
+COMPLETED = "completed"
+"""`Blocked.counterpart_state` when the peer's side of the message is done."""
 
 
 @dataclass
@@ -63,6 +71,7 @@ def blocked_ranks(run: Run) -> dict[int, Blocked]:
     the transport, is why the transfer never completes)."""
     crashed = en.failed_first_hand(run)
     endings = en.rank_endings(run)
+    dead = {r for r, e in endings.items() if e.state == en.CRASHED}
     out: dict[int, Blocked] = {}
     for rank in run.present_ranks:
         if rank.status.state == RankState.FINISHED or rank.rank in crashed:
@@ -70,6 +79,8 @@ def blocked_ranks(run: Run) -> dict[int, Blocked]:
         if endings[rank.rank].state == en.INTERRUPTED:  # where it was, not a hang
             continue
         b = _blocking_op(run, rank) or _collective_wait(run, rank)
+        if b is not None and b.counterpart_state == COMPLETED and rank.rank in dead:
+            continue  # the message got through and the rank died after: it waits for nobody
         if b is not None:
             if b.waits_for is None and b.peer in crashed:
                 b.waits_for = b.peer
@@ -164,7 +175,7 @@ def _blocked_on(run: Run, rank: RankTimeline, row: int, blocking_step: str | Non
 
 
 def _posted_state(done: int) -> str:
-    return "completed" if done != OPEN else "posted, not completed"
+    return COMPLETED if done != OPEN else "posted, not completed"
 
 
 def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked | None:
@@ -173,45 +184,32 @@ def _unposted(run: Run, rank: RankTimeline, open_steps: np.ndarray) -> Blocked |
     catalog = run.catalog
     for row in open_steps[::-1]:
         code = int(rank.steps.code[row])
-        step = catalog.step(code)
-        if step is None or not step.is_comm or run.plan is None:
+        message = step_message(run, rank.rank, code)
+        if message is None:
             continue
-        kind = step.kind.value
-        channel = 0 if kind.endswith("F") else 1
-        op = OP_SEND if kind.startswith("SEND") else 1 - OP_SEND
-        direction = 1 if channel == 0 else -1
-        src = step.stage if op == OP_SEND else step.stage - direction  # type: ignore[operator]
-        other_stage = step.stage + direction if op == OP_SEND else src  # type: ignore[operator]
-        if not 0 <= other_stage < len(run.plan.placement):
-            continue
-        peer = run.pipelines.peer(rank.rank, run.plan.placement[other_stage])
-        iteration = int(rank.steps.it[row])
+        peer, iteration = message.peer, int(rank.steps.it[row])
         waits_for: int | None = peer
         state = ""
-        counterpart = counterpart_text(op, channel, src, step.microbatch)  # type: ignore[arg-type]
         if 0 <= peer < run.world_size and run.ranks[peer].present:
-            other = run.ranks[peer]
-            hits = _counterparts(
-                run, other, rank.rank, op, channel, iteration, src, step.microbatch
-            )  # type: ignore[arg-type]
+            hits = counterpart_rows(run, rank.rank, message, iteration)
             if len(hits):
                 waits_for = None
-                state = _posted_state(other.p2p.done[hits[0]])
-            elif _sits_in(run, other, counterpart, iteration):
+                state = _posted_state(run.ranks[peer].p2p.done[hits[0]])
+            elif _sits_in(run, run.ranks[peer], message.counterpart, iteration):
                 waits_for = None  # both sides are at the message: neither waits for the other
                 state = "in that step, not posted yet"
         text = catalog.texts[code]
         return Blocked(
             rank=rank.rank,
             op_row=-1,
-            op=OPS[op],
+            op=OPS[message.op],
             peer=peer,
             step=text,
             blocking_step=text,
             iteration=iteration,
             posted_ns=int(rank.steps.begin[row]),
             waits_for=waits_for,
-            counterpart=counterpart,
+            counterpart=message.counterpart,
             counterpart_state=state,
         )
     return None
@@ -222,23 +220,6 @@ def _sits_in(run: Run, rank: RankTimeline, text: str, iteration: int) -> bool:
     rows = open_rows(rank)
     code = run.catalog.code(text)
     return bool(((rank.steps.code[rows] == code) & (rank.steps.it[rows] == iteration)).any())
-
-
-def _counterparts(
-    run: Run, other: RankTimeline, rank: int, op: int, channel: int, it: int, src: int, mb: int
-) -> np.ndarray:
-    """Rows of ``other``'s ops that are the other side of ``rank``'s op ``op`` for the message
-    of stage ``src``, micro-batch ``mb`` on ``channel`` in iteration ``it``."""
-    osrc, omb = message_identity(other, run.catalog)
-    ops = other.p2p
-    return np.flatnonzero(
-        (ops.op != op)
-        & (ops.peer == rank)
-        & (ops.ch == channel)
-        & (ops.it == it)
-        & (osrc == src)
-        & (omb == mb)
-    )
 
 
 def _counterpart_row(
@@ -252,9 +233,8 @@ def _counterpart_row(
         if p2p.match_rank[row] >= 0:
             return int(p2p.match_rank[row]), int(p2p.match_index[row])
         return None
-    hits = _counterparts(
-        run, run.ranks[peer], rank.rank, p2p.op[row], p2p.ch[row], p2p.it[row], src, mb
-    )
+    message = StepMessage(int(p2p.op[row]), int(p2p.ch[row]), src, mb, peer)
+    hits = counterpart_rows(run, rank.rank, message, int(p2p.it[row]))
     return (peer, int(hits[0])) if len(hits) else None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from pipetrace.analyze.model import (
@@ -10,6 +12,7 @@ from pipetrace.analyze.model import (
     MAIN_THREAD,
     OP_SEND,
     RankTimeline,
+    Run,
     StepCatalog,
 )
 from pipetrace.schedule.ir import StepKind
@@ -108,6 +111,55 @@ def counterpart_text(op: int, channel: int, src_stage: int, mb: int) -> str:
         dst = src_stage + 1 if ch == "F" else src_stage - 1
         return f"{dst}RECV_{ch}{mb}"
     return f"{src_stage}SEND_{ch}{mb}"
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    """The message a SEND/RECV step means, and the rank at its other end."""
+
+    op: int  # OP_SEND, or the recv's code
+    channel: int  # 0 forward (activations), 1 backward (gradients)
+    src: int  # the sending stage
+    microbatch: int
+    peer: int
+
+    @property
+    def counterpart(self) -> str:
+        return counterpart_text(self.op, self.channel, self.src, self.microbatch)
+
+
+def step_message(run: Run, rank: int, code: int) -> StepMessage | None:
+    """What the step ``code`` of ``rank`` sends or receives, from its text and the plan's
+    placement (None: not a SEND/RECV step, no plan, or a stage outside the placement)."""
+    step = run.catalog.step(code)
+    if step is None or not step.is_comm or run.plan is None:
+        return None
+    kind = step.kind.value
+    channel = 0 if kind.endswith("F") else 1
+    op = OP_SEND if kind.startswith("SEND") else 1 - OP_SEND
+    direction = 1 if channel == 0 else -1
+    src = step.stage if op == OP_SEND else step.stage - direction  # type: ignore[operator]
+    other_stage = step.stage + direction if op == OP_SEND else src  # type: ignore[operator]
+    if not 0 <= other_stage < len(run.plan.placement):
+        return None
+    peer = run.pipelines.peer(rank, run.plan.placement[other_stage])
+    return StepMessage(op, channel, src, step.microbatch, peer)  # type: ignore[arg-type]
+
+
+def counterpart_rows(run: Run, rank: int, message: StepMessage, it: int) -> np.ndarray:
+    """Rows of the ops of ``message.peer`` that are the other side of ``rank``'s ``message``
+    in iteration ``it``."""
+    other = run.ranks[message.peer]
+    osrc, omb = message_identity(other, run.catalog)
+    ops = other.p2p
+    return np.flatnonzero(
+        (ops.op != message.op)
+        & (ops.peer == rank)
+        & (ops.ch == message.channel)
+        & (ops.it == it)
+        & (osrc == message.src)
+        & (omb == message.microbatch)
+    )
 
 
 def run_starts(*keys: np.ndarray) -> np.ndarray:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipetrace.analyze.derive import counterpart_rows, step_message
 from pipetrace.analyze.findings import StepRef
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
@@ -305,11 +306,42 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
             f"it stopped between steps while rank(s) {', '.join(map(str, went_on))} went on "
             "to end later",
         )
+    through = _got_through(run, rank)
+    if went_on and through is not None:
+        return verdict(
+            CRASHED,
+            f"its log stops inside {through[0]}, whose message rank {through[1]} completed, "
+            f"while rank(s) {', '.join(map(str, went_on))} went on to end later: it went on "
+            "too, and its last records were lost (killed before they were written, or the "
+            "file cut)",
+        )
     return verdict(
         UNKNOWN,
         "its log stops with no later record: hung or killed, the logs cannot tell "
         "(no watchdog record, no peer lost its connection to it)",
     )
+
+
+def _got_through(run: Run, rank: RankTimeline) -> tuple[str, int] | None:
+    """A message the rank's log leaves open (an op posted, or the open SEND/RECV step's own
+    when its post was not recorded) whose other side the peer completed: the message got
+    through, so the rank was not waiting on it. (The step, the peer.)"""
+    p2p = rank.p2p
+    for row in np.flatnonzero((p2p.done == OPEN) & (p2p.match_rank >= 0)):
+        peer = int(p2p.match_rank[row])
+        if run.ranks[peer].p2p.done[int(p2p.match_index[row])] != OPEN:
+            return run.catalog.texts[int(p2p.code[row])], peer
+    steps = rank.steps
+    for row in np.flatnonzero(steps.end == OPEN):
+        message = step_message(run, rank.rank, int(steps.code[row]))
+        if message is None or not 0 <= message.peer < run.world_size:
+            continue
+        if not run.ranks[message.peer].present:
+            continue
+        hits = counterpart_rows(run, rank.rank, message, int(steps.it[row]))
+        if (run.ranks[message.peer].p2p.done[hits] != OPEN).any():
+            return run.catalog.texts[int(steps.code[row])], message.peer
+    return None
 
 
 def _watched(rank: RankTimeline, peers: _PeerEvidence, verdict) -> Ending:

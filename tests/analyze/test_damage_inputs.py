@@ -186,3 +186,35 @@ def test_an_overlong_line_is_skipped_not_gathered(tmp_path):
         tracemalloc.stop()
     assert any("1 corrupt line(s) skipped, first at line 2" in w for w in warnings)
     assert peak < 3 * MAX_LINE_BYTES  # the line itself was never held whole
+
+
+def _cut_after_post(run: Path, torn: bool) -> None:
+    """Rank 1's log ends at the post of its last send of iteration 1 (1SEND_B3, whose recv
+    rank 0 completed): kept whole, or torn into bytes a crash leaves (zeros)."""
+    log = fmt.rank_log_path(run, RANK)
+    lines = log.read_bytes().splitlines(keepends=True)
+    post = next(
+        i
+        for i, line in enumerate(lines)
+        if b'"p2p_post"' in line and b'"it":1' in line and b'"1SEND_B3"' in line
+    )
+    ending = [lines[post][: len(lines[post]) // 2] + b"\0" * 64 + b"\n"] if torn else [lines[post]]
+    log.write_bytes(b"".join(lines[:post] + ending))
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["post-kept", "post-torn"])
+def test_a_log_cut_after_a_message_got_through_is_a_failed_rank(tmp_path, capsys, torn):
+    # The peer completed the message and finished the run: rank 1 went on past where its log
+    # stops, so the transfer is not stuck and nobody waits for anybody.
+    run = copy_run(tmp_path)
+    _cut_after_post(run, torn)
+    code, doc = analyze_cli(run, capsys)
+    assert code == 1
+    above_info = [f for f in doc["findings"] if f["severity"] != "info"]
+    assert [(f["kind"], f["severity"], f["ranks"]) for f in above_info] == [
+        ("rank_failed", "error", [RANK])
+    ]
+    (failed,) = above_info
+    assert failed["steps"][0]["step"] == "1SEND_B3"
+    assert "whose message rank 0 completed" in failed["cause"]
+    assert "last records were lost" in failed["cause"]
