@@ -54,8 +54,9 @@ class RunSource:
 def expand(paths: RunPaths) -> tuple[Path, ...]:
     """The directories named: globs expanded (sorted), duplicates dropped, order kept.
 
-    A pattern that names an existing path is taken literally; one that matches nothing is a
-    TraceFormatError.
+    A pattern that names an existing path is taken literally; else it stands for the
+    directories it matches (files beside them, such as an export's ``node0.pftrace``, are
+    not run directories), and one that matches none is a TraceFormatError.
     """
     names = [paths] if isinstance(paths, (str, Path)) else list(paths)
     if not names:
@@ -63,7 +64,7 @@ def expand(paths: RunPaths) -> tuple[Path, ...]:
     found: dict[Path, None] = {}
     for name in map(str, names):
         matches = (
-            sorted(glob.glob(name))
+            sorted(filter(os.path.isdir, glob.glob(name)))
             if glob.has_magic(name) and not os.path.lexists(name)
             else [name]
         )

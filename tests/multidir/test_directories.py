@@ -43,6 +43,14 @@ def test_a_glob_names_the_same_run(split_sample, capsys):
     assert code == 0 and globbed == listed
 
 
+def test_a_glob_passes_over_the_files_beside_the_runs(split_sample, capsys):
+    # `pipetrace export 'runs/node*'` writes runs/node0.pftrace, which the glob matches too
+    _, listed = analysis_json(capsys, *map(str, split_sample))
+    (split_sample[0].parent / f"{split_sample[0].name}.pftrace").write_bytes(b"trace")
+    code, globbed = analysis_json(capsys, str(split_sample[0].parent / "node*"))
+    assert code == 0 and globbed == listed
+
+
 def test_a_glob_that_matches_nothing_is_an_input_error(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "node*")]) == 2
     err = capsys.readouterr().err
