@@ -13,7 +13,6 @@ owned by this user, and every file is created new, never through a link
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import threading
@@ -120,8 +119,12 @@ def previous_run_files(run_dir: Path) -> list[Path]:
 def remove_previous_run(run_dir: Path) -> None:
     """Remove the previous run's files (links themselves, never their targets)."""
     for path in previous_run_files(run_dir):
-        with contextlib.suppress(FileNotFoundError):
+        try:
             path.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise RunDirError(f"cannot remove the previous run's {path}: {exc.strerror}") from None
 
 
 def create_new_file(path: Path, mode: int = 0o644) -> int:
@@ -134,6 +137,8 @@ def create_new_file(path: Path, mode: int = 0o644) -> int:
         raise RunDirError(
             f"{path} already exists: a run never writes over a file it did not create"
         ) from None
+    except OSError as exc:  # a read-only directory or file system, a full disk
+        raise RunDirError(f"cannot write in {path.parent}: {exc.strerror}") from None
 
 
 def _link_new(marker: Path, run_id: str) -> None:

@@ -26,6 +26,9 @@ from pipetrace.runtime.results import LaunchResult, RankFailure
         (["--timeout", "inf"], "--timeout must be a finite number of seconds, got inf"),
         (["--abort-timeout", "nan"], "--abort-timeout must be a finite number of seconds"),
         (["--out", "/proc/nope/run"], "cannot create run directory /proc/nope/run"),
+        # a directory of this user's where no file can be made (a read-only one, for root too)
+        (["--out", f"/proc/{os.getpid()}/fdinfo"], f"cannot write in /proc/{os.getpid()}/fdinfo"),
+        (["--out", f"/proc/{os.getpid()}/fdinfo", "--overwrite"], "cannot write in /proc/"),
     ],
 )
 def test_bad_runs_are_refused_in_one_line_before_any_rank(
