@@ -30,7 +30,8 @@ def diff(
     runs: tuple[str, ...], run_a_dirs: tuple[str, ...], run_b_dirs: tuple[str, ...], as_json: bool
 ) -> int:
     """Compare two recorded runs: per-stage step times, bubbles and iteration time, with
-    the change from A to B. Exit code 0, or 2 when a run cannot be read.
+    the change from A to B. Exit code 0, or 2 when a run cannot be read; damage in a run
+    that can be read (input warnings, as analyze reports them) is said on stderr.
 
     Give the two runs either as RUN_A RUN_B (one directory or quoted glob each), or, for
     runs spread over several directories (one per node), as -a DIR... -b DIR...
@@ -47,8 +48,14 @@ def diff(
     from pipetrace.analyze.load import load_run
     from pipetrace.cli.schedule import echo_json
 
-    run_a, run_b = _two_runs(runs, run_a_dirs, run_b_dirs)
-    result = diff_runs(analyze_cached(load_run(run_a)), analyze_cached(load_run(run_b)))
+    loaded = [load_run(dirs) for dirs in _two_runs(runs, run_a_dirs, run_b_dirs)]
+    for label, run in zip("AB", loaded):
+        for problem in run.problems:
+            if problem.severity == "warning":  # damage the comparison must not hide
+                click.echo(
+                    f"pipetrace diff: run {label}: input warning: {problem.message}", err=True
+                )
+    result = diff_runs(*map(analyze_cached, loaded))
     if as_json:
         echo_json(result)
     else:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import orjson
 
 from pipetrace.cli import main
@@ -67,6 +69,19 @@ def test_diff(tmp_path, clean_run, capsys):
     stage1 = next(s for s in data["stages"] if s["stage"] == 1 and s["kind"] == "F")
     assert stage1["mean_ns"]["change"] > 2
     assert main(["diff", str(clean_run), str(tmp_path / "absent")]) == 2
+
+
+def test_diff_says_what_damage_it_read_past(tmp_path, clean_run, capsys):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(clean_run, damaged)
+    with (damaged / "rank-00001.ndjson").open("ab") as log:
+        log.write(b"{not json\n")
+    assert main(["diff", str(clean_run), str(damaged)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "pipetrace diff: run B: input warning: rank-00001.ndjson: 1 corrupt line(s) skipped, "
+        f"first at line {len((clean_run / 'rank-00001.ndjson').read_bytes().splitlines()) + 1}"
+    ]
 
 
 def test_progress_bar_only_on_a_terminal_and_after_a_delay(monkeypatch):
