@@ -84,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.Abort:
         click.echo("Aborted.", err=True)
         return EXIT_INTERRUPTED
+    except click.UsageError as exc:  # click's own is four lines: usage, a hint, a blank, the error
+        command = exc.ctx.command_path if exc.ctx else "pipetrace"
+        click.echo(f"{command}: error: {exc.format_message()} (see {command} --help)", err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

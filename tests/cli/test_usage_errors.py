@@ -1,0 +1,25 @@
+"""A wrong command line is one line naming the problem and the help to read, exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipetrace.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv, command, problem",
+    [
+        (["analyze", "--bogus", "x"], "pipetrace analyze", "No such option '--bogus'"),
+        (["export"], "pipetrace export", "Missing argument 'RUN_DIR...'"),
+        (["schedule", "show", "1f1b", "-p", "0"], "pipetrace schedule show", "0 is not in"),
+        (["schedule", "verify", "1f1b", "--semantics", "x"], "pipetrace schedule verify", "'x'"),
+        (["nocommand"], "pipetrace", "No such command 'nocommand'"),
+    ],
+)
+def test_usage_errors_are_one_line(capsys, argv, command, problem):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"{command}: error: ") and problem in err
+    assert err.rstrip().endswith(f"(see {command} --help)")
