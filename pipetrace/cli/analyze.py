@@ -80,7 +80,8 @@ def analyze(
     stragglers, exposed communication; then iteration time, bubbles, per-stage step
     times, the critical path and clock alignment.
 
-    Exit code 0: no errors; 1: findings of severity error; 2: unusable input.
+    Exit code 0: no errors; 1: a finding of severity error or an input warning (damaged
+    or missing files); 2: unusable input.
 
     \b
     Examples:

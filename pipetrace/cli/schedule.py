@@ -36,7 +36,11 @@ def plan_source(func: Callable) -> Callable:
     @click.argument("name", required=False)
     @click.option("--ranks", "-p", type=click.IntRange(min=1), help="Number of ranks P.")
     @click.option(
-        "--microbatches", "-m", type=click.IntRange(min=1), help="Micro-batches M per iteration."
+        "--microbatches",
+        "-m",
+        type=click.IntRange(min=1),
+        help="Micro-batches M per iteration (with --csv: the M the file must cover; "
+        "default: as many as it names).",
     )
     @click.option(
         "--stages-per-rank",
@@ -105,7 +109,15 @@ def load_plan(
             raise click.UsageError(f"{flag} builds a schedule: give a NAME, not --csv")
         from pipetrace.schedule.csvio import load_csv
 
-        return load_csv(csv_path, num_microbatches=microbatches)
+        plan = load_csv(csv_path, num_microbatches=microbatches)
+        if ranks is not None and ranks != plan.num_ranks:
+            raise click.UsageError(
+                f"--ranks {ranks}, but {csv_path} has {plan.num_ranks} rank(s): the file's "
+                "rows are its ranks (leave --ranks out)"
+            )
+        if stages_per_rank is not None:
+            raise click.UsageError(f"-v comes from {csv_path}'s stages: leave it out")
+        return plan
     if name is None:
         raise click.UsageError(
             "missing schedule NAME (see `pipetrace schedule list`) or --csv FILE"
@@ -142,7 +154,13 @@ def schedule() -> None:
 @schedule.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_schedules(as_json: bool) -> None:
-    """List the built-in schedules and the names they answer to."""
+    """List the built-in schedules and the names they answer to.
+
+    \b
+    Examples:
+      pipetrace schedule list
+      pipetrace schedule list --json
+    """
     from pipetrace.schedule.builders import describe_schedules
 
     infos = describe_schedules()

@@ -23,3 +23,15 @@ def test_usage_errors_are_one_line(capsys, argv, command, problem):
     assert out == "" and err.count("\n") == 1
     assert err.startswith(f"{command}: error: ") and problem in err
     assert err.rstrip().endswith(f"(see {command} --help)")
+
+
+def test_a_csv_plan_takes_no_ranks_that_contradict_it(tmp_path, capsys):
+    assert main(["schedule", "show", "1f1b", "-p", "2", "-m", "4", "--format", "csv"]) == 0
+    plan = tmp_path / "plan.csv"
+    plan.write_text(capsys.readouterr().out)
+    assert main(["schedule", "verify", "--csv", str(plan), "-p", "2", "-m", "4"]) == 0
+    capsys.readouterr()
+    assert main(["schedule", "verify", "--csv", str(plan), "-p", "7"]) == 2
+    assert f"--ranks 7, but {plan} has 2 rank(s)" in capsys.readouterr().err
+    assert main(["schedule", "verify", "--csv", str(plan), "-v", "2"]) == 2
+    assert "-v comes from" in capsys.readouterr().err
