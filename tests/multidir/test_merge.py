@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
+from pathlib import Path
 
 import orjson
+import pytest
 
+from pipetrace.analyze import reader
 from pipetrace.cli import main
+from pipetrace.recorder import run_dir
 from tests.multidir.conftest import SAMPLES
 
 
@@ -62,3 +67,113 @@ def test_merge_never_writes_into_an_input_or_through_a_link(split_sample, tmp_pa
     assert main(["merge", *map(str, split_sample), "-o", str(tmp_path / "link")]) == 2
     assert "symbolic link" in capsys.readouterr().err
     assert list(target.iterdir()) == []
+
+
+def test_merge_of_one_directory_names_its_missing_ranks_in_the_text_output(
+    split_sample, tmp_path, capsys
+):
+    out = tmp_path / "job"
+    assert main(["merge", str(split_sample[0]), "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert f"no log of rank(s) 1-2 in {split_sample[0]}" in captured.err
+    assert "1 rank log(s)" in captured.out
+
+
+def _fifo(path: Path, monkeypatch) -> None:
+    path.unlink()
+    os.mkfifo(path)  # opened blocking, reading it would hang the merge
+
+
+def _directory(path: Path, monkeypatch) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+def _unreadable(path: Path, monkeypatch) -> None:
+    """As chmod 000 does for a user other than root (the tests may run as root)."""
+    original = reader.open_regular
+
+    def open_regular(p):
+        if Path(p) == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(p))
+        return original(p)
+
+    monkeypatch.setattr(reader, "open_regular", open_regular)
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (_fifo, "not a regular file (a FIFO, device or socket)"),
+        (_directory, "not a regular file (a directory)"),
+        (_unreadable, "Permission denied"),
+    ],
+    ids=["fifo", "directory", "permission"],
+)
+def test_an_unreadable_rank_log_is_missing_and_the_rest_is_copied(
+    split_sample, tmp_path, capsys, monkeypatch, make, reason
+):
+    log = split_sample[1] / "rank-00001.ndjson"
+    make(log, monkeypatch)
+    out = tmp_path / "job"
+    assert main(["merge", *map(str, split_sample), "-o", str(out), "--json"]) == 1
+    summary = orjson.loads(capsys.readouterr().out)
+    assert summary["ranks_missing"] == [1] and summary["ranks_copied"] == 2
+    assert {
+        "severity": "warning",
+        "rank": 1,
+        "message": f"cannot read {log}: {reason}; not copied",
+    } in summary["problems"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "meta.json",
+        "rank-00000.ndjson",
+        "rank-00002.ndjson",
+    ]
+    assert main(["merge", *map(str, split_sample), "-o", str(out)]) == 2  # a whole run, kept
+
+
+def test_an_empty_rank_log_is_copied_and_named(split_sample, tmp_path, capsys):
+    (split_sample[1] / "rank-00002.ndjson").write_bytes(b"")
+    out = tmp_path / "job"
+    assert main(["merge", *map(str, split_sample), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"warning: {split_sample[1] / 'rank-00002.ndjson'}: empty event log" in err
+    assert (out / "rank-00002.ndjson").stat().st_size == 0
+
+
+def _disk_full_at(monkeypatch, name: str) -> None:
+    """The output's copy of NAME is written to /dev/full: every write fails with ENOSPC."""
+    original = run_dir.create_new_file
+
+    def create_new_file(path, mode=0o644):
+        if Path(path).name == name:
+            return os.open("/dev/full", os.O_WRONLY)
+        return original(path, mode)
+
+    monkeypatch.setattr(run_dir, "create_new_file", create_new_file)
+
+
+def test_a_merge_stopped_midway_leaves_no_partial_output(
+    split_sample, tmp_path, capsys, monkeypatch
+):
+    out = tmp_path / "job"
+    _disk_full_at(monkeypatch, "rank-00002.ndjson")
+    assert main(["merge", *map(str, split_sample), "-o", str(out)]) == 2
+    assert not out.exists()
+    assert capsys.readouterr().err.splitlines() == [
+        f"pipetrace: error: cannot write {out / 'rank-00002.ndjson'}: No space left on device"
+    ]
+    monkeypatch.undo()
+    assert main(["merge", *map(str, split_sample), "-o", str(out)]) == 0  # a retry works
+
+
+def test_a_failed_overwrite_keeps_the_previous_run(split_sample, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "job"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    args = ["merge", *map(str, split_sample), "-o", str(out)]
+    assert main(args) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _disk_full_at(monkeypatch, "rank-00001.ndjson")
+    assert main([*args, "--overwrite"]) == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
