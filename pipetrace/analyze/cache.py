@@ -77,6 +77,7 @@ class LogKey:
     version: str
     size: int
     mtime_ns: int
+    ctime_ns: int  # status change: any write moves it, and no one can set it back
     edges: str  # hash of the log's first and last `_EDGE_BYTES`
 
     @classmethod
@@ -96,7 +97,7 @@ class LogKey:
                 info = os.fstat(handle.fileno())
                 known = _Identity.of(info), _edges(handle, info.st_size)
             _EDGES[str(log)] = known
-        return cls(_format_version(), info.st_size, info.st_mtime_ns, known[1])
+        return cls(_format_version(), info.st_size, info.st_mtime_ns, info.st_ctime_ns, known[1])
 
 
 @dataclass(frozen=True)

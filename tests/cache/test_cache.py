@@ -265,11 +265,16 @@ def test_the_run_entry_holds_the_whole_model(full_run, monkeypatch):
     assert_same(built, load_run(full_run))
 
 
-def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(tmp_path, monkeypatch):
+@pytest.mark.parametrize("new_process", [False, True])
+def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(
+    tmp_path, monkeypatch, new_process
+):
     """A log's edges are hashed once per process while its status holds: a rewrite in place
-    that restores the modification time still changes the status (its change time)."""
+    that restores the modification time still changes the status (its change time), and
+    the key itself holds the change time, so a later process (whose edge hashes are new)
+    sees a change between the edges too."""
     log = tmp_path / "rank-00000.ndjson"
-    log.write_bytes(b"a" * 10_000)
+    log.write_bytes(b"a" * 30_000)
     now = time.time_ns
     monkeypatch.setattr(time, "time_ns", lambda: now() + 60 * 10**9)  # the log is settled
     before = cache.LogKey.of(log)
@@ -277,10 +282,12 @@ def test_a_key_taken_again_sees_a_rewrite_that_kept_size_and_time(tmp_path, monk
     status = os.stat(log)
     time.sleep(0.05)  # past a tick of the file system's clock
     with open(log, "r+b") as handle:
-        handle.seek(9_000)
+        handle.seek(15_000)  # between the hashed edges
         handle.write(b"b")
     os.utime(log, ns=(status.st_atime_ns, status.st_mtime_ns))
     assert os.stat(log).st_size == status.st_size
+    if new_process:
+        monkeypatch.setattr(cache, "_EDGES", {})
     assert cache.LogKey.of(log) != before
 
 
