@@ -209,6 +209,7 @@ def align(
         quality["max_correction_ns"] = int(np.abs(result).max())
     else:
         quality["min_slack_ns"] = int(w.min()) if len(w) else None
+        quality["max_correction_ns"] = 0  # nothing refined: every correction is 0
     return fns, quality
 
 

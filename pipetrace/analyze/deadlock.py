@@ -55,7 +55,12 @@ def _stuck_transfer(run: Run, b: Blocked) -> Finding:
         steps=[_ref(b, "blocked")],
         iterations=[b.iteration],
         time_ns=(b.posted_ns, _end_of_log(run)),
-        details={"chain": [b.rank, b.peer], "terminal_rank": b.peer, "terminal_state": "transfer"},
+        details={
+            "chain": [b.rank, b.peer],
+            "terminal_rank": b.peer,
+            "terminal_state": "transfer",
+            "blocked": {str(b.rank): _blocked_json(b)},
+        },
     )
 
 
