@@ -244,12 +244,39 @@ class _PeerEvidence:
         self.waiting = waiting_outside_iterations(run)
         self.finished = [r.rank for r in ranks if r.status.state == RankState.FINISHED]
         self.ended = failure_events(run)
+        self.terms = sorted(
+            (ev.t, r.rank)
+            for r in ranks
+            for ev in r.events_of(fmt.SIGNAL)
+            if ev.fields.get("signal") == "SIGTERM"
+        )
+        self.stalls = [
+            (r.rank, ev.t - int(ev.fields["idle_s"] * 1e9), ev.t)
+            for r in ranks
+            for ev in r.events_of(fmt.STALL)
+            if isinstance(ev.fields.get("idle_s"), int | float)
+        ]
         self.closed = sorted(
             (ev.t, r.rank)
             for r in ranks
             for ev in r.events_of(fmt.EXCEPTION)
             if any(w in str(ev.fields.get("message", "")).lower() for w in CLOSED_WORDS)
         )
+
+    def stalled_since(self, rank: int, since: int, until: int) -> list[int]:
+        """Other ranks whose watchdog recorded, before ``until``, a stall whose idle time
+        began after ``since``: they waited while ``rank`` showed no progress."""
+        return sorted(
+            {
+                r
+                for r, idle_from, t in self.stalls
+                if r != rank and since <= idle_from and t <= until
+            }
+        )
+
+    def terminated_after(self, rank: int, t: int) -> tuple[int, int] | None:
+        """The first peer that recorded SIGTERM after ``t``: (its rank, ns later)."""
+        return next(((r, when - t) for when, r in self.terms if when > t and r != rank), None)
 
     def closed_after(self, rank: int, t: int) -> tuple[int, int] | None:
         """The first peer whose connection closed after ``t``: (its rank, ns later)."""
@@ -280,6 +307,16 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
             return _watched(rank, peers, verdict)
         if _ended_by_interrupt(rank, peers.interrupted):
             return verdict(INTERRUPTED, "the user interrupted the run (Ctrl-C) while it ran")
+    if st.state == RankState.SIGNALED and _hung_when_signaled(rank):
+        return _watched(rank, peers, verdict)  # the signal ended a hang; the hang is the news
+    if st.state == RankState.SIGNALED and idle:
+        waited = peers.stalled_since(rank.rank, _last_progress(rank), rank.last_of(fmt.SIGNAL).t)
+        if waited:
+            return verdict(
+                HUNG,
+                f"nothing after it moved until {st.error} ended it, while rank(s) "
+                f"{', '.join(map(str, waited))} stalled (watchdog) waiting",
+            )
     if st.state in (RankState.FAILED, RankState.SIGNALED):
         return verdict(CRASHED, st.detail)
     if st.state in (RankState.STALLED, RankState.ABORTED):
@@ -315,11 +352,38 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
             "too, and its last records were lost (killed before they were written, or the "
             "file cut)",
         )
+    termed = peers.terminated_after(rank.rank, alive)
+    if termed:
+        return verdict(
+            CRASHED,
+            f"its log stops {termed[1] / 1e9:.3g} s before rank {termed[0]} recorded SIGTERM, "
+            "which it never recorded itself (a live rank does): it died first, and the "
+            "launcher ended the others",
+        )
     return verdict(
         UNKNOWN,
         "its log stops with no later record: hung or killed, the logs cannot tell "
         "(no watchdog record, no peer lost its connection to it)",
     )
+
+
+def _hung_when_signaled(rank: RankTimeline) -> bool:
+    """Its watchdog recorded a stall and nothing moved between it and the terminating signal:
+    the signal (a scheduler's time limit, `timeout`, the launcher tearing the job down) ended
+    a rank that had already hung."""
+    sig, stall = rank.last_of(fmt.SIGNAL), rank.last_of(fmt.STALL)
+    if sig is None or stall is None or stall.t > sig.t:
+        return False
+    return _last_progress(rank) <= stall.t
+
+
+def _last_progress(rank: RankTimeline) -> int:
+    """When a step or P2P op of the rank last began or ended (-1: never)."""
+    times = [
+        column[column != OPEN]
+        for column in (rank.steps.begin, rank.steps.end, rank.p2p.post, rank.p2p.done)
+    ]
+    return max((int(t.max()) for t in times if len(t)), default=-1)
 
 
 def _got_through(run: Run, rank: RankTimeline) -> tuple[str, int] | None:

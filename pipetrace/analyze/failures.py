@@ -76,11 +76,13 @@ def _raised(
     exc = rank.last_of(fmt.EXCEPTION)
     tb = str(exc.fields.get("traceback", "")) if exc else ""
     at = en.where(run, rank)
-    frame = _last_frame(tb)
+    frame, origin = _origin(tb)
     severity = fk.ERROR
     cause = (f"an exception in step {at.step}" if at.open else f"an exception {at.phrase}") + (
         f" at {frame}" if frame else ""
     )
+    if origin:  # the user's own error, wrapped by the framework: name it first
+        cause += f" (re-raised as {_one_line(st.error, 100)})"
     closed, timed_out = en.error_words(rank)
     if closed and first and exc and first.explains(rank.rank, exc.t):
         severity = fk.WARNING
@@ -92,7 +94,7 @@ def _raised(
         severity = fk.WARNING
         how = "a P2P wait gave up" if timed_out else "a peer that gave up closed its connection"
         cause = f"{how}: a symptom of the hang reported as deadlock / rank_stalled"
-    message = f"rank {rank.rank} raised {_one_line(st.error)} {at.phrase}"
+    message = f"rank {rank.rank} raised {_one_line(origin or st.error)} {at.phrase}"
     details = {"error": st.error, "traceback": tb}
     return _told(rank, ending, at, exc.t if exc else None, severity, message, cause, details)
 
@@ -169,10 +171,24 @@ def _told(
 
 
 def _one_line(text: str | None, limit: int = 160) -> str:
-    line = text.splitlines()[0] if text else ""
+    line = " ".join(text.split()) if text else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _last_frame(traceback: str) -> str | None:
-    lines = [ln.strip() for ln in traceback.splitlines() if ln.strip().startswith("File ")]
-    return lines[-1] if lines else None
+_CHAINED = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
+
+
+def _origin(traceback: str) -> tuple[str | None, str | None]:
+    """The innermost frame of the first exception of the chain, and that exception when
+    another one wrapped it (torch's pipelining re-raises a stage's error as its own
+    "[Stage N] failed to run forward"): the frame and error the user's code raised."""
+    first = traceback
+    for separator in _CHAINED:
+        first = first.split(separator, 1)[0]
+    lines = [ln.strip() for ln in first.splitlines() if ln.strip()]
+    frames = [ln for ln in lines if ln.startswith("File ")]
+    chained = first != traceback and lines and not lines[-1].startswith(("File ", "Traceback"))
+    return (frames[-1] if frames else None), (lines[-1] if chained else None)

@@ -710,7 +710,9 @@ def _status(rank: RankTimeline, catalog: StepCatalog) -> RankStatus:
     last_it = int(rank.iterations.it[-1]) if len(rank.iterations) else None
     exc = rank.last_of(fmt.EXCEPTION)
     if exc is not None:
-        error = f"{exc.fields.get('type', 'Exception')}: {exc.fields.get('message', '')}"
+        # one line: torch's pipelining wraps a stage's error in an indented multi-line text
+        message = " ".join(str(exc.fields.get("message", "")).split())
+        error = f"{exc.fields.get('type', 'Exception')}: {message}"
         return RankStatus(RankState.FAILED, f"raised {error}", last_step, last_it, error)
     sig = rank.last_of(fmt.SIGNAL)
     if sig is not None:

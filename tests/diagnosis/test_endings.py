@@ -194,3 +194,70 @@ def test_a_crash_between_iterations_is_placed_after_the_last_step(tmp_path):
     (failed,) = [f for f in of_kind(document, "rank_failed") if f["ranks"] == [1]]
     assert "after 1SEND_B0" in failed["message"] and "in 1SEND_B0" not in failed["message"]
     assert failed["iterations"] == [0] and failed["steps"][0]["note"] == "last step run"
+
+
+# -- 7. a terminating signal after a hang, or after a silent death ---------------------------
+
+
+def _sigterm(run: HandRun, rank: int, ms: float) -> HandRun:
+    return run.add(rank, ms, "signal", signal="SIGTERM", open_steps=run.open_steps(rank))
+
+
+def test_a_sigterm_that_ends_a_hang_leaves_the_hang_the_finding(tmp_path):
+    # rank 1 hangs in 1F0 (its watchdog says so), rank 0 waits for its gradient; a time limit
+    # then ends both with SIGTERM: the hang is the news, not the signals
+    run = HandRun().cut(1, at(1, 15)).stall(1, at(1, 2015))
+    run.cut(0, at(1, 20)).stall(0, at(1, 2020))
+    _sigterm(_sigterm(run, 0, at(1, 30_000)), 1, at(1, 30_010))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    assert not [f for f in of_kind(document, "rank_failed") if f["severity"] == "error"]
+    (stall,) = of_kind(document, "rank_stalled")
+    assert stall["details"]["chain"] == [0, 1]
+    assert stall["details"]["terminal_state"] == "computing"
+    assert "1F0" in stall["message"]
+
+
+def test_a_rank_idle_while_its_peer_stalled_waiting_hung_before_the_sigterm(tmp_path):
+    # rank 0 stops moving between iterations (no watchdog outside steps); rank 1 waits in
+    # 1RECV_F0 of iteration 1 and its watchdog says so; then SIGTERM ends both
+    run = HandRun().cut(0, at(0, 61)).cut(1, at(1, 2)).stall(1, at(1, 2002))
+    _sigterm(_sigterm(run, 1, at(1, 30_000)), 0, at(1, 30_010))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    assert not [f for f in of_kind(document, "rank_failed") if f["severity"] == "error"]
+    (stall,) = of_kind(document, "rank_stalled")
+    assert stall["details"]["chain"] == [1, 0]
+    assert stall["details"]["terminal_state"] == "hung"
+    assert "rank(s) 1 stalled (watchdog) waiting" in stall["message"]
+
+
+def test_a_log_that_stops_before_a_peer_records_sigterm_is_the_rank_that_died(tmp_path):
+    # torchrun ends the other ranks with SIGTERM when one dies; a live rank records it
+    run = HandRun().cut(1, at(1, 20))
+    _sigterm(run.cut(0, at(1, 35)), 0, at(1, 200))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    failed = {f["ranks"][0]: f for f in of_kind(document, "rank_failed")}
+    assert failed[1]["severity"] == "error" and "it died first" in failed[1]["cause"]
+    assert failed[0]["severity"] == "warning" and "follows rank 1's failure" in failed[0]["cause"]
+
+
+def test_an_error_the_framework_wrapped_is_named_by_the_users_own(tmp_path):
+    # torch.distributed.pipelining re-raises a stage's error as an indented multi-line text
+    wrapped = "\n    [Stage 1] failed to run forward:\n    args: ()\n    "
+    run = HandRun().cut(1, at(1, 15)).raises(1, at(1, 16), wrapped)
+    event = run.events[1][-1]
+    event["traceback"] = (
+        'Traceback (most recent call last):\n  File "train.py", line 7, in forward\n'
+        "ValueError: my model broke\n\nThe above exception was the direct cause of the "
+        'following exception:\n\nTraceback (most recent call last):\n  File "stage.py", '
+        f"line 900, in forward_one_chunk\nRuntimeError: {wrapped}\n"
+    )
+    run.cut(0, at(1, 20)).raises(0, at(1, 80), CLOSED)
+    document = analyzed(run, tmp_path)
+    (failed,) = [f for f in of_kind(document, "rank_failed") if f["severity"] == "error"]
+    assert failed["message"] == "rank 1 raised ValueError: my model broke in 1F0"
+    assert 'File "train.py", line 7, in forward' in failed["cause"]
+    assert "re-raised as RuntimeError: [Stage 1] failed to run forward: args: ()" in failed["cause"]
+    assert "\n" not in failed["details"]["error"]
