@@ -81,8 +81,7 @@ def analyze(run: Run) -> Analysis:
         hung = {r for f in findings if f.kind in (DEADLOCK, RANK_STALLED) for r in f.ranks}
         findings += find_failures(run, hung)
         findings += find_interrupt(run)
-    findings += find_message_problems(run)
-    findings += find_divergence(run)
+    findings += _caveat_damage(run, find_message_problems(run) + find_divergence(run))
     findings += find_stragglers(timed, metrics, ideal)
     findings += find_exposed_comm(timed, metrics)
     findings = replica_findings(run, findings)
@@ -90,6 +89,21 @@ def analyze(run: Run) -> Analysis:
     critical = critical_path(timed, which) if which is not None else None
     summary = summarize(run, metrics, ideal, critical, device_timing(run), memory_report(run))
     return Analysis(run, sort_findings(findings), metrics, summary, replica_summary(run))
+
+
+def _caveat_damage(run: Run, findings: list[Finding]) -> list[Finding]:
+    """Findings read from the records of a rank whose log has input warnings (lines skipped as
+    corrupt, ids that do not pair, a log cut short) say so: a lost or damaged record reads
+    the same as a message that was never sent or a step run out of order."""
+    warned = {p.rank for p in run.problems if p.rank is not None and p.severity == "warning"}
+    for f in findings:
+        damaged = sorted(warned.intersection(f.ranks))
+        if damaged:
+            f.cause += (
+                f"; or damage in the log of rank(s) {', '.join(map(str, damaged))} (its input "
+                "warnings): a lost record reads the same"
+            )
+    return findings
 
 
 @gc_paused()

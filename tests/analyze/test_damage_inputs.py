@@ -218,3 +218,21 @@ def test_a_log_cut_after_a_message_got_through_is_a_failed_rank(tmp_path, capsys
     assert failed["steps"][0]["step"] == "1SEND_B3"
     assert "whose message rank 0 completed" in failed["cause"]
     assert "last records were lost" in failed["cause"]
+
+
+def _recv_post_without_seq(events):
+    post = next(e for e in events if e["e"] == fmt.P2P_POST and e["op"] == "recv" and e["it"] == 1)
+    del post["seq"]  # a required field: the line is corrupt, its post lost
+    return events
+
+
+def test_a_finding_that_a_lost_record_explains_says_so(tmp_path, capsys):
+    run = copy_run(tmp_path)
+    edit_log(run, _recv_post_without_seq)
+    code, doc = analyze_cli(run, capsys)
+    assert code == 1
+    unmatched = [f for f in doc["findings"] if f["kind"] == "unmatched_send"]
+    assert unmatched and all(
+        f"or damage in the log of rank(s) {RANK} (its input warnings)" in f["cause"]
+        for f in unmatched
+    )
