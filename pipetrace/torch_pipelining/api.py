@@ -10,13 +10,15 @@
             schedule.step(inputs, target=targets)
 
 ``record`` patches nothing when recording is off (no ``run_dir`` and no ``PIPETRACE_DIR``), so
-the schedule runs torch's own code at torch's own speed. It never stops training: on a torch
-release it was not verified against, on a schedule it cannot read, or if setting up fails,
-it warns once and the job runs unrecorded.
+the schedule runs torch's own code at torch's own speed. It never stops training: with a bad
+``PIPETRACE_*`` variable, on a torch release it was not verified against, on a forward-only
+schedule or one it cannot read, or if setting up fails, it warns once and the job runs
+unrecorded. ``schedule.eval(...)`` calls run torch's own code, unrecorded (`Instrumentation`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -28,6 +30,7 @@ from pipetrace.recorder.setup import RecordSettings, torch_recorder
 from pipetrace.torch_pipelining.instrument import (
     Instrumentation,
     device_of,
+    forward_only,
     place_of,
     rank_and_size,
 )
@@ -101,10 +104,14 @@ def record(
     ``settings``) tune the recorder as for pipetrace's own runtime. ``config`` is added to
     the run configuration in meta.json (its ``runtime``, ``schedule_class`` and ``record``
     keys are the adapter's).
+
+    Nothing here raises: a bad variable, an unverified torch, a forward-only or unreadable
+    schedule, or a failing set-up is one `RuntimeWarning`, and the job runs unrecorded.
     """
-    settings = settings if settings is not None else RecordSettings.from_env()
-    if run_dir is not None:
-        settings = dataclasses.replace(settings, run_dir=os.fspath(run_dir))
+    try:
+        settings = _settings_of(settings, run_dir)
+    except Exception as exc:  # a bad PIPETRACE_* variable must not stop the training
+        return _unrecorded(f"pipetrace could not read its settings ({exc})")
     if not settings.enabled:
         return Recording()
     import torch
@@ -113,7 +120,39 @@ def record(
     if problem is not None:
         warnings.warn(problem, RuntimeWarning, stacklevel=2)
         return Recording()
-    instrumentation = None
+    if forward_only(schedule):
+        return _unrecorded(
+            f"pipetrace records training steps: {type(schedule).__name__} has no loss_fn "
+            "(forward-only)"
+        )
+    try:
+        return _start(schedule, settings, config)
+    except Exception as exc:
+        return _unrecorded(
+            f"pipetrace could not record {type(schedule).__name__} ({type(exc).__name__}: {exc})"
+        )
+
+
+def _settings_of(
+    settings: RecordSettings | None, run_dir: str | os.PathLike[str] | None
+) -> RecordSettings:
+    """The settings given, else the environment's; ``run_dir`` over their directory."""
+    settings = settings if settings is not None else RecordSettings.from_env()
+    if run_dir is not None:
+        settings = dataclasses.replace(settings, run_dir=os.fspath(run_dir))
+    return settings
+
+
+def _unrecorded(problem: str) -> Recording:
+    """The one warning of a job that runs unrecorded (pointing at the ``record`` call)."""
+    warnings.warn(f"{problem}; training continues unrecorded", RuntimeWarning, stacklevel=3)
+    return Recording()
+
+
+def _start(schedule: Any, settings: RecordSettings, config: dict[str, Any] | None) -> Recording:
+    """Install the patches and begin the run; on failure, take back what was set up (the
+    patches, and the recorder's writer and watchdog threads) and raise."""
+    instrumentation = recorder = None
     try:
         plan = plan_of(schedule)
         rank, world_size = rank_and_size(schedule)
@@ -129,14 +168,11 @@ def record(
         recorder.begin_run(
             rank=rank, world_size=world_size, plan=plan, config=run_config, place=place_of(schedule)
         )
-    except Exception as exc:
+    except Exception:
         if instrumentation is not None:
             instrumentation.undo()
-        warnings.warn(
-            f"pipetrace could not record {type(schedule).__name__} ({type(exc).__name__}: "
-            f"{exc}); training continues unrecorded",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        return Recording()
+        if recorder is not None and hasattr(recorder, "close"):
+            with contextlib.suppress(Exception):
+                recorder.close()
+        raise
     return Recording(instrumentation, recorder)

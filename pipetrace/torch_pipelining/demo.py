@@ -67,6 +67,11 @@ class TorchCase:
     check_parity: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     """Added to the run configuration in meta.json."""
+    evaluate: bool = False
+    """After each training step, a ``schedule.eval`` of the same batch (not recorded)."""
+    forward_only: bool = False
+    """A schedule built with no loss function, stepped under ``torch.no_grad`` (not
+    recorded)."""
 
     def record_settings(self) -> RecordSettings:
         if self.run_dir is None:
@@ -196,10 +201,11 @@ def build_schedule(case: TorchCase, replicas: Replicas, num_ranks: int) -> Any:
         for s, module in mine.items()
     ]
     cls = getattr(schedules, source)
+    loss_fn = None if case.forward_only else demo_loss
     if source in SINGLE_STAGE:
-        schedule = cls(stages[0], n_microbatches=case.microbatches, loss_fn=demo_loss)
+        schedule = cls(stages[0], n_microbatches=case.microbatches, loss_fn=loss_fn)
     else:
-        schedule = cls(stages, n_microbatches=case.microbatches, loss_fn=demo_loss)
+        schedule = cls(stages, n_microbatches=case.microbatches, loss_fn=loss_fn)
     if case.schedule == CSV_RUNTIME:
         schedule = _through_csv(case, schedule, stages, replicas.pp_rank)
     faults = tuple(f for f in case.faults if (f.replica or 0) == replicas.replica)
@@ -258,16 +264,43 @@ def train(
     report = None
     with record(schedule, settings=settings, config=case.config):
         for step in range(case.steps):
+            if case.forward_only:
+                _forward_pass(case, schedule, replicas, step, "step")
+                continue
             loss, parity_report = _train_step(case, schedule, replicas, step, reference)
             if parity_report is not None:
                 report, reference = parity_report, None
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if case.evaluate:
+                _forward_pass(case, schedule, replicas, step, "eval")
             if loss is not None and replicas.replica == 0:
                 losses.append(loss)
                 if on_loss is not None:
                     on_loss(index, step, loss)
     return CaseResult(losses or None, report)
+
+
+def _forward_pass(
+    case: TorchCase, schedule: Any, replicas: Replicas, step: int, method: str
+) -> None:
+    """``schedule.<method>`` (``eval``, or ``step`` of a forward-only schedule) on the batch
+    of ``step``, under ``torch.no_grad`` as an evaluation loop runs it."""
+    import torch
+
+    from pipetrace.runtime.demo import demo_batch
+    from pipetrace.torch_pipelining.instrument import stages_of
+
+    stages = stages_of(schedule)
+    first = any(stage.is_first for stage in stages)
+    last = any(stage.is_last for stage in stages)
+    batch = case.microbatches * case.demo.microbatch_size
+    inputs, targets = demo_batch(step, batch * replicas.count, case.demo, seed=case.seed)
+    mine = slice(replicas.replica * batch, (replicas.replica + 1) * batch)
+    with torch.no_grad():
+        getattr(schedule, method)(
+            *((inputs[mine],) if first else ()), target=targets[mine] if last else None
+        )
 
 
 def _train_step(

@@ -4,6 +4,8 @@ every action, message and iteration reaches pipetrace's recorder.
 What is patched, and only while recording:
 
 - ``schedule.step`` (on the instance): one call is one iteration; the loss of the last stage.
+  A call with no backward (``schedule.eval``, which calls ``step``) takes every patch off
+  while it runs torch's own code, and is no iteration.
 - each of the schedule's stages (on the instance): ``get_*_ops`` note which step and channel
   their ops belong to; ``forward_one_chunk`` / ``backward_one_chunk`` /
   ``backward_weight_one_chunk`` / ``perform_reduce_grad`` are steps of single-stage
@@ -42,6 +44,12 @@ def stages_of(schedule: Any) -> list[Any]:
     if isinstance(schedule, schedules.PipelineScheduleSingle):
         return [schedule._stage]
     return list(schedule._stages)
+
+
+def forward_only(schedule: Any) -> bool:
+    """Whether ``schedule`` runs forwards only (built with no ``loss_fn``): its steps are
+    not the plan's, which has backwards, so it is not recorded."""
+    return getattr(schedule, "_has_backward", True) is False
 
 
 def device_of(schedule: Any) -> Any:
@@ -92,6 +100,7 @@ class Instrumentation:
         self._composite: Entry | None = None  # the OVERLAP_F_B action being performed
         self._module = schedules
         self._saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, what it held)
+        self._replacements: list[tuple[Any, str, Any]] | None = None  # made at first install
 
     # -- install / undo --------------------------------------------------------------------
 
@@ -100,28 +109,37 @@ class Instrumentation:
             if _active:
                 raise RuntimeError("another schedule is already being recorded in this process")
             _active.append(self)
+        if self._replacements is None:
+            self._replacements = self._make_replacements()
+        for owner, name, replacement in self._replacements:
+            self._patch(owner, name, replacement)
+
+    def _make_replacements(self) -> list[tuple[Any, str, Any]]:
+        """Every (owner, attribute, wrapper) to set, made once at the first install: a later
+        install (`resume`, the end of an `eval`) sets the same wrappers, so the messages they
+        report keep their identity (`MessageLog` keys a message's report by its id)."""
         schedule = self.schedule
-        self._patch(schedule, "step", self._step_wrapper(schedule.step))
+        patches: list[tuple[Any, str, Any]] = [
+            (schedule, "step", self._step_wrapper(schedule.step))
+        ]
         for stage in self.stages:
             for name, (kind, channel) in OP_SOURCES.items():
                 messages = self._messages_of(stage, kind, channel)
                 if messages:  # else the stage has no such message (an end of the pipeline)
-                    self._patch(stage, name, self._ops_wrapper(getattr(stage, name), messages))
+                    patches.append((stage, name, self._ops_wrapper(getattr(stage, name), messages)))
             if self.single or self.index.has_composites:  # else actions are the steps
                 for name, kind in _COMPUTE.items():
                     method = getattr(stage, name)
-                    self._patch(stage, name, self._compute_wrapper(method, stage, kind))
+                    patches.append((stage, name, self._compute_wrapper(method, stage, kind)))
             if self.single:
-                self._patch(
-                    stage,
-                    "perform_reduce_grad",
-                    self._reduce_grad_wrapper(stage.perform_reduce_grad, stage),
-                )
+                reduce_grad = self._reduce_grad_wrapper(stage.perform_reduce_grad, stage)
+                patches.append((stage, "perform_reduce_grad", reduce_grad))
         module = self._module
-        self._patch(module, "_batch_p2p", self._batch_wrapper(module._batch_p2p))
-        self._patch(module, "_wait_batch_p2p", self.messages.waited)
+        patches.append((module, "_batch_p2p", self._batch_wrapper(module._batch_p2p)))
+        patches.append((module, "_wait_batch_p2p", self.messages.waited))
         if not self.single:
-            self._patch(module, "record_function", self._action_ranges(module.record_function))
+            patches.append((module, "record_function", self._action_ranges(module.record_function)))
+        return patches
 
     @property
     def installed(self) -> bool:
@@ -148,9 +166,12 @@ class Instrumentation:
 
     def _step_wrapper(self, step: Callable[..., Any]) -> Callable[..., Any]:
         recorder = self.recorder
-        wants_losses = self.holds_last and self.schedule._loss_fn is not None
+        schedule = self.schedule
+        wants_losses = self.holds_last and schedule._loss_fn is not None
 
         def recorded_step(*args: Any, **kwargs: Any) -> Any:
+            if not schedule._has_backward:  # eval() (it calls step): forward only, no plan
+                return self._unrecorded(step, args, kwargs)
             self.iteration += 1
             self.messages.begin_iteration()
             losses = kwargs.get("losses")
@@ -166,6 +187,29 @@ class Instrumentation:
             return result
 
         return recorded_step
+
+    def _unrecorded(self, step: Callable[..., Any], args: Any, kwargs: dict[str, Any]) -> Any:
+        """One call of torch's own code, every patch taken off meanwhile: a forward-only pass
+        runs none of the plan's backward steps, so recorded it would be a false iteration
+        (plan divergences, and B steps counted for backwards it never ran)."""
+        self.undo()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            self._reinstall()
+
+    def _reinstall(self) -> None:
+        """Put the patches back after an unrecorded call; if that fails, training goes on
+        unrecorded (with one warning), as `record` does when setting up fails."""
+        try:
+            self.install()
+        except Exception as exc:
+            self.undo()
+            warnings.warn(
+                f"pipetrace stopped recording ({type(exc).__name__}: {exc}); training continues",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # -- steps -----------------------------------------------------------------------------
 

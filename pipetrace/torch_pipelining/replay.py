@@ -91,15 +91,23 @@ class FakeStage:
 def fake_schedule(schedule_class: str, stage: FakeStage, microbatches: int) -> Any:
     """A real torch single-stage schedule object over ``stage`` (what the adapter checks and
     reads), whose ``step`` replays its plan (`replay_iteration`) instead of running torch's
-    loop."""
+    loop, and whose ``eval`` (torch's, calling ``step``) replays it too."""
     from torch.distributed.pipelining import schedules
 
     from pipetrace.torch_pipelining.plan import plan_of
 
-    schedule = getattr(schedules, schedule_class)(stage, n_microbatches=microbatches)
+    schedule = getattr(schedules, schedule_class)(
+        stage, n_microbatches=microbatches, loss_fn=_no_loss
+    )
     steps = plan_of(schedule).steps(stage.group_rank)
     schedule.step = lambda *args, **kwargs: replay_iteration(stage, steps)
     return schedule
+
+
+def _no_loss(output: Any, target: Any) -> None:
+    """A training schedule's loss function (one built without is forward-only, and is not
+    recorded); the replay never calls it."""
+    return None
 
 
 @contextmanager

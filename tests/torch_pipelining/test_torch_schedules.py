@@ -82,3 +82,27 @@ def check_rank(run_dir: Path, rank: int, plan: list[str], case: TorchCase) -> No
     posted = {e["id"] for e in log if e["e"] == "p2p_post"}
     done = {e["id"] for e in log if e["e"] == "p2p_done"}
     assert posted and posted == done, case.schedule
+
+
+def test_eval_calls_and_forward_only_schedules_are_not_recorded(tmp_path):
+    """``schedule.eval`` after every training step runs unrecorded: the log holds the
+    training steps alone, each running its plan (an eval recorded would be an iteration of
+    forwards only, and plan divergences). A schedule with no loss function is not recorded
+    at all."""
+    evaluated = [
+        TorchCase(schedule=name, run_dir=str(tmp_path / name), stages_per_rank=2, evaluate=True)
+        for name in ("Schedule1F1B", "ScheduleInterleaved1F1B")
+    ]
+    forward_only = TorchCase(
+        schedule="Schedule1F1B", run_dir=str(tmp_path / "forward-only"), forward_only=True
+    )
+    assert run_torch_demo([*evaluated, forward_only], 2, timeout=120) == [0, 0]
+    for case in evaluated:
+        run_dir = Path(case.run_dir)
+        code, report = analyze_json(run_dir)
+        diverged = [f for f in report["findings"] if f["kind"] == "plan_divergence"]
+        assert code == 0 and not errors(report) and not diverged, (case.schedule, report)
+        plan = meta(run_dir)["plan"]
+        for rank in range(2):
+            check_rank(run_dir, rank, [text for text in plan[rank] if text], case)
+    assert not Path(forward_only.run_dir).exists()

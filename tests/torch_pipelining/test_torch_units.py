@@ -220,3 +220,99 @@ def test_a_replayed_iteration_records_each_step_of_the_plan_once_in_order(
     posts = [call[1] for call in calls if call[0] == "post"]
     assert len(posts) == sum(step.is_comm for step in plan.steps(stage.group_rank))
     assert sorted(call[1] for call in calls if call[0] == "done") == sorted(posts)
+
+
+@pytest.mark.parametrize(
+    ("variables", "named"),
+    [
+        ({"PIPETRACE_STALL_TIMEOUT": "-3"}, "PIPETRACE_STALL_TIMEOUT must be >= 0 seconds"),
+        (
+            {"PIPETRACE_RECORD": "off", "PIPETRACE_STALL_TIMEOUT": "abc"},
+            "PIPETRACE_STALL_TIMEOUT='abc'",
+        ),
+        ({"PIPETRACE_RECORD": "bogus"}, "PIPETRACE_RECORD must be one of off, steps, full"),
+        ({"PIPETRACE_BUFFER_EVENTS": "0"}, "PIPETRACE_BUFFER_EVENTS must be >= 1, got 0"),
+    ],
+)
+@pytest.mark.parametrize("directory", ["none", "env", "argument"])
+def test_a_bad_variable_is_one_warning_and_the_job_runs_unrecorded(
+    monkeypatch, tmp_path, variables, named, directory
+):
+    """Recording never stops training, whether it would be on or not: the variable and its
+    value are named once, and nothing is patched or written."""
+    monkeypatch.delenv("PIPETRACE_DIR", raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    if directory == "env":
+        monkeypatch.setenv("PIPETRACE_DIR", str(tmp_path / "run"))
+    original = schedules._batch_p2p
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recording = record(SimpleNamespace(), tmp_path / "run" if directory == "argument" else None)
+    assert [w.category for w in caught] == [RuntimeWarning]
+    message = str(caught[0].message)
+    assert named in message and message.endswith("training continues unrecorded"), message
+    assert caught[0].filename == __file__  # it points at the record() call
+    assert not recording.active and schedules._batch_p2p is original
+    assert not (tmp_path / "run").exists()
+    recording.close()
+
+
+def test_a_forward_only_schedule_is_not_recorded(tmp_path):
+    """A schedule built with no loss function runs no backward: its steps are not its plan."""
+    schedule = schedules.Schedule1F1B(FakeStage(0, 2, (2, 3)), n_microbatches=2)
+    original = schedules._batch_p2p
+    with pytest.warns(RuntimeWarning, match=r"Schedule1F1B has no loss_fn \(forward-only\)"):
+        recording = record(schedule, tmp_path / "run")
+    assert not recording.active and schedules._batch_p2p is original
+    assert "step" not in vars(schedule)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_set_up_that_fails_midway_leaves_no_recorder_running(tmp_path):
+    """meta.json cannot hold an object: the recorder's flush thread, started before, ends."""
+    import threading
+
+    schedule = fake_schedule("Schedule1F1B", FakeStage(0, 2, (2, 3)), 2)
+    original = schedules._batch_p2p
+    before = set(threading.enumerate())
+    with pytest.warns(RuntimeWarning, match="could not record Schedule1F1B"):
+        recording = record(schedule, tmp_path / "run", config={"unwritable": object()})
+    assert not recording.active and schedules._batch_p2p is original
+    assert set(threading.enumerate()) == before
+
+
+class CountingStage(FakeStage):
+    """A fake stage that counts the forwards torch's loop (here, the replay) runs on it."""
+
+    forwards = 0
+
+    def forward_one_chunk(self, chunk_id, *args, **kwargs):
+        self.forwards += 1
+
+
+@pytest.mark.parametrize("stage_index", [0, 1])
+def test_an_eval_between_steps_runs_unrecorded_and_is_no_iteration(stage_index):
+    """torch's ``eval`` calls ``step`` with no backward: it runs with every patch off (no
+    step, op or iteration reported), and the next training step is the next iteration."""
+    stage = CountingStage(stage_index, 2, (2, 3))
+    schedule = fake_schedule("Schedule1F1B", stage, 4)
+    plan = plan_of(schedule)
+    recorder = CallLog()
+    instrumentation = Instrumentation(schedule, plan, stage.group_rank, recorder)
+    with fake_p2p():
+        instrumentation.install()
+        try:
+            schedule.step()
+            recorded = list(recorder.calls)
+            forwards = stage.forwards
+            schedule.eval()
+            assert stage.forwards == 2 * forwards  # the eval did run
+            assert recorder.calls == recorded and instrumentation.iteration == 0
+            assert instrumentation.installed and schedule._has_backward
+            schedule.step()
+        finally:
+            instrumentation.undo()
+    assert instrumentation.iteration == 1
+    # the second step reports what the first did (the same messages, sizes and steps)
+    assert recorder.calls[len(recorded) :] == recorded
