@@ -248,6 +248,7 @@ def _check_raw(
         return False
     reasons = _from_another_run(raw, rank, meta, world_size)
     if reasons:
+        raw.error = f"from another run: {'; '.join(reasons)}"  # the rank's status says why
         problems.append(
             InputProblem(
                 "warning",
@@ -816,7 +817,8 @@ def _note_cut_logs(ranks: list[RankTimeline], problems: list[InputProblem]) -> N
                 InputProblem(
                     "warning",
                     f"{rank.path.name} ends at {t / 1e9:.3f} s without run_end or a recorded "
-                    f"failure while its peers record until {latest / 1e9:.3f} s (killed, or cut)",
+                    f"failure while its peers record until {latest / 1e9:.3f} s (killed, cut, "
+                    "or still running: hung)",
                     rank.rank,
                 )
             )
