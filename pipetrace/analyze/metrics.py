@@ -12,7 +12,8 @@ Definitions (docs/analyze.md), per rank and iteration, on the aligned clock:
   ``bubble_ratio`` = bubble / busy, the simulator's definition, so it compares directly with
   the ideal (`pipetrace.analyze.ideal`, fed `Metrics.mean_costs`).
 - *exposed comm*: in overlap mode, the part of a wait after the peer had already posted its
-  side: transfer time that the schedule meant to hide behind compute.
+  side: transfer time that the schedule meant to hide behind compute. Time, like the P2P
+  wait: ops waited together (the sends drained at a step's end) count their overlap once.
 """
 
 from __future__ import annotations
@@ -281,20 +282,38 @@ def _overlap_waits(
     np.add.at(busy, op_it[late][on_main], -w[on_main].astype(np.float64))
     np.add.at(wait, op_it[late][on_main], w[on_main].astype(np.float64))
     hidden_from = np.maximum(wait_from, partner[late])
-    late_exposed = np.where(inside, np.maximum(done[late] - hidden_from, 0), 0)
     ended = t.ended
     last_end = _max_per_bin(t.it_idx[ended], t.end[ended], n)
     drained = detached & (consumer < 0) & (done > last_end[op_it])
     drain_from = np.maximum(last_end[op_it], p2p.post)
     drain = np.where(drained, np.maximum(done - drain_from, 0), 0)
     wait += _max_per_bin(op_it, drain, n)
-    drain_exposed = np.where(drained, np.maximum(done - np.maximum(drain_from, partner), 0), 0)
-    # one pass, recvs then drains: each bin adds in that order, as np.add.at twice would
-    return np.bincount(
-        np.concatenate((op_it[late], op_it)),
-        minlength=n,
-        weights=np.concatenate((late_exposed, drain_exposed)),
+    # exposed intervals: a late recv's wait after its peer posted, a drained send's likewise;
+    # ops waited together (a step's sends drained at once) overlap: their time counts once
+    late_ok = inside & (done[late] > hidden_from)
+    drain_lo = np.maximum(drain_from, partner)
+    drain_ok = drained & (done > drain_lo)
+    return _union_per_bin(
+        np.concatenate((op_it[late][late_ok], op_it[drain_ok])),
+        np.concatenate((hidden_from[late_ok], drain_lo[drain_ok])),
+        np.concatenate((done[late][late_ok], done[drain_ok])),
+        n,
     )
+
+
+def _union_per_bin(index: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
+    """The time the intervals ``[lo, hi)`` cover (each lo < hi), split into bins 0..n-1:
+    time, not the sum over intervals, so the bins add up to the union. An interval's bin
+    (``index``) gets the part of it that no interval starting earlier (or at the same time,
+    on an earlier row) covers: each bin gets at most the union of its own intervals. One
+    stable sort by start (the rows come mostly in order) and a running maximum of the ends,
+    no per-bin loop."""
+    order = np.argsort(lo, kind="stable")
+    start, stop = lo[order], hi[order]
+    reach = np.maximum.accumulate(stop)  # the furthest end so far
+    covered_to = np.concatenate((start[:1], reach[:-1]))
+    fresh = np.maximum(stop - np.maximum(start, covered_to), 0)
+    return np.bincount(index[order], weights=fresh, minlength=n)
 
 
 def _stage_costs(
