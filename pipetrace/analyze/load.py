@@ -265,10 +265,13 @@ def _from_another_run(raw: RawRank, rank: int, meta: dict[str, Any], world_size:
     """Why the log belongs to another run than meta.json's (empty: it is this run's)."""
     header = raw.header
     reasons = []
-    if header.get("rank") != rank:
-        reasons.append(f"its header says rank {header.get('rank')!r}")
-    if header.get("world_size") != world_size:
-        reasons.append(f"world size {header.get('world_size')!r}, not {world_size}")
+    for name in ("rank", "world_size"):
+        if name not in header:
+            reasons.append(f"its header has no {name}, a required field")
+    if "rank" in header and header["rank"] != rank:
+        reasons.append(f"its header says rank {header['rank']!r}")
+    if "world_size" in header and header["world_size"] != world_size:
+        reasons.append(f"world size {header['world_size']!r}, not {world_size}")
     t0, created = header.get("t0"), meta.get("created")
     if isinstance(t0, int) and isinstance(created, int) and abs(t0 - created) > SAME_RUN_WINDOW_NS:
         reasons.append(f"it started {abs(t0 - created) / 1e9:.0f} s away from meta.json's creation")

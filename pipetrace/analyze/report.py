@@ -88,7 +88,7 @@ def _run_lines(run: Run) -> list[Line]:
     lines: list[Line] = [
         (
             f"{run.path}: {sched.get('name', '?')}, {s['world_size']} ranks{replicas}, "
-            f"{s['num_stages']} stages, {s['num_microbatches']} micro-batches, "
+            f"{_known(s['num_stages'])} stages, {_known(s['num_microbatches'])} micro-batches, "
             f"{s['iterations']} iterations, {s['events']:,} events",
             "bold",
         )
@@ -326,3 +326,8 @@ def render(analysis: Analysis, out: IO[str], *, color: bool = False) -> None:
     console = Console(file=out, highlight=False, soft_wrap=True)
     for text, style in lines:
         console.print(Text(text, style=style or ""))
+
+
+def _known(value: object) -> object:
+    """A count meta.json may lack, for the report's first line."""
+    return "?" if value is None else value

@@ -83,6 +83,8 @@ def open_source(paths: RunPaths) -> RunSource:
     problems: list[InputProblem] = []
     meta_dir, meta = _one_meta(directories, problems)
     world_size = meta.get("world_size")
+    if "world_size" not in meta:
+        raise TraceFormatError(f"{meta_dir / fmt.META_FILE}: no world_size (a required field)")
     if not isinstance(world_size, int) or world_size < 1:
         raise TraceFormatError(f"{meta_dir / fmt.META_FILE}: invalid world_size {world_size!r}")
     found = gather_logs(directories)

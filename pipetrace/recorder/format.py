@@ -203,7 +203,7 @@ META = record(
     framework         | string                 | always   | `"torch"` or `"mindspore"`
     framework_version | string                 | always   | the framework's version string
     python_version    | string                 | always   | e.g. `"3.11.7"`
-    world_size        | int                    | always   | number of ranks of the whole job (every
+    world_size        | int                    | required | number of ranks of the whole job (every
                                                             replica's pipeline)
     created           | int                    | always   | wall-clock ns when meta.json was written
     schedule          | object                 | always   | `{"name": ..., "params": {...}}`:
@@ -233,8 +233,8 @@ HEADER = record(
     """
     format            | string | required | always `"pipetrace-events"`
     schema_version    | int    | required | the schema version of this log
-    rank              | int    | always   | this process's global rank (the log's name)
-    world_size        | int    | always   | number of ranks of the whole job
+    rank              | int    | required | this process's global rank (the log's name)
+    world_size        | int    | required | number of ranks of the whole job
     pid               | int    | always   | process id
     host              | string | always   | host name
     pipetrace_version | string | always   | version of pipetrace that wrote the log
