@@ -6,16 +6,18 @@ import sys
 
 import click
 
+from pipetrace.cli.run_args import NamedPath
 from pipetrace.errors import PipetraceError
 
 
 @click.command()
-@click.argument("runs", metavar="[RUN_A RUN_B]", nargs=-1, type=click.Path(path_type=str))
+@click.argument("runs", metavar="[RUN_A RUN_B]", nargs=-1, type=NamedPath(path_type=str))
 @click.option(
     "-a",
     "run_a_dirs",
     multiple=True,
     metavar="DIR",
+    type=NamedPath(path_type=str),
     help="A directory (or glob) of run A; repeat it for a run spread over several.",
 )
 @click.option(
@@ -23,6 +25,7 @@ from pipetrace.errors import PipetraceError
     "run_b_dirs",
     multiple=True,
     metavar="DIR",
+    type=NamedPath(path_type=str),
     help="A directory (or glob) of run B; repeat it for a run spread over several.",
 )
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON (docs/analyze.md).")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from pipetrace.cli.load_options import Loading, load_options
-from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
+from pipetrace.cli.run_args import RUN_DIRS_HELP, NamedPath, run_dirs
 from pipetrace.errors import EXIT_OK
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class _Progress:
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=NamedPath(dir_okay=False, path_type=str),
     help="Trace file to write [default: DIR.pftrace, or DIR.json, next to the run directory "
     "(the one holding meta.json)].",
 )

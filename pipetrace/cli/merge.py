@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import click
 
-from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
+from pipetrace.cli.run_args import RUN_DIRS_HELP, NamedPath, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS, PipetraceError
 from pipetrace.records import JsonRecord
 
@@ -66,7 +66,7 @@ class UnreadableLog(Exception):
     "-o",
     "--output",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NamedPath(file_okay=False, path_type=Path),
     help="The run directory to write (created if absent).",
 )
 @click.option(

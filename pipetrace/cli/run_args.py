@@ -15,7 +15,17 @@ RUN_DIRS_HELP = (
 )
 
 
+class NamedPath(click.Path):
+    """A path on the command line that is not the empty string (which the file system would
+    read as the current directory, and an option as "not given")."""
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if value == "":
+            self.fail("an empty path names nothing", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 run_dirs = click.argument(
-    "run_dirs", metavar="RUN_DIR...", nargs=-1, required=True, type=click.Path(path_type=str)
+    "run_dirs", metavar="RUN_DIR...", nargs=-1, required=True, type=NamedPath(path_type=str)
 )
 """The positional ``RUN_DIR...`` argument of a command that reads one run."""

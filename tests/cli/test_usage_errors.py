@@ -35,3 +35,18 @@ def test_a_csv_plan_takes_no_ranks_that_contradict_it(tmp_path, capsys):
     assert f"--ranks 7, but {plan} has 2 rank(s)" in capsys.readouterr().err
     assert main(["schedule", "verify", "--csv", str(plan), "-v", "2"]) == 2
     assert "-v comes from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["analyze", ""],
+        ["export", "sample_traces/clean-1f1b", "-o", ""],
+        ["diff", "", "sample_traces/clean-1f1b"],
+        ["merge", "sample_traces/clean-1f1b", "-o", ""],
+    ],
+    ids=["analyze", "export-o", "diff", "merge-o"],
+)
+def test_an_empty_path_is_refused_not_read_as_here(capsys, argv):
+    assert main(argv) == 2
+    assert "an empty path names nothing" in capsys.readouterr().err
