@@ -240,6 +240,7 @@ class _PeerEvidence:
 
     def __init__(self, run: Run) -> None:
         ranks = run.present_ranks
+        self.pipelines = run.pipelines
         self.interrupted = interrupted_at(run)
         self.waiting = waiting_outside_iterations(run)
         self.finished = [r.rank for r in ranks if r.status.state == RankState.FINISHED]
@@ -264,13 +265,18 @@ class _PeerEvidence:
         )
 
     def stalled_since(self, rank: int, since: int, until: int) -> list[int]:
-        """Other ranks whose watchdog recorded, before ``until``, a stall whose idle time
-        began after ``since``: they waited while ``rank`` showed no progress."""
+        """Ranks of ``rank``'s pipeline whose watchdog recorded, before ``until``, a stall
+        whose idle time began after ``since``: they waited while ``rank`` showed no progress
+        (another replica's ranks wait on their own pipeline, not on this rank)."""
+        replica = self.pipelines.replica_of(rank)
         return sorted(
             {
                 r
                 for r, idle_from, t in self.stalls
-                if r != rank and since <= idle_from and t <= until
+                if r != rank
+                and self.pipelines.replica_of(r) == replica
+                and since <= idle_from
+                and t <= until
             }
         )
 

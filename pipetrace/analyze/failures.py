@@ -42,6 +42,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     """``hung``: ranks in a deadlock or stall finding; their P2P timeouts are symptoms."""
     endings = en.rank_endings(run)
     first = _first_failure(run, endings)
+    hanging = {r for r, e in endings.items() if e.state in (en.COMPUTING, en.HUNG)}
     findings = []
     for rank in run.ranks:
         state = rank.status.state
@@ -50,7 +51,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
         if state == RankState.FAILED:
             findings.append(_raised(run, rank, endings[rank.rank], first, rank.rank in hung))
         elif state == RankState.SIGNALED:
-            findings.append(_signaled(run, rank, endings[rank.rank], first))
+            findings.append(_signaled(run, rank, endings[rank.rank], first, hanging))
         elif state == RankState.MISSING:
             findings.append(_missing(rank, endings[rank.rank]))
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
@@ -59,8 +60,9 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
 
 
 def _first_failure(run: Run, endings: dict[int, en.Ending]) -> _FirstFailure | None:
-    """The earliest exception, abort or signal, or silent death (at its last sign of life)."""
-    times = en.failure_events(run)
+    """The earliest exception, abort or signal, or silent death (at its last sign of life);
+    a signal that ended a hang is no failure of its own."""
+    times = [(t, r) for t, r in en.failure_events(run) if endings[r].state not in _NOT_FAILED]
     times += [
         (e.last_alive_ns, r)
         for r, e in endings.items()
@@ -100,7 +102,11 @@ def _raised(
 
 
 def _signaled(
-    run: Run, rank: RankTimeline, ending: en.Ending, first: _FirstFailure | None
+    run: Run,
+    rank: RankTimeline,
+    ending: en.Ending,
+    first: _FirstFailure | None,
+    hanging: set[int],
 ) -> Finding:
     st = rank.status
     sig = rank.last_of(fmt.SIGNAL)
@@ -110,7 +116,14 @@ def _signaled(
         "killed from outside (job scheduler timeout, a user's Ctrl-C, "
         "or a peer's failure tearing the job down)"
     )
-    if sig and first and first.explains(rank.rank, sig.t):
+    if hanging - {rank.rank}:  # a time limit or the launcher ended the job around a hang
+        severity = fk.WARNING
+        cause = (
+            f"the job was ended while rank(s) {', '.join(map(str, sorted(hanging)))} hung "
+            "(see rank_stalled / deadlock): a time limit or the launcher ending the ranks "
+            "left behind"
+        )
+    elif sig and first and first.explains(rank.rank, sig.t):
         severity = fk.WARNING
         cause = first.follows(sig.t, "the launcher ended the ranks left behind")
     message = f"rank {rank.rank} was ended by {st.error} {at.phrase}"

@@ -261,3 +261,17 @@ def test_an_error_the_framework_wrapped_is_named_by_the_users_own(tmp_path):
     assert 'File "train.py", line 7, in forward' in failed["cause"]
     assert "re-raised as RuntimeError: [Stage 1] failed to run forward: args: ()" in failed["cause"]
     assert "\n" not in failed["details"]["error"]
+
+
+def test_a_sigterm_on_a_rank_that_was_not_watched_is_the_end_of_the_job_not_a_cause(tmp_path):
+    # rank 1 hangs in 1F0 (watchdog); rank 0, waiting for it, recorded no stall of its own
+    # (its watchdog was off); the time limit's SIGTERM ends them
+    run = HandRun().cut(1, at(1, 15)).stall(1, at(1, 2015)).cut(0, at(1, 20))
+    _sigterm(_sigterm(run, 0, at(1, 30_000)), 1, at(1, 30_010))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (failed,) = of_kind(document, "rank_failed")
+    assert failed["ranks"] == [0] and failed["severity"] == "warning"
+    assert "the job was ended while rank(s) 1 hung" in failed["cause"]
+    (stall,) = of_kind(document, "rank_stalled")
+    assert stall["details"]["terminal_state"] == "computing"
