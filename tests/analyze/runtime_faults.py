@@ -21,6 +21,7 @@ def run(
     custom=(),
     stall_timeout: float | tuple[float, ...] = 30.0,
     abort_timeout: float | tuple[float, ...] = 30.0,
+    kill_grace: float = 2.0,
 ):
     from pipetrace.runtime.config import RunConfig
     from pipetrace.runtime.launch import launch
@@ -39,7 +40,7 @@ def run(
         [config],
         make_recorder=Record(str(run_dir), stall_timeout, abort_timeout),
         custom_functions=custom,
-        kill_grace=2.0,
+        kill_grace=kill_grace,
     )
 
 

@@ -116,6 +116,9 @@ def test_peer_that_gave_up_before_the_sender_came_is_no_deadlock(tmp_path):
         custom=[(StepKind.F, SlowRank(0, 4.0))],
         stall_timeout=(30.0, 1.0),
         abort_timeout=(30.0, 1.0),
+        # the launcher must not end rank 0 before it gets to its send (on a loaded host its
+        # start and its 4 s step can take longer than rank 1's 2 s and a short grace)
+        kill_grace=15.0,
     )
     analysis = analyzed(tmp_path)
     seen = [(f.severity, f.kind, f.message, f.cause) for f in analysis.findings]
