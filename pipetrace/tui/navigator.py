@@ -28,6 +28,9 @@ class Navigator:
         self.history = History()
         self.filter = StepFilter()
         self.finding_index: int | None = None
+        # the iteration `goto_iteration` last showed, with the view it left: `[` / `]` step
+        # from it while the view is unmoved (a hung iteration can span nearly the whole run)
+        self._shown_iteration: tuple[int, float, float] | None = None
 
     @property
     def viewport(self) -> Viewport:
@@ -171,7 +174,10 @@ class Navigator:
         if not its:
             return "this run recorded no iteration"
         vp = self.viewport
-        if vp.span > (self.index.t_max - self.index.t_min) * 0.9:
+        shown = self._shown_iteration
+        if shown is not None and shown[1:] == (vp.start, vp.span) and shown[0] in its:
+            k = its.index(shown[0]) + direction
+        elif vp.span > (self.index.t_max - self.index.t_min) * 0.9:
             k = 0 if direction > 0 else len(its) - 1
         else:
             current = self.index.iteration_at(vp.start + vp.span / 2)
@@ -186,6 +192,7 @@ class Navigator:
         if self.state.cursor is not None:
             self.history.push(self.state.cursor)
         self.viewport.fit(*span)
+        self._shown_iteration = (iteration, self.viewport.start, self.viewport.span)
         cursor = self.state.cursor
         lane_id = cursor[0] if cursor else (self.state.lane_ids[0] if self.state.lane_ids else None)
         if lane_id is not None:
@@ -244,6 +251,10 @@ class Navigator:
             self.viewport.fit(*view.window, margin=0.05)
         if view.focus is not None and view.focus[0] in state.lane_ids:
             self.select(*view.focus, reveal=False)
+        elif state.cursor is None and state.lane_ids:  # a finding of no step (a straggler)
+            item = self.index.nearest(state.lane_ids[0], self.viewport.start)
+            if item is not None:
+                self.select(state.lane_ids[0], item, reveal=False)
         shown = {self.index.lanes[lane].rank for lane in state.lane_ids}
         hidden = sorted({self.index.lanes[lane].rank for lane, _ in view.items} - shown)
         return f"rank(s) {hidden} of this finding are hidden by the filter" if hidden else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipetrace.tui.lanes import COMM, MAIN
@@ -54,6 +56,21 @@ def test_iterations_and_lanes(session):
     assert index.lanes[nav.state.cursor[0]].role == MAIN  # the cursor left the hidden row
 
 
+def test_previous_iteration_from_a_hung_one_that_spans_nearly_the_whole_run():
+    hung = Path(__file__).resolve().parents[2] / "sample_traces" / "fault-hang"
+    nav = Navigator(open_session(hung, workers=0))
+    nav.open(100)
+    index = nav.index
+    last = int(index.iterations[-1])
+    b, e = index.iteration_span(last)
+    assert e - b > 0.8 * (index.t_max - index.t_min)  # the case: the view looks "whole"
+    nav.fit()
+    assert nav.iteration(-1) is None  # from the whole run: the last
+    assert nav.iteration(-1) is None  # then the one before it
+    shown = index.iteration_at(nav.viewport.start + nav.viewport.span / 2)
+    assert shown == last - 1
+
+
 def test_findings_cycle_and_clear(deadlock_run):
     nav = Navigator(open_session(deadlock_run, workers=0))
     assert nav.open(80) is True and nav.finding_index == 0 and nav.state.highlight
@@ -61,3 +78,12 @@ def test_findings_cycle_and_clear(deadlock_run):
     assert nav.finding(-1) is None and nav.finding_index == len(nav.session.findings) - 1
     nav.set_filter("rank=1")
     assert nav.goto_finding(0) == "rank(s) [0] of this finding are hidden by the filter"
+
+
+def test_a_first_finding_of_no_step_still_selects_a_step():
+    straggler = Path(__file__).resolve().parents[2] / "sample_traces" / "fault-straggler"
+    nav = Navigator(open_session(straggler, workers=0))
+    assert nav.open(100) is True
+    assert not nav.session.findings[nav.finding_index].items  # the case: nothing to focus
+    assert nav.state.cursor is not None
+    assert nav.step(1) is None and nav.state.cursor[1] > 0  # the keys that move it work
