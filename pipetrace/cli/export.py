@@ -144,8 +144,7 @@ def export(
     finally:
         progress.close()
     for problem in run.problems:
-        if problem.severity == "warning":
-            click.echo(f"pipetrace export: input warning: {problem.message}", err=True)
+        click.echo(f"pipetrace export: input {problem.severity}: {problem.message}", err=True)
     found = (
         "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
     )

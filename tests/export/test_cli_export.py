@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import orjson
 import pytest
@@ -14,6 +16,8 @@ from pipetrace.cli import main
 from pipetrace.export import default_output
 
 from .decode import decode_perfetto
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 @pytest.fixture(scope="module")
@@ -214,3 +218,13 @@ def test_open_answers_only_requests_for_localhost(tmp_path):
         assert r.read() == b"trace"
     thread.join(5)
     assert result["served"] is True
+
+
+def test_input_problems_are_said_as_analyze_says_them(tmp_path, capsys):
+    run = tmp_path / "torn"
+    shutil.copytree(SAMPLES / "clean-1f1b", run)
+    with (run / "rank-00002.ndjson").open("ab") as log:
+        log.write(b'{"e":"step_begin","t":17962')  # a kill mid-write: an info
+    assert main(["export", str(run), "-o", str(tmp_path / "t.pftrace")]) == 0
+    err = capsys.readouterr().err
+    assert "pipetrace export: input info: rank-00002.ndjson: torn last line skipped" in err
