@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,7 +195,7 @@ def _pick_copy(kept: Path, other: Path, rank: int, problems: list[InputProblem])
         InputProblem(
             "info" if same else "warning",
             f"{kept.name} is in both {kept.parent} and {other.parent}"
-            + (" (same size)" if same else f" ({sizes[0]:,} and {sizes[1]:,} bytes)")
+            + (" (same size)" if same else f" ({_said(sizes[0])} and {_said(sizes[1])})")
             + f"; read from {chosen.parent}",
             rank,
         )
@@ -202,11 +203,18 @@ def _pick_copy(kept: Path, other: Path, rank: int, problems: list[InputProblem])
     return chosen
 
 
+def _said(size: int) -> str:
+    return f"{size:,} bytes" if size >= 0 else "not a readable file"
+
+
 def _size(path: Path) -> int:
+    """A copy's size in bytes; -1 for one that is no regular file (a directory, a FIFO) or
+    cannot be read, so that a real log always wins over it."""
     try:
-        return path.stat().st_size
+        info = path.stat()
     except OSError:
         return -1
+    return info.st_size if stat.S_ISREG(info.st_mode) else -1
 
 
 def _note_absent(

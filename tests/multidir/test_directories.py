@@ -67,6 +67,16 @@ def test_ranks_without_a_log_anywhere_are_named_and_the_rest_analyzed(split_samp
     assert states[0] == states[1] == "finished" and states[2] == "missing"
 
 
+def test_a_real_log_wins_over_a_directory_of_its_name(split_sample, capsys):
+    # the directory (4,096 bytes on most file systems) comes first and is larger
+    (split_sample[0] / "rank-00001.ndjson").mkdir()
+    _, whole = analysis_json(capsys, str(SAMPLES / "clean-1f1b"))
+    _, data = analysis_json(capsys, *map(str, split_sample))
+    assert comparable(data) == comparable(whole)
+    (said,) = [p["message"] for p in data["input_problems"] if "is in both" in p["message"]]
+    assert "(not a readable file and " in said and said.endswith(f"read from {split_sample[1]}")
+
+
 def test_a_log_found_twice_is_read_once(split_sample, capsys):
     shutil.copy(split_sample[1] / "rank-00001.ndjson", split_sample[0])
     _, whole = analysis_json(capsys, str(SAMPLES / "clean-1f1b"))
