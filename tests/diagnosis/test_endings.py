@@ -275,3 +275,31 @@ def test_a_sigterm_on_a_rank_that_was_not_watched_is_the_end_of_the_job_not_a_ca
     assert "the job was ended while rank(s) 1 hung" in failed["cause"]
     (stall,) = of_kind(document, "rank_stalled")
     assert stall["details"]["terminal_state"] == "computing"
+
+
+# -- 8. overlap mode: a compute step whose recv is still open ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "innermost, terminal",
+    [
+        ("train.py:7 in forward: spin()", "computing"),  # stuck in its own code
+        ("/x/pipetrace/runtime/p2p_common.py:230 in complete: work.wait()", "transfer"),
+    ],
+    ids=["own-code", "in-the-wait"],
+)
+def test_the_stall_stack_tells_a_compute_step_stuck_before_its_recv_wait(
+    tmp_path, innermost, terminal
+):
+    # overlap mode waits a step's recv inside the step: rank 1 sits in 1F0 with 1RECV_F0
+    # posted and never completed; where its main thread stands tells which it waits on
+    run = HandRun().cut(1, at(1, 15))
+    recv = next(e for e in run.events[1] if e["e"] == "p2p_post" and e["it"] == 1)
+    run.events[1] = [e for e in run.events[1] if e.get("id") != recv["id"] or e is recv]
+    run.stall(1, at(1, 2015))
+    run.events[1][-1]["stacks"] = {"MainThread (1)": ["train.py:1 in main: step()", innermost]}
+    run.cut(0, at(1, 20)).stall(0, at(1, 2020))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    states = {f["details"]["terminal_state"] for f in of_kind(document, "rank_stalled")}
+    assert terminal in states
