@@ -11,7 +11,6 @@ sits in the counterpart step, posted or not, is at the message too: the transfer
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +25,7 @@ from pipetrace.analyze.derive import (
 )
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
+from pipetrace.recorder.watchdog import main_thread_waits
 from pipetrace.schedule.ir import StepKind
 
 COLLECTIVE = "collective"
@@ -112,27 +112,12 @@ def _blocking_op(run: Run, rank: RankTimeline) -> Blocked | None:
     return _blocked_on(run, rank, int(open_ops[np.argmin(rank.p2p.post[open_ops])]), None)
 
 
-_WAIT_FRAME = re.compile(
-    r"distributed_c10d\.py|/pipetrace/runtime/(mindspore/)?p2p\w*\.py"
-    r"|\bin (wait|_wait\w*|complete)\b"
-)
-"""A stack frame of a P2P wait: torch.distributed's, the pipetrace runtimes' P2P modules, or
-a function named for waiting (torch's pipelining waits in ``_wait_batch_p2p``)."""
-
-
 def _stack_elsewhere(rank: RankTimeline) -> bool:
-    """The main thread's innermost frame in the watchdog's last stall is not a P2P wait: a
-    rank inside a compute step whose recv is still open (overlap mode waits it inside the
-    step) is stuck in its own code before the wait, not in the transfer. False when no stall
-    recorded the main thread's stack."""
+    """The watchdog's last stall shows the main thread outside a P2P wait: a rank inside a
+    compute step whose recv is still open (overlap mode waits it inside the step) is then
+    stuck in its own code before the wait, not in the transfer."""
     stall = rank.last_of(fmt.STALL)
-    stacks = stall.fields.get("stacks") if stall is not None else None
-    if not isinstance(stacks, dict):
-        return False
-    main = next((v for k, v in stacks.items() if str(k).startswith("MainThread")), None)
-    if not isinstance(main, list) or not main or not isinstance(main[-1], str):
-        return False
-    return _WAIT_FRAME.search(main[-1]) is None
+    return stall is not None and main_thread_waits(stall.fields.get("stacks")) is False
 
 
 def _op_of_open_comm_step(

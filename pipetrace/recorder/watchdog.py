@@ -17,6 +17,7 @@ the signal number to a socket this thread selects on, whatever the main thread i
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import socket
@@ -45,6 +46,27 @@ def thread_stacks() -> dict[str, list[str]]:
             f"{f.filename}:{f.lineno} in {f.name}: {(f.line or '').strip()}" for f in frames
         ]
     return stacks
+
+
+P2P_WAIT_FRAME = re.compile(
+    r"distributed_c10d\.py|/pipetrace/runtime/(mindspore/)?p2p\w*\.py"
+    r"|\bin (wait|_wait\w*|complete)\b"
+)
+"""A stack frame of a P2P wait: torch.distributed's, the pipetrace runtimes' P2P modules, or
+a function named for waiting (torch's pipelining waits in ``_wait_batch_p2p``)."""
+
+
+def main_thread_waits(stacks: object) -> bool | None:
+    """Whether the main thread's innermost frame in ``stacks`` (as `thread_stacks` records
+    them in a `stall`) is a P2P wait; None when they do not show the main thread. A rank whose
+    step waits its recv inside the step (overlap mode) is stuck in its own code, not in the
+    transfer, when this is False."""
+    if not isinstance(stacks, dict):
+        return None
+    main = next((v for k, v in stacks.items() if str(k).startswith("MainThread")), None)
+    if not isinstance(main, list) or not main or not isinstance(main[-1], str):
+        return None
+    return P2P_WAIT_FRAME.search(main[-1]) is not None
 
 
 class Watchdog:

@@ -17,6 +17,8 @@ from pathlib import Path
 import orjson
 
 from pipetrace.recorder import format as fmt
+from pipetrace.recorder.watchdog import main_thread_waits
+from pipetrace.schedule.ir import ScheduleError, parse_step
 
 TAIL_BYTES = 4 << 20
 """How much of the end of a rank log is searched for its last stall (a stall with every
@@ -75,11 +77,14 @@ def _stuck(stall: dict) -> Stuck:
     open_steps = [s for s in stall.get("open_steps") or [] if isinstance(s, dict)]
     step = open_steps[-1] if open_steps else {}
     text = step.get("step") if isinstance(step.get("step"), str) else None
-    peers = [
-        op.get("peer")
+    inflight = [
+        op
         for op in stall.get("inflight") or []
-        if isinstance(op, dict) and op.get("step") == text and isinstance(op.get("peer"), int)
+        if isinstance(op, dict) and isinstance(op.get("peer"), int)
     ]
+    peers = [op["peer"] for op in inflight if op.get("step") == text]
+    if text is not None and not peers and main_thread_waits(stall.get("stacks")):
+        peers = _feeding_peers(text, inflight)
     iteration = step.get("it")
     waiting_in = stall.get("waiting_in")
     return Stuck(
@@ -89,3 +94,26 @@ def _stuck(stall: dict) -> Stuck:
         float(stall.get("idle_s") or 0.0),
         waiting_in if isinstance(waiting_in, str) else None,
     )
+
+
+def _feeding_peers(text: str, inflight: list[dict]) -> list[int]:
+    """The peers of the recvs in flight for the stage and micro-batch of the compute step
+    ``text``: overlap mode waits a step's recv inside the step."""
+    wanted = _stage_and_microbatch(text)
+    return [
+        op["peer"]
+        for op in inflight
+        if wanted is not None
+        and op.get("op") == "recv"
+        and _stage_and_microbatch(str(op.get("step"))) == wanted
+    ]
+
+
+def _stage_and_microbatch(text: str) -> tuple[int, int] | None:
+    try:
+        step = parse_step(text)
+    except ScheduleError:
+        return None
+    if step is None or step.stage is None or step.microbatch is None:
+        return None
+    return step.stage, step.microbatch

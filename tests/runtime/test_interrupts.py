@@ -101,10 +101,16 @@ def test_ctrl_c_after_a_hang_keeps_the_hang_as_its_cause(tmp_path, capsys):
 
 
 @pytest.mark.multiproc
-def test_the_hang_headline_names_the_rank_stuck_in_a_step(tmp_path):
+@pytest.mark.parametrize(
+    "schedule, ranks, mode",
+    [("1f1b", "3", []), ("zbv", "2", ["--overlap-p2p"])],
+    ids=["1f1b-plain", "zbv-overlap"],
+)
+def test_the_hang_headline_names_the_rank_stuck_in_a_step(tmp_path, schedule, ranks, mode):
+    # overlap mode: the peers wait inside their compute steps, for recvs of other steps
     out = tmp_path / "run"
     launcher = _start_run(
-        ["-s", "1f1b", "-p", "3", "-m", "4", "-n", "2", "--inject", "hang:rank=1"], out
+        ["-s", schedule, "-p", ranks, "-m", "4", "-n", "2", *mode, "--inject", "hang:rank=1"], out
     )
     try:
         _, err = launcher.communicate(timeout=120)
