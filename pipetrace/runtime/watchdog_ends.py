@@ -18,7 +18,7 @@ import orjson
 
 from pipetrace.recorder import format as fmt
 from pipetrace.recorder.watchdog import main_thread_waits
-from pipetrace.schedule.ir import ScheduleError, parse_step
+from pipetrace.schedule.ir import ScheduleError, StepKind, parse_step
 
 TAIL_BYTES = 4 << 20
 """How much of the end of a rank log is searched for its last stall (a stall with every
@@ -83,10 +83,12 @@ def _stuck(stall: dict) -> Stuck:
         if isinstance(op, dict) and isinstance(op.get("peer"), int)
     ]
     peers = [op["peer"] for op in inflight if op.get("step") == text]
+    waiting_in = stall.get("waiting_in")
     if text is not None and not peers and main_thread_waits(stall.get("stacks")):
         peers = _feeding_peers(text, inflight)
+        if not peers and _joins_replicas(text):
+            waiting_in = f"{text}, a collective over the replicas"
     iteration = step.get("it")
-    waiting_in = stall.get("waiting_in")
     return Stuck(
         text,
         iteration if isinstance(iteration, int) else None,
@@ -107,6 +109,15 @@ def _feeding_peers(text: str, inflight: list[dict]) -> list[int]:
         and op.get("op") == "recv"
         and _stage_and_microbatch(str(op.get("step"))) == wanted
     ]
+
+
+def _joins_replicas(text: str) -> bool:
+    """FSDP's gradient reduce-scatter and parameter all-gather wait for every replica."""
+    try:
+        step = parse_step(text)
+    except ScheduleError:
+        return False
+    return step is not None and step.kind in (StepKind.REDUCE_GRAD, StepKind.UNSHARD)
 
 
 def _stage_and_microbatch(text: str) -> tuple[int, int] | None:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from pipetrace.cli import main
+from pipetrace.recorder import format as fmt
 from pipetrace.runtime import faults as ft
 from pipetrace.runtime.watchdog_ends import WAITING, last_stall
 from pipetrace.testing.cluster import FakeCluster
@@ -143,3 +144,45 @@ def test_a_stall_says_which_rank_is_stuck_and_which_wait_for_it(tmp_path):
     assert waiting is not None and waiting.peer == 1
     assert waiting.describe("its watchdog ended it").startswith(f"{WAITING}rank 1 in step 0")
     assert last_stall(tmp_path / "nowhere", 0) is None
+
+
+def _stalled_in(tmp_path: Path, step: str, innermost: str, inflight: list[dict]) -> Path:
+    """Rank 0's log holding one stall: in ``step``, its main thread at ``innermost``."""
+    stall = {
+        "e": "stall",
+        "t": 1,
+        "idle_s": 4.0,
+        "stacks": {"MainThread (1)": ["train.py:1 in main: run()", innermost]},
+        "open_steps": [{"id": 9, "thread": "main", "pos": 3, "step": step, "it": 1}],
+        "inflight": inflight,
+    }
+    log = fmt.rank_log_path(tmp_path, 0)
+    log.write_bytes(b"{}\n" + orjson.dumps(stall) + b"\n")
+    return tmp_path
+
+
+RECV_B0 = [{"op": "recv", "step": "1RECV_B0", "peer": 2}]
+WAIT = "/x/torch/distributed/distributed_c10d.py:4000 in wait: work.wait()"
+
+
+@pytest.mark.parametrize(
+    "step, innermost, inflight, said",
+    [
+        # overlap mode: a compute step waits its own recv inside the step
+        ("1B0", WAIT, RECV_B0, "waiting for rank 2"),
+        (
+            "1B0",
+            "model.py:3 in forward: spin()",
+            RECV_B0,
+            "hung in step 1B0",
+        ),
+        # FSDP's reduce-scatter waits for the other replicas
+        ("1REDUCE_GRAD", WAIT, [], "waiting for its peers in 1REDUCE_GRAD, a collective"),
+    ],
+    ids=["feeding-recv", "own-code", "collective"],
+)
+def test_a_stall_inside_a_step_waits_where_its_main_thread_waits(
+    tmp_path, step, innermost, inflight, said
+):
+    stuck = last_stall(_stalled_in(tmp_path, step, innermost, inflight), 0)
+    assert stuck is not None and stuck.describe("its watchdog ended it").startswith(said)
