@@ -7,6 +7,7 @@ EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the command worked and found problems (findings, failed ranks, ...)
 EXIT_USAGE = 2  # bad flags or unusable input
 EXIT_INTERRUPTED = 130  # the user interrupted it (Ctrl-C): 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143  # SIGTERM (a scheduler's time limit, `timeout`): 128 + 15
 
 
 class PipetraceError(Exception):

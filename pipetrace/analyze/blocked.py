@@ -68,7 +68,9 @@ class Blocked:
 
 def blocked_ranks(run: Run) -> dict[int, Blocked]:
     """Every rank that waits on a P2P op, with what it waits for. A rank that raised an error
-    of its own waits for nobody, nor does one the user's interrupt found waiting (`endings`);
+    of its own waits for nobody, nor does one the user's interrupt found waiting (`endings`),
+    nor one a signal killed with no stall recorded before it (the P2P op it was in was a
+    moment's, not a hang: its watchdog would have said so);
     a rank whose counterpart was posted by such a crashed rank waits for it (the crash, not
     the transport, is why the transfer never completes)."""
     crashed = en.failed_first_hand(run)
@@ -80,6 +82,8 @@ def blocked_ranks(run: Run) -> dict[int, Blocked]:
             continue
         if endings[rank.rank].state == en.INTERRUPTED:  # where it was, not a hang
             continue
+        if rank.status.state == RankState.SIGNALED and endings[rank.rank].state == en.CRASHED:
+            continue  # killed at work: no stall of its watchdog says it had been waiting
         b = _blocking_op(run, rank) or _collective_wait(run, rank)
         if b is not None and b.counterpart_state == COMPLETED and rank.rank in dead:
             continue  # the message got through and the rank died after: it waits for nobody

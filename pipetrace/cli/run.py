@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from pipetrace.cli.run_options import run_options
-from pipetrace.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS
+from pipetrace.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_TERMINATED
 from pipetrace.recorder import run_dir
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.fault_spec import FAULT_HELP
@@ -71,8 +71,9 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
     kept = recorded and _holds_a_recording(Path(config.out))
     if result.interrupted is not None:
         note = f"; recording kept in {config.out}" if kept else ""
-        click.echo(f"interrupted: {result.interrupted} ranks stopped{note}", err=True)
-        return EXIT_INTERRUPTED
+        how = "interrupted" if result.interrupted_by == "SIGINT" else "terminated (SIGTERM)"
+        click.echo(f"{how}: {result.interrupted} ranks stopped{note}", err=True)
+        return EXIT_INTERRUPTED if result.interrupted_by == "SIGINT" else EXIT_TERMINATED
     if result.failures:
         _report_failures(result.failures, config.out if kept else None)
         return EXIT_PROBLEMS

@@ -32,9 +32,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import cast
 
@@ -298,14 +299,14 @@ class _Supervisor:
                 )
         self.close()
 
-    def wind_down(self, grace: float) -> int:
-        """After a Ctrl-C: pass the interrupt on to the ranks still running (those in this
-        process group had it too; a rank takes the first and ignores repeats), give them
-        ``grace`` seconds to record where they were and end, then stop the rest. A second
-        Ctrl-C stops them at once. Returns how many ranks were running."""
+    def wind_down(self, grace: float, signum: int = signal.SIGINT) -> int:
+        """After a Ctrl-C (or a SIGTERM, ``signum``): pass it on to the ranks still running
+        (those in this process group had it too; a rank takes the first Ctrl-C and ignores
+        repeats), give them ``grace`` seconds to record where they were and end, then stop
+        the rest. A second Ctrl-C stops them at once. Returns how many ranks were running."""
         running = self.running()
         for rank in running:
-            rank.process.send_signal(signal.SIGINT)
+            rank.process.send_signal(signum)
         deadline = time.monotonic() + grace
         try:
             while self.running() and time.monotonic() < deadline:
@@ -333,12 +334,39 @@ def supervise(
     sets ``result.interrupted``."""
     supervisor = _Supervisor(ranks, on_loss)
     try:
-        supervisor.watch(kill_grace)
+        with _sigterm_raises():
+            supervisor.watch(kill_grace)
     except KeyboardInterrupt:
         result.interrupted = supervisor.wind_down(INTERRUPT_GRACE)
+    except _Terminated:
+        result.interrupted = supervisor.wind_down(INTERRUPT_GRACE, signal.SIGTERM)
+        result.interrupted_by = "SIGTERM"
     result.results.update(supervisor.results)
     result.failures.extend(supervisor.failed.values())
     _order(result.failures)
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the launcher (a scheduler's time limit, `timeout`): like a Ctrl-C, it
+    winds the ranks down so that each records where it was, instead of the launcher dying at
+    once and the kernel killing its ranks (PR_SET_PDEATHSIG) before they record anything."""
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Inside, SIGTERM raises `_Terminated` in the main thread (elsewhere: left as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _order(failures: list[RankFailure]) -> None:

@@ -86,8 +86,10 @@ class LaunchResult:
     pids: list[int] = field(default_factory=list)
     """The rank processes' ids (all reaped when `launch` returns)."""
     interrupted: int | None = None
-    """How many ranks were still running when the user interrupted the launch (Ctrl-C);
-    None when nobody did."""
+    """How many ranks were still running when the user interrupted the launch (Ctrl-C) or
+    something terminated it (SIGTERM); None when nothing did."""
+    interrupted_by: str = "SIGINT"
+    """The signal that did: "SIGINT" or "SIGTERM"."""
 
     @property
     def ok(self) -> bool:

@@ -186,3 +186,27 @@ def test_a_stall_inside_a_step_waits_where_its_main_thread_waits(
 ):
     stuck = last_stall(_stalled_in(tmp_path, step, innermost, inflight), 0)
     assert stuck is not None and stuck.describe("its watchdog ended it").startswith(said)
+
+
+@pytest.mark.multiproc
+def test_sigterm_to_the_launcher_winds_the_ranks_down_and_each_records_it(tmp_path, capsys):
+    # what a scheduler's time limit or `timeout` sends: only the launcher gets it
+    out = tmp_path / "run"
+    launcher = _start_run(["-s", "1f1b", "-p", "3", "-m", "4", "-n", "100000"], out)
+    try:
+        _wait_for_line(launcher.stdout, "step 3 ")
+        launcher.send_signal(signal.SIGTERM)
+        err = launcher.communicate(timeout=60)[1]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 143
+    assert err == f"terminated (SIGTERM): 3 ranks stopped; recording kept in {out}\n"
+    for rank in range(3):
+        log = fmt.rank_log_path(out, rank).read_bytes()
+        assert b'"signal":"SIGTERM"' in log, rank  # each recorded where it was
+    code, analysis = _analysis(out, capsys)
+    failed = [f for f in analysis["findings"] if f["kind"] == "rank_failed"]
+    assert code == 1 and {r for f in failed for r in f["ranks"]} == {0, 1, 2}
+    assert not [f for f in analysis["findings"] if f["kind"] in ("deadlock", "rank_stalled")]
