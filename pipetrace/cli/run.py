@@ -58,7 +58,8 @@ def run(make_config: Callable[[int], RunConfig]) -> int:
         + (f", FSDP over {config.data_parallel} replica(s)" if config.fsdp else "")
     )
     for fault in config.faults:
-        click.echo(f"injecting {fault.describe(plan, overlap=config.overlap_p2p)}")
+        where = "" if fault.replica is None else f" (in replica {fault.replica})"
+        click.echo(f"injecting {fault.describe(plan, overlap=config.overlap_p2p)}{where}")
 
     if config.backend == "mindspore":  # a MindSpore scheduler and workers, all started here
         from pipetrace.runtime.mindspore.cluster import launch

@@ -96,7 +96,7 @@ class Fault:
     def _replica(self, where: FaultTarget) -> int | None:
         """None without data parallelism, so that a spec stays as it always was."""
         if where.replicas == 1:
-            if self.replica:
+            if self.replica is not None:
                 raise self.error("replica= needs --data-parallel 2 or more")
             return None
         replica = self.replica or 0

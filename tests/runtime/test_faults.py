@@ -144,6 +144,7 @@ def test_defaults_fit_small_runs():
             "replica must be 0..1 (--data-parallel 2), got 2",
         ),
         ("crash:replica=1", {}, "replica= needs --data-parallel 2 or more"),
+        ("hang:replica=0", {}, "replica= needs --data-parallel 2 or more"),
     ],
 )
 def test_faults_are_checked_against_the_plan(spec, run, message):
