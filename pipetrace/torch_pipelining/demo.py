@@ -14,6 +14,7 @@ Two ways in, one training loop (`train`):
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import subprocess
@@ -122,7 +123,10 @@ def case_of(config: RunConfig) -> TorchCase:
 def run_config(
     kit: DemoKit, index: int, config: RunConfig, rank: int, on_loss: LossCallback | None
 ) -> CaseResult:
-    """One rank of ``pipetrace run --runtime torch`` (the demo worker calls it)."""
+    """One rank of ``pipetrace run --runtime torch`` (the demo worker calls it). torch's
+    schedule logs its whole plan when a step raises; the launcher's one-line report and the
+    recording already say where, so that dump is kept off the run's stderr."""
+    logging.getLogger("torch.distributed.pipelining.schedules").setLevel(logging.CRITICAL)
     replicas = kit.replicas(config, rank)
     with kit.profiled(config, rank):
         return train(
