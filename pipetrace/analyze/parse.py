@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS, parse_texts
 from pipetrace.analyze.reader import (
@@ -167,7 +168,8 @@ def _parse(path: str | Path, matching: bool) -> RawRank:
             ends.add(en)
             raw.events += lines
             for event in other:
-                _lifecycle(event, raw)
+                if not _lifecycle(event, raw):
+                    raw.problems.note_corrupt(_line_of(event, chunk, first_line))
     except OSError as exc:
         raw.problems.notes.append(f"read error: {exc}")
     _finish(raw, steps, p2p, ends)
@@ -371,11 +373,24 @@ def _valid(d: Any, checks: Checks) -> bool:
     return all(check(d.get(name)) for name, check in checks.get(d["e"], ()))
 
 
-def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
-    """Iteration, clock and failure events (few per rank), checked one by one."""
+def _line_of(event: dict[str, Any], chunk: bytes, first_line: int) -> int:
+    """The line number of ``event`` in ``chunk`` (its first line's number ``first_line``),
+    found again by decoding: only for the rare corrupt lifecycle event, whose line the
+    column paths do not keep."""
+    for k, line in enumerate(chunk.split(b"\n")):
+        try:
+            if orjson.loads(line) == event:
+                return first_line + k
+        except orjson.JSONDecodeError:
+            continue
+    return first_line
+
+
+def _lifecycle(d: dict[str, Any], raw: RawRank) -> bool:
+    """Iteration, clock and failure events (few per rank), checked one by one; False for
+    one that is corrupt (kept nowhere)."""
     if not _valid(d, _checks(raw.header["schema_version"])):
-        raw.problems.corrupt_lines += 1
-        return
+        return False
     e, t = d["e"], d["t"]
     if not all(name in d and check(d[name]) for name, check in _always(e)):
         raw.problems.missing_fields += 1
@@ -404,6 +419,7 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> None:
             raw.lifecycle.append((e, t, fields))
     else:
         raw.unknown_events += 1
+    return True
 
 
 def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> None:

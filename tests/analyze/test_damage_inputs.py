@@ -236,3 +236,17 @@ def test_a_finding_that_a_lost_record_explains_says_so(tmp_path, capsys):
         f"or damage in the log of rank(s) {RANK} (its input warnings)" in f["cause"]
         for f in unmatched
     )
+
+
+def _clock_without_offset(events):
+    clock = next(e for e in events if e["e"] == fmt.CLOCK)
+    del clock["offset_ns"]  # a required field: the line is corrupt
+    return events
+
+
+def test_a_corrupt_lifecycle_line_is_said_with_its_line_number(tmp_path):
+    run = copy_run(tmp_path)
+    edit_log(run, _clock_without_offset)
+    lines = fmt.rank_log_path(run, RANK).read_bytes().splitlines()
+    number = next(n for n, line in enumerate(lines, 1) if b'"clock"' in line)
+    assert any(f"1 corrupt line(s) skipped, first at line {number}" in w for w in warnings_of(run))
