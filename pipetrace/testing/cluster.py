@@ -26,6 +26,7 @@ rank first records the watchdog's ``stall`` event. Later iterations do not run.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from pipetrace.recorder import run_dir as run_dir_module
 from pipetrace.runtime import faults as ft
 from pipetrace.runtime.fault_plan import StepOrder, consecutive_sends
 from pipetrace.schedule.builders import build_plan
@@ -160,15 +162,28 @@ class FakeCluster:
         run_dir.mkdir(parents=True, exist_ok=True)
         jobs = self.jobs(str(run_dir))
         if workers > 1:
-            with ProcessPoolExecutor(workers) as pool:
-                chunk = max(1, len(jobs) // (4 * workers))
-                played = pool.map(play_rank, jobs[1:], chunksize=chunk)
-                play_rank(jobs[0])  # here: its job holds the whole plan (for meta.json)
-                list(played)
+            # one run id for this process and its pool (each worker's parent is this process,
+            # this process's is not): the run directory is claimed once, by all of them
+            own = run_dir_module.RUN_ID_ENV not in os.environ
+            if own:
+                os.environ[run_dir_module.RUN_ID_ENV] = run_dir_module.current_run_id()
+            try:
+                self._play_in_pool(jobs, workers)
+            finally:
+                if own:
+                    del os.environ[run_dir_module.RUN_ID_ENV]
         else:
             for job in jobs:
                 play_rank(job)
         return self.plan
+
+    @staticmethod
+    def _play_in_pool(jobs: list[RankJob], workers: int) -> None:
+        with ProcessPoolExecutor(workers) as pool:
+            chunk = max(1, len(jobs) // (4 * workers))
+            played = pool.map(play_rank, jobs[1:], chunksize=chunk)
+            play_rank(jobs[0])  # here: its job holds the whole plan (for meta.json)
+            list(played)
 
     def jobs(self, run_dir: str) -> list[RankJob]:
         """One job per rank, in rank order."""

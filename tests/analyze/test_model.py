@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import orjson
 from hypothesis import given, settings
@@ -69,6 +71,15 @@ def test_parallel_and_serial_loading_agree(tmp_path):
             assert np.array_equal(getattr(ra.steps, name), getattr(rb.steps, name))
         for name in ("post", "done", "seq", "match_rank", "match_index"):
             assert np.array_equal(getattr(ra.p2p, name), getattr(rb.p2p, name))
+
+
+def test_a_synthetic_run_written_by_a_pool_of_workers_is_one_run(tmp_path, monkeypatch):
+    # the documented command: `python -m pipetrace.testing.synthetic OUT --ranks 64`
+    monkeypatch.delenv("PIPETRACE_RUN_ID", raising=False)
+    write_synthetic_run(tmp_path, num_ranks=4, num_microbatches=4, iterations=1, workers=2)
+    run = load_run(tmp_path, workers=0)
+    assert [r.status.state for r in run.ranks] == ["finished"] * 4
+    assert "PIPETRACE_RUN_ID" not in os.environ  # set for the pool only
 
 
 def test_synthetic_straggler_and_clean(tmp_path):
