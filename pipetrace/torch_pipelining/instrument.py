@@ -170,7 +170,7 @@ class Instrumentation:
         wants_losses = self.holds_last and schedule._loss_fn is not None
 
         def recorded_step(*args: Any, **kwargs: Any) -> Any:
-            if not schedule._has_backward:  # eval() (it calls step): forward only, no plan
+            if forward_only(schedule):  # eval() (it calls step): forward only, no plan
                 return self._unrecorded(step, args, kwargs)
             self.iteration += 1
             self.messages.begin_iteration()
