@@ -292,19 +292,40 @@ def _forward_pass(
     of ``step``, under ``torch.no_grad`` as an evaluation loop runs it."""
     import torch
 
-    from pipetrace.runtime.demo import demo_batch
-    from pipetrace.torch_pipelining.instrument import stages_of
-
-    stages = stages_of(schedule)
-    first = any(stage.is_first for stage in stages)
-    last = any(stage.is_last for stage in stages)
-    batch = case.microbatches * case.demo.microbatch_size
-    inputs, targets = demo_batch(step, batch * replicas.count, case.demo, seed=case.seed)
-    mine = slice(replicas.replica * batch, (replicas.replica + 1) * batch)
+    batch = _Batch.of(case, schedule, replicas, step)
     with torch.no_grad():
-        getattr(schedule, method)(
-            *((inputs[mine],) if first else ()), target=targets[mine] if last else None
-        )
+        getattr(schedule, method)(*batch.args, target=batch.target)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """Step ``step``'s demo batch on this rank: the whole of it (for a reference), and this
+    replica's share as ``schedule.step`` takes it here (inputs on the first stage's rank,
+    targets on the last's)."""
+
+    stages: list[Any]
+    inputs: Any
+    targets: Any
+    args: tuple[Any, ...]
+    target: Any
+
+    @property
+    def last(self) -> bool:
+        return self.target is not None
+
+    @classmethod
+    def of(cls, case: TorchCase, schedule: Any, replicas: Replicas, step: int) -> _Batch:
+        from pipetrace.runtime.demo import demo_batch
+        from pipetrace.torch_pipelining.instrument import stages_of
+
+        stages = stages_of(schedule)
+        first = any(stage.is_first for stage in stages)
+        last = any(stage.is_last for stage in stages)
+        batch = case.microbatches * case.demo.microbatch_size
+        inputs, targets = demo_batch(step, batch * replicas.count, case.demo, seed=case.seed)
+        mine = slice(replicas.replica * batch, (replicas.replica + 1) * batch)
+        args = (inputs[mine],) if first else ()
+        return cls(stages, inputs, targets, args, targets[mine] if last else None)
 
 
 def _train_step(
@@ -315,21 +336,12 @@ def _train_step(
     import torch
 
     from pipetrace.runtime import parity
-    from pipetrace.runtime.demo import demo_batch, demo_loss
-    from pipetrace.torch_pipelining.instrument import stages_of
+    from pipetrace.runtime.demo import demo_loss
 
-    stages = stages_of(schedule)
-    first = any(stage.is_first for stage in stages)
-    last = any(stage.is_last for stage in stages)
-    batch = case.microbatches * case.demo.microbatch_size
-    inputs, targets = demo_batch(step, batch * replicas.count, case.demo, seed=case.seed)
-    mine = slice(replicas.replica * batch, (replicas.replica + 1) * batch)
+    batch = _Batch.of(case, schedule, replicas, step)
+    stages, inputs, targets, last = batch.stages, batch.inputs, batch.targets, batch.last
     losses: list[Any] = []
-    schedule.step(
-        *((inputs[mine],) if first else ()),
-        target=targets[mine] if last else None,
-        losses=losses if last else None,
-    )
+    schedule.step(*batch.args, target=batch.target, losses=losses if last else None)
     loss = replicas.average(float(torch.stack(losses).detach().mean()) if last else None)
     if reference is None:
         return loss, None

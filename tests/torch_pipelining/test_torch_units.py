@@ -4,6 +4,7 @@ single-stage orders against torch's own description of them, and what ``pipetrac
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from types import SimpleNamespace
 
@@ -194,6 +195,22 @@ def test_single_stage_ops_are_posted_inside_their_message_steps_and_complete_onc
     assert recorder.calls[2:] == [("done", ("send", 0))]  # each op completes once
 
 
+@contextlib.contextmanager
+def _instrumented(stage, schedule_class: str):
+    """``stage`` in a fake ``schedule_class`` schedule of 4 micro-batches, recorded into a
+    `CallLog` over fake P2P: (schedule, plan, recorder, instrumentation), undone at the end."""
+    schedule = fake_schedule(schedule_class, stage, 4)
+    plan = plan_of(schedule)
+    recorder = CallLog()
+    instrumentation = Instrumentation(schedule, plan, stage.group_rank, recorder)
+    with fake_p2p():
+        instrumentation.install()
+        try:
+            yield schedule, plan, recorder, instrumentation
+        finally:
+            instrumentation.undo()
+
+
 @pytest.mark.parametrize("schedule_class", ["Schedule1F1B", "ScheduleGPipe"])
 @pytest.mark.parametrize("stage_index", [0, 1, 3])
 def test_a_replayed_iteration_records_each_step_of_the_plan_once_in_order(
@@ -203,16 +220,8 @@ def test_a_replayed_iteration_records_each_step_of_the_plan_once_in_order(
     bench's hook-cost figure runs the same): every plan step of the rank is opened and
     closed once, in plan order, and every op is posted inside its step and completed once."""
     stage = FakeStage(stage_index, 4, (2, 3))
-    schedule = fake_schedule(schedule_class, stage, 4)
-    plan = plan_of(schedule)
-    recorder = CallLog()
-    instrumentation = Instrumentation(schedule, plan, stage.group_rank, recorder)
-    with fake_p2p():
-        instrumentation.install()
-        try:
-            schedule.step()
-        finally:
-            instrumentation.undo()
+    with _instrumented(stage, schedule_class) as (schedule, plan, recorder, _):
+        schedule.step()
     texts = [format_step(step) for step in plan.steps(stage.group_rank)]
     calls = recorder.calls
     assert [call[1] for call in calls if call[0] == "begin"] == texts
@@ -296,23 +305,15 @@ def test_an_eval_between_steps_runs_unrecorded_and_is_no_iteration(stage_index):
     """torch's ``eval`` calls ``step`` with no backward: it runs with every patch off (no
     step, op or iteration reported), and the next training step is the next iteration."""
     stage = CountingStage(stage_index, 2, (2, 3))
-    schedule = fake_schedule("Schedule1F1B", stage, 4)
-    plan = plan_of(schedule)
-    recorder = CallLog()
-    instrumentation = Instrumentation(schedule, plan, stage.group_rank, recorder)
-    with fake_p2p():
-        instrumentation.install()
-        try:
-            schedule.step()
-            recorded = list(recorder.calls)
-            forwards = stage.forwards
-            schedule.eval()
-            assert stage.forwards == 2 * forwards  # the eval did run
-            assert recorder.calls == recorded and instrumentation.iteration == 0
-            assert instrumentation.installed and schedule._has_backward
-            schedule.step()
-        finally:
-            instrumentation.undo()
+    with _instrumented(stage, "Schedule1F1B") as (schedule, _, recorder, instrumentation):
+        schedule.step()
+        recorded = list(recorder.calls)
+        forwards = stage.forwards
+        schedule.eval()
+        assert stage.forwards == 2 * forwards  # the eval did run
+        assert recorder.calls == recorded and instrumentation.iteration == 0
+        assert instrumentation.installed and schedule._has_backward
+        schedule.step()
     assert instrumentation.iteration == 1
     # the second step reports what the first did (the same messages, sizes and steps)
     assert recorder.calls[len(recorded) :] == recorded
