@@ -31,6 +31,7 @@ class Navigator:
         # the iteration `goto_iteration` last showed, with the view it left: `[` / `]` step
         # from it while the view is unmoved (a hung iteration can span nearly the whole run)
         self._shown_iteration: tuple[int, float, float] | None = None
+        self._first_view: tuple[float, float] | None = None  # `open`'s view, until moved
 
     @property
     def viewport(self) -> Viewport:
@@ -53,6 +54,7 @@ class Navigator:
         ]
         if serious:
             self.goto_finding(serious[0], remember=False)
+            self._first_view = (self.viewport.start, self.viewport.span)
             return True
         durations = self.index.iter_end - self.index.iter_begin
         start = None
@@ -69,6 +71,7 @@ class Navigator:
             item = self.index.neighbour(lane, first, 1)
             if item is not None:
                 self.select(lane, item, reveal=False)
+        self._first_view = (self.viewport.start, self.viewport.span)
         return False
 
     # -- the cursor ------------------------------------------------------------------------
@@ -139,7 +142,15 @@ class Navigator:
         self.viewport.pan(columns)
 
     def resize(self, columns: int) -> None:
-        self.viewport.resize(columns)
+        """Keep the time per column (blocks keep their size), except on the first view while
+        nothing moved it: it keeps the time it shows. The first view can be laid out before
+        the timeline has its width, and kept per column it would span many times its window."""
+        vp = self.viewport
+        if self._first_view == (vp.start, vp.span):
+            vp.columns = max(columns, 1)
+            self._first_view = (vp.start, vp.span)
+        else:
+            vp.resize(columns)
 
     def zoom(self, factor: float, column: float | None = None) -> None:
         """Zoom around ``column``, by default around the cursor when it is in view."""

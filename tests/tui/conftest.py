@@ -71,8 +71,9 @@ async def wait_loaded(pilot) -> None:
     The first view's move sets the cursor at once but redraws the title, ruler and
     timeline on the frames after it; and the load leaves its run entry being written in a
     thread (`run_cache`), which competes for the interpreter with those frames. So: the
-    cursor, then the write, then a few frames (one was not always enough: a snapshot once
-    caught the whole-run view under the first view's details)."""
+    cursor, then the write, then frames until two in a row show the same screen (a fixed
+    few were not always enough: snapshots caught the whole-run view under the first view's
+    details, once after three frames)."""
     app = pilot.app
     await app.workers.wait_for_complete()
     for _ in range(50):
@@ -80,8 +81,13 @@ async def wait_loaded(pilot) -> None:
         if app.state is not None and (app.state.cursor is not None or app.load_error):
             break
     wait_for_writes()
-    for _ in range(3):
+    shown = None
+    for _ in range(50):
         await pilot.pause()
+        now = screen_text(app)
+        if now == shown:
+            break
+        shown = now
 
 
 def screen_text(app) -> str:

@@ -87,3 +87,18 @@ def test_a_first_finding_of_no_step_still_selects_a_step():
     assert not nav.session.findings[nav.finding_index].items  # the case: nothing to focus
     assert nav.state.cursor is not None
     assert nav.step(1) is None and nav.state.cursor[1] > 0  # the keys that move it work
+
+
+def test_the_first_view_laid_out_before_the_timeline_has_its_width_keeps_its_window():
+    # the app lays out the first view after a refresh that may come before the timeline's
+    # final width: a resize then must keep the time shown, not the time per column
+    deadlock = Path(__file__).resolve().parents[2] / "sample_traces" / "fault-drop-send"
+    nav = Navigator(open_session(deadlock, workers=0))
+    assert nav.open(6) is True
+    shown = (nav.viewport.start, nav.viewport.span)
+    nav.resize(75)
+    assert (nav.viewport.start, nav.viewport.span) == shown and nav.viewport.columns == 75
+    nav.zoom(2)  # once moved, a resize keeps the time per column again
+    per_column = nav.viewport.ns_per_column
+    nav.resize(100)
+    assert nav.viewport.ns_per_column == pytest.approx(per_column)
