@@ -349,8 +349,8 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
             f"it stopped between steps while rank(s) {', '.join(map(str, went_on))} went on "
             "to end later",
         )
-    through = _got_through(run, rank)
-    if went_on and through is not None:
+    through = _got_through(run, rank) if went_on else None
+    if through is not None:
         return verdict(
             CRASHED,
             f"its log stops inside {through[0]}, whose message rank {through[1]} completed, "
