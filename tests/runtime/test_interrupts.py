@@ -64,19 +64,32 @@ def _analysis(run_dir: Path, capsys) -> tuple[int, dict]:
     return code, orjson.loads(capsys.readouterr().out)
 
 
+def _mindspore() -> list[str]:
+    pytest.importorskip("mindspore")
+    return ["--backend", "mindspore", "--timeout", "60"]
+
+
 @pytest.mark.multiproc
-def test_ctrl_c_stops_the_ranks_keeps_the_recording_and_analyze_says_interrupted(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "backend, ranks",
+    [(list, 3), (_mindspore, 2)],  # MindSpore is slow to start and to step: fewer ranks
+    ids=["torch", "mindspore"],
+)
+def test_ctrl_c_stops_the_ranks_keeps_the_recording_and_analyze_says_interrupted(
+    tmp_path, capsys, backend, ranks
+):
     out = tmp_path / "run"
-    launcher = _start_run(["-s", "1f1b", "-p", "3", "-m", "4", "-n", "100000"], out)
+    run = ["-s", "1f1b", "-p", str(ranks), "-m", "4", "-n", "100000", *backend()]
+    launcher = _start_run(run, out)
     err = _interrupt(launcher, launcher.stdout, "step 3 ")
     assert launcher.returncode == 130
-    assert err == f"interrupted: 3 ranks stopped; recording kept in {out}\n"
+    assert err == f"interrupted: {ranks} ranks stopped; recording kept in {out}\n"
 
     code, analysis = _analysis(out, capsys)
     (interrupted,) = [f for f in analysis["findings"] if f["kind"] == "interrupted"]
     assert interrupted["severity"] == "warning"
     assert "interrupted by the user (Ctrl-C)" in interrupted["message"]
-    assert [r["rank"] for r in interrupted["details"]["ranks"]] == [0, 1, 2]
+    assert [r["rank"] for r in interrupted["details"]["ranks"]] == list(range(ranks))
     assert all(r["step"] for r in interrupted["details"]["ranks"])  # where each rank was
     kinds = {f["kind"] for f in analysis["findings"]}
     assert not kinds & {"rank_failed", "rank_stalled", "deadlock"}, analysis["findings"]

@@ -19,7 +19,11 @@ from pipetrace.runtime.backend import Backend, Gradients, LossFn, Replicas, Stag
 from pipetrace.runtime.config import P2P_TIMEOUT
 from pipetrace.runtime.mindspore import demo
 from pipetrace.runtime.mindspore.p2p import MindSporeP2P, PendingRecv, fix_default_group
-from pipetrace.runtime.mindspore.stage import MindSporeStage, enable_grad_on_this_thread
+from pipetrace.runtime.mindspore.stage import (
+    MindSporeStage,
+    enable_grad_on_this_thread,
+    restore_python_sigint,
+)
 from pipetrace.runtime.split import chunk_bounds
 
 if TYPE_CHECKING:
@@ -42,6 +46,7 @@ def init_cluster(*, timeout: float = P2P_TIMEOUT.default) -> tuple[int, int]:
     if not GlobalComm.INITED:
         os.environ.setdefault(TIMEOUT_ENV, str(max(1, round(timeout))))
         init()
+    restore_python_sigint()
     fix_default_group()
     return get_rank(), get_group_size()
 

@@ -38,6 +38,7 @@ its halves on two threads, but they take turns.
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,19 @@ def pynative_executor() -> Any:
 def enable_grad_on_this_thread() -> None:
     """PyNative's grad switch is per thread: a thread that computes gradients sets it itself."""
     pynative_executor().set_enable_grad(True)
+
+
+def restore_python_sigint() -> None:
+    """Give SIGINT back to the interpreter. MindSpore (2.10) puts C handlers of its own over
+    it: ``init()`` does, and its runtime does again, once, from a thread of its own some time
+    after the first ops (``signal.getsignal`` still names the Python handler, which then
+    never runs). Without this a Ctrl-C never reaches Python: no KeyboardInterrupt, no
+    interrupt in the recording, and `pipetrace analyze` reads the SIGTERM the launcher sends
+    next as the ranks killed from outside. Called after ``init()`` and at each iteration's
+    start (a stage's `reset`), which catches the runtime's handler by the second."""
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
 
 
 @dataclass(slots=True)
@@ -124,6 +138,10 @@ class MindSporeStage(StageBase):
             )
 
     # -- steps -----------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        super().reset()
+        restore_python_sigint()
 
     def forward(
         self, mb: int, x: Tensor, target: Tensor | None = None, loss_scale: float = 1.0
