@@ -30,6 +30,7 @@ class _Case:
     ending: en.Ending
     wanted: str
     never: str  # why the awaited step never came, from the rank's own steps
+    iteration: int  # the awaited step's
 
     @property
     def id(self) -> int:
@@ -53,7 +54,7 @@ def terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> Terminal:
         if not _executed(run, rank, wanted, iteration)
         else f"it ran {wanted} but the message never arrived"
     )
-    case = _Case(run, rank, ending, wanted, never)
+    case = _Case(run, rank, ending, wanted, never, iteration)
     return _BY_STATE.get(ending.state, _unknown)(case)
 
 
@@ -74,6 +75,17 @@ def _missing(c: _Case) -> Terminal:
 
 
 def _exited(c: _Case) -> Terminal:
+    began = c.rank.iterations.it
+    last = int(began.max()) if len(began) else -1
+    if c.wanted in c.rank.plan and last < c.iteration:
+        ran = f"after {last + 1} iteration(s)" if last >= 0 else "before its first iteration"
+        return Terminal(
+            en.EXITED,
+            f"rank {c.id} left its training loop {ran} and {_waits(c.ending.evidence)}; it "
+            f"never began iteration {c.iteration}",
+            "the ranks ran different numbers of iterations (a data loader of another length "
+            "on this rank, or a stopping condition that differs between ranks)",
+        )
     return Terminal(
         en.EXITED,
         f"rank {c.id} {c.ending.evidence}; {c.never}",
@@ -83,6 +95,12 @@ def _exited(c: _Case) -> Terminal:
             else "the counterpart was skipped (a custom step function that does not send/recv?)"
         ),
     )
+
+
+def _waits(evidence: str) -> str:
+    """An `exited` verdict's evidence without its "finished its plan and" (the plan of the
+    iterations it ran)."""
+    return evidence.removeprefix("finished its plan and ")
 
 
 def _crashed(c: _Case) -> Terminal:

@@ -123,6 +123,22 @@ def test_a_chain_ending_at_a_rank_waiting_in_the_end_of_run_exchange_ends_at_exi
     assert exchange in stall["message"] and "died" not in stall["cause"]
 
 
+def test_a_rank_that_left_its_loop_an_iteration_early_is_told_as_such(tmp_path):
+    exchange = "the end-of-run clock exchange"
+    run = HandRun().drop(0, it=1).drop(0, e="run_end").drop(0, e="clock", phase="end")
+    run.stall(0, at(1, 2000), abort_ms=at(1, 4000), waiting_in=exchange)
+    run.cut(1, at(1, 5)).stall(1, at(1, 2000), abort_ms=at(1, 4000))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (stall,) = stalls_ending_at(document, 0)
+    assert stall["details"]["terminal_state"] == "exited"
+    assert (
+        "rank 0 left its training loop after 1 iteration(s) and waits in the end-of-run clock "
+        "exchange; it never began iteration 1" in stall["message"]
+    )
+    assert "different numbers of iterations" in stall["cause"]
+
+
 # -- 4. a crash inside a recv ----------------------------------------------------------------
 
 
