@@ -121,7 +121,7 @@ class _RankView:
         self.op_post = p.post[sel]
         self.op_peer = p.match_rank[sel]
         self.op_partner_post = partner_post[sel]
-        self.op_holder = containing_rows(self.begin, self.end, self.op_done)
+        self.op_holder = containing_rows(self.begin, self.end, self.op_done, ending=True)
 
     def label(self, i: int) -> _Label:
         """What step ``i`` counts as on the path, its text and its kind."""

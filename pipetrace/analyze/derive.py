@@ -182,11 +182,16 @@ def position_in_run(starts: np.ndarray, n: int) -> np.ndarray:
     return np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
 
 
-def containing_rows(begin: np.ndarray, end: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """For sorted, non-overlapping rows, the row containing each time (-1 when none)."""
+def containing_rows(
+    begin: np.ndarray, end: np.ndarray, times: np.ndarray, *, ending: bool = False
+) -> np.ndarray:
+    """For sorted, non-overlapping rows, the row containing each time (-1 when none). A time
+    where one row ends and the next begins (one clock reading for both, as the recorder
+    takes between two steps) is in the next row, or with ``ending`` (the times are ends,
+    such as an op's completion waited for in a step) in the row that ends there."""
     if not len(begin):
         return np.full(len(times), -1, np.int64)
-    idx = np.searchsorted(begin, times, side="right") - 1
+    idx = np.searchsorted(begin, times, side="left" if ending else "right") - 1
     safe = np.maximum(idx, 0)
     inside = (idx >= 0) & ((end[safe] >= times) | (end[safe] < 0))
     return np.where(inside, idx, -1)

@@ -48,6 +48,21 @@ def test_clean_runs_have_no_finding_above_info(tmp_path, schedule, v, m):
     assert cp["length_ns"] == pytest.approx(cp["end_ns"] - cp["start_ns"], rel=0.01)
 
 
+@pytest.mark.parametrize("schedule,v,m", SCHEDULES, ids=[s[0] for s in SCHEDULES])
+def test_the_critical_path_hops_to_the_sender_at_each_message_it_waited_for(
+    tmp_path, schedule, v, m
+):
+    """On virtual time each recv completes at its step's end, where the next step begins
+    (one clock reading): the path must still follow the message to its sender, so it holds
+    only compute and one transfer per hop, no waiting."""
+    cluster = FakeCluster.of(schedule, ranks=4, microbatches=m, stages_per_rank=v)
+    cluster.record(tmp_path)
+    cp = analyzed(tmp_path).to_json()["metrics"]["critical_path"]
+    assert cp["rank_hops"] > 0
+    assert cp["by_what_ns"]["p2p"] == cp["rank_hops"] * cluster.costs.transfer_ns
+    assert cp["by_what_ns"]["compute"] + cp["by_what_ns"]["p2p"] == cp["length_ns"]
+
+
 def kinds(result):
     return {f.kind: f for f in result.findings}
 
