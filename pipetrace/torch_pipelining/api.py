@@ -88,6 +88,12 @@ class Recording:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """An exception raised in the block outside ``step`` (a data loader, the user's own
+        collectives) is recorded as a step's is: without it the rank's log would just stop,
+        read as a process killed from outside."""
+        instrumentation = self._instrumentation
+        if exc is not None and instrumentation is not None and exc is not instrumentation.failure:
+            self._recorder.exception(exc)
         self.close(clean=exc_type is None)
 
 

@@ -95,6 +95,7 @@ class Instrumentation:
         self.messages = MessageLog(recorder, _stream_getter(self.stages[0].device))
         self.holds_last = any(stage.is_last for stage in self.stages)
         self.iteration = -1
+        self.failure: BaseException | None = None  # the exception a step recorded
         self.messages_failed = False
         """Set when reporting P2P ops failed: torch's code runs on, no longer recorded."""
         self._composite: Entry | None = None  # the OVERLAP_F_B action being performed
@@ -181,6 +182,7 @@ class Instrumentation:
             try:
                 result = step(*args, **kwargs)
             except BaseException as exc:
+                self.failure = exc
                 recorder.exception(exc)
                 raise
             recorder.end_iteration(self.iteration, _mean(losses) if losses else None)

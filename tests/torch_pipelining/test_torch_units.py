@@ -15,6 +15,7 @@ from pipetrace.cli import main
 from pipetrace.recorder.hooks import NullRecorder
 from pipetrace.schedule.ir import StepKind, format_step
 from pipetrace.torch_pipelining import SUPPORTED_TORCH_VERSIONS, record
+from pipetrace.torch_pipelining.api import Recording
 from pipetrace.torch_pipelining.instrument import Instrumentation
 from pipetrace.torch_pipelining.messages import Message, MessageLog
 from pipetrace.torch_pipelining.plan import gpipe_order, one_f_one_b_order, plan_of
@@ -153,6 +154,9 @@ class CallLog(NullRecorder):
 
     def p2p_completed(self, token):
         self.calls.append(("done", token))
+
+    def exception(self, exc):
+        self.calls.append(("exception", str(exc)))
 
 
 def test_single_stage_ops_are_posted_inside_their_message_steps_and_complete_once():
@@ -317,3 +321,25 @@ def test_an_eval_between_steps_runs_unrecorded_and_is_no_iteration(stage_index):
     assert instrumentation.iteration == 1
     # the second step reports what the first did (the same messages, sizes and steps)
     assert recorder.calls[len(recorded) :] == recorded
+
+
+class FailingStage(FakeStage):
+    def forward_one_chunk(self, chunk_id, *args, **kwargs):
+        raise RuntimeError("boom in a forward")
+
+
+@pytest.mark.parametrize("where", ["in a step", "between steps"])
+def test_an_exception_leaving_the_recording_block_is_recorded_once(where):
+    """A data loader's error between steps is recorded as a step's is (without it the log
+    just stops, read as a process killed from outside); a step's own is not recorded twice."""
+    stage = (FailingStage if where == "in a step" else FakeStage)(0, 2, (2, 3))
+    with (
+        _instrumented(stage, "Schedule1F1B") as (schedule, _, recorder, instrumentation),
+        pytest.raises(RuntimeError),
+        Recording(instrumentation, recorder),
+    ):
+        schedule.step()
+        raise RuntimeError("boom in the data loader")
+    failures = [call for call in recorder.calls if call[0] == "exception"]
+    boom = "boom in a forward" if where == "in a step" else "boom in the data loader"
+    assert failures == [("exception", boom)]
