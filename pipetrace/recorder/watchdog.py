@@ -50,10 +50,11 @@ def thread_stacks() -> dict[str, list[str]]:
 
 P2P_WAIT_FRAME = re.compile(
     r"distributed_c10d\.py|/pipetrace/runtime/(mindspore/)?p2p\w*\.py"
-    r"|\bin (wait|_wait\w*|complete)\b"
+    r"|/pipetrace/torch_pipelining/messages\.py|\bin (wait|_wait\w*|complete)\b"
 )
-"""A stack frame of a P2P wait: torch.distributed's, the pipetrace runtimes' P2P modules, or
-a function named for waiting (torch's pipelining waits in ``_wait_batch_p2p``)."""
+"""A stack frame of a P2P wait: torch.distributed's, the pipetrace runtimes' P2P modules, the
+torch_pipelining adapter's (its wrapper of torch's ``_wait_batch_p2p`` waits each work), or a
+function named for waiting."""
 
 
 def main_thread_waits(stacks: object) -> bool | None:

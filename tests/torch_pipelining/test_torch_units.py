@@ -343,3 +343,22 @@ def test_an_exception_leaving_the_recording_block_is_recorded_once(where):
     failures = [call for call in recorder.calls if call[0] == "exception"]
     boom = "boom in a forward" if where == "in a step" else "boom in the data loader"
     assert failures == [("exception", boom)]
+
+
+def test_a_rank_waiting_in_the_adapters_wait_shows_as_a_p2p_wait():
+    """gloo's ``work.wait()`` is C: the innermost Python frame of a rank stuck there is the
+    adapter's own, which the watchdog's stall must show as a P2P wait (else the analyzer
+    calls a rank waiting on its recv hung in its own code)."""
+    import functools
+    import threading
+    import time
+
+    from pipetrace.recorder.watchdog import main_thread_waits, thread_stacks
+
+    work = SimpleNamespace(wait=functools.partial(time.sleep, 0.5))  # no Python frame
+    seen: list[bool | None] = []
+    look = threading.Timer(0.2, lambda: seen.append(main_thread_waits(thread_stacks())))
+    look.start()
+    MessageLog(NullRecorder(), None).waited([work])
+    look.join()
+    assert seen == [True]
