@@ -422,3 +422,22 @@ def _watched(rank: RankTimeline, peers: _PeerEvidence, verdict) -> Ending:
     if (rank.steps.end == OPEN).any():
         return verdict(COMPUTING, "its watchdog recorded it stalled inside a step")
     return verdict(HUNG, "its watchdog recorded it stalled outside any step")
+
+
+_CHAINED = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
+
+
+def origin(traceback: str) -> tuple[str | None, str | None]:
+    """The innermost frame of the first exception of the chain, and that exception when
+    another one wrapped it (torch's pipelining re-raises a stage's error as its own
+    "[Stage N] failed to run forward"): the frame and error the user's code raised."""
+    first = traceback
+    for separator in _CHAINED:
+        first = first.split(separator, 1)[0]
+    lines = [ln.strip() for ln in first.splitlines() if ln.strip()]
+    frames = [ln for ln in lines if ln.startswith("File ")]
+    chained = first != traceback and lines and not lines[-1].startswith(("File ", "Traceback"))
+    return (frames[-1] if frames else None), (lines[-1] if chained else None)

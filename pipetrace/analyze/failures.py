@@ -78,7 +78,7 @@ def _raised(
     exc = rank.last_of(fmt.EXCEPTION)
     tb = str(exc.fields.get("traceback", "")) if exc else ""
     at = en.where(run, rank)
-    frame, origin = _origin(tb)
+    frame, origin = en.origin(tb)
     severity = fk.ERROR
     cause = (f"an exception in step {at.step}" if at.open else f"an exception {at.phrase}") + (
         f" at {frame}" if frame else ""
@@ -186,22 +186,3 @@ def _told(
 def _one_line(text: str | None, limit: int = 160) -> str:
     line = " ".join(text.split()) if text else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-_CHAINED = (
-    "The above exception was the direct cause of the following exception:",
-    "During handling of the above exception, another exception occurred:",
-)
-
-
-def _origin(traceback: str) -> tuple[str | None, str | None]:
-    """The innermost frame of the first exception of the chain, and that exception when
-    another one wrapped it (torch's pipelining re-raises a stage's error as its own
-    "[Stage N] failed to run forward"): the frame and error the user's code raised."""
-    first = traceback
-    for separator in _CHAINED:
-        first = first.split(separator, 1)[0]
-    lines = [ln.strip() for ln in first.splitlines() if ln.strip()]
-    frames = [ln for ln in lines if ln.startswith("File ")]
-    chained = first != traceback and lines and not lines[-1].startswith(("File ", "Traceback"))
-    return (frames[-1] if frames else None), (lines[-1] if chained else None)

@@ -18,16 +18,18 @@ from typing import Any
 
 import numpy as np
 
+from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.blocked import COLLECTIVE
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import KIND_CODE, OPEN, RankTimeline, Run
 from pipetrace.analyze.pipelines import Pipelines
+from pipetrace.recorder import format as fmt
 from pipetrace.records import JsonRecord, record_json
 from pipetrace.schedule.ir import StepKind
 
 _REDUCE = KIND_CODE[StepKind.REDUCE_GRAD]
-_RANK = re.compile(r"(?<![\w-])rank (\d+)")
+_RANK = re.compile(r"(?<![\w-])(?:rank\(s\) (?P<many>\d+(?:, \d+)*)|rank (?P<one>\d+))")
 _WAITING_IN = {StepKind.REDUCE_GRAD.value: "gradient reduction", "UNSHARD": "parameter all-gather"}
 
 
@@ -160,7 +162,8 @@ def replica_findings(run: Run, findings: list[Finding]) -> list[Finding]:
     named with its replica and stage; unchanged for a run of one pipeline."""
     if not run.pipelines.several:
         return findings
-    return [_named(run, _confined(run, f)) for f in findings]
+    quoted = _quoted(run)
+    return [_named(run, _confined(run, f), quoted) for f in findings]
 
 
 def _confined(run: Run, finding: Finding) -> Finding:
@@ -199,13 +202,42 @@ def _confined(run: Run, finding: Finding) -> Finding:
     return finding
 
 
-def _named(run: Run, finding: Finding) -> Finding:
+def _named(run: Run, finding: Finding, quoted: dict[str, str]) -> Finding:
     def name(text: str | None) -> str | None:
         if text is None:
             return None
-        return _RANK.sub(lambda m: run.rank_name(int(m.group(1))), text)
+        text = _renamed(run, text)
+        for renamed, own in quoted.items():  # the ranks' own words stay theirs
+            text = text.replace(renamed, own)
+        return text
 
     finding.message = name(finding.message) or ""
     finding.cause = name(finding.cause) or ""
     finding.steps = [replace(s, note=name(s.note)) for s in finding.steps]
     return finding
+
+
+def _renamed(run: Run, text: str) -> str:
+    return _RANK.sub(lambda m: _names(run, (m["many"] or m["one"]).split(", ")), text)
+
+
+def _names(run: Run, ranks: list[str]) -> str:
+    """``rank 1`` or ``rank(s) 1, 3`` named; names hold commas, so several are joined by
+    "and" or ";"."""
+    names = [run.rank_name(int(rank)) for rank in ranks]
+    return " and ".join(names) if len(names) <= 2 else "; ".join(names)
+
+
+def _quoted(run: Run) -> dict[str, str]:
+    """The ranks' errors as findings quote them (on one line, perhaps cut short), renamed ->
+    as written: an error that says "rank 1" means whatever rank the user's code meant."""
+    quoted: dict[str, str] = {}
+    for rank in run.present_ranks:
+        exc = rank.last_of(fmt.EXCEPTION)
+        own = en.origin(str(exc.fields.get("traceback", "")))[1] if exc else None
+        for error in (rank.status.error, own):
+            line = " ".join(error.split()) if error else ""
+            for cut in (line, line[:97] + "...", line[:157] + "..."):
+                if _renamed(run, cut) != cut:
+                    quoted[_renamed(run, cut)] = cut
+    return quoted

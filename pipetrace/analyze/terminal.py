@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pipetrace.analyze import endings as en
 from pipetrace.analyze.blocked import open_rows
 from pipetrace.analyze.model import RankState, RankTimeline, Run
+from pipetrace.recorder import format as fmt
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,10 @@ def _waits(evidence: str) -> str:
 
 def _crashed(c: _Case) -> Terminal:
     how = c.rank.status.detail
+    exc = c.rank.last_of(fmt.EXCEPTION)
+    own = en.origin(str(exc.fields.get("traceback", "")))[1] if exc else None
+    if own:  # the user's own error, wrapped by the framework, as `rank_failed` names it
+        how = f"raised {' '.join(own.split())}"
     if c.rank.status.state == RankState.ENDED:
         how = f"died without a trace ({c.ending.evidence})"
     at = en.where(c.run, c.rank)

@@ -3,6 +3,11 @@ and how findings name a global rank."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from pipetrace.analyze import findings as fk
+from pipetrace.analyze import replicas
+from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.pipelines import Pipelines, pipelines_of, rank_name
 from pipetrace.recorder.hooks import Place
 
@@ -53,3 +58,35 @@ def test_a_place_writes_the_header_fields():
         "pipeline_rank": 6,
         "pipeline_ranks": list(range(8, 16)),
     }
+
+
+class _NamedRun:
+    """What naming reads of a run: its pipelines, each rank's stage and error."""
+
+    def __init__(self, pipelines: Pipelines, errors: dict[int, str]) -> None:
+        self.pipelines = pipelines
+        self.present_ranks = [
+            SimpleNamespace(status=SimpleNamespace(error=errors.get(r)), last_of=lambda e: None)
+            for r in range(4)
+        ]
+
+    def rank_name(self, rank: int) -> str:
+        return rank_name(self.pipelines, rank, [self.pipelines.pipeline_rank(rank)])
+
+
+def test_findings_name_lists_of_ranks_and_keep_the_ranks_own_words():
+    run = _NamedRun(Pipelines(((0, 1), (2, 3))), {3: "RuntimeError: bad batch on rank 3"})
+    finding = Finding(
+        fk.RANK_FAILED,
+        fk.ERROR,
+        "rank 3 raised RuntimeError: bad batch on rank 3 in 1F0",
+        "the job was ended while rank(s) 1, 3 hung",
+    )
+    named = replicas._named(run, finding, replicas._quoted(run))
+    assert named.message == (
+        "replica 1, stage 1, global rank 3 raised RuntimeError: bad batch on rank 3 in 1F0"
+    )
+    assert named.cause == (
+        "the job was ended while replica 0, stage 1, global rank 1 and "
+        "replica 1, stage 1, global rank 3 hung"
+    )
