@@ -84,7 +84,7 @@ def _slow_stages(metrics: Metrics) -> dict[int, Slow]:
             median = peers_median[stage]
             # Even the stage's faster steps (lower quartile) must be slow: a few preempted
             # steps on a busy host are noise, not a straggler.
-            if median > 0 and low > STRAGGLER_FACTOR * median and c - median > 50_000:
+            if median > 0 and low >= STRAGGLER_FACTOR * median and c - median > 50_000:
                 slow[stage][kind] = (c, median)
     return slow
 
