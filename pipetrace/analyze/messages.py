@@ -212,15 +212,25 @@ def _ref(run: Run, rank: int, row: int, note: str | None = None) -> StepRef:
     )
 
 
+def _duplicate(run: Run, key: tuple[int, int, int], item: tuple) -> tuple:
+    """An unmatched send, with the reason it has none when its micro-batch was sent twice
+    (the peer's recv took the other copy: what it did or did not run is beside the point)."""
+    rank, peer, ch = key
+    row, it, mb, wanted, _ = item
+    if _count_meant(run, rank, peer, ch, it, mb, True) <= 1:
+        return item
+    return (row, it, mb, wanted, f"micro-batch {mb} was sent more than once")
+
+
 def _unmatched(run: Run, key: tuple[int, int, int], items: list, send: bool) -> Finding:
     rank, peer, ch = key
-    row, it, mb, wanted, reason = items[0]
+    row, it, _, wanted, _ = items[0]
     text = run.catalog.texts[int(run.ranks[rank].p2p.code[row])]
     what = "sent" if send else "waited to receive"
     more = f" (and {len(items) - 1} more on this channel)" if len(items) > 1 else ""
     direction = "to" if send else "from"
-    dup = send and _count_meant(run, rank, peer, ch, it, mb, True) > 1
-    cause = f"micro-batch {mb} was sent more than once" if dup else reason
+    items = [_duplicate(run, key, item) if send else item for item in items]
+    cause = items[0][4]
     return Finding(
         fk.UNMATCHED_SEND if send else fk.UNMATCHED_RECV,
         fk.ERROR,

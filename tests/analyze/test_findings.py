@@ -95,6 +95,7 @@ def test_extra_send_is_unmatched_and_called_a_duplicate(tmp_path):
     record_with(tmp_path, ExtraSend(rank=0, step=0, microbatch=1, channel="F"))
     f = kinds(analyzed(tmp_path))[fk.UNMATCHED_SEND]
     assert set(f.ranks) == {0, 1} and f.microbatches == [1] and "more than once" in f.cause
+    assert [op["reason"] for op in f.details["ops"]] == [f.cause]  # not what the peer ran
 
 
 def test_wrong_shape_is_a_message_mismatch(tmp_path):
