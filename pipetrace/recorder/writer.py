@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +49,9 @@ class EventWriter:
         self._lock = threading.Lock()  # serialises taking + writing, never the hot path
         self._fd: int | None = create_new_file(self.path)
         self.events_written = 0
+        self.write_error: OSError | None = None  # the last flush's, until one succeeds
+        self._told = False  # the user was told that events are being lost
+        self._discard: int | None = None  # os.devnull, once records had to be dropped
         self._write(orjson.dumps(header, option=orjson.OPT_APPEND_NEWLINE))
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -65,6 +69,9 @@ class EventWriter:
         return len(self._queue)
 
     def flush(self) -> None:
+        """Write what waits. A write that fails (a full disk, a file size limit, the file
+        system gone) loses the events it held and never stops the run: the training goes
+        on, the user is told once, and the next flush tries again."""
         with self._lock:
             if self._fd is None:
                 return
@@ -72,11 +79,41 @@ class EventWriter:
             # What waits now, a batch per call: records appended meanwhile wait for the next
             # flush. Only this (under the lock) takes from the queue, so they are there.
             count = len(queue)
-            while count:
-                batch = min(_BATCH, count)
-                queue.write(self._fd, batch)
-                count -= batch
-                self.events_written += batch
+            fd = self._fd
+            try:
+                if self.write_error is not None:
+                    self._write(b"\n")  # ends the line a failed write may have cut short
+                    self.write_error = None
+            except OSError as error:  # still failing: what waits now is lost too
+                self._lose(error)
+                fd = self._devnull()
+            try:
+                while count:
+                    batch = min(_BATCH, count)
+                    count -= batch
+                    queue.write(fd, batch)  # taken from the queue even if it fails
+                    if fd == self._fd:
+                        self.events_written += batch
+            except OSError as error:  # the batch is lost; what is left waits for the next
+                self._lose(error)
+
+    def _devnull(self) -> int:
+        """Where the records go that cannot be written: taken from the queue all the same,
+        so that its memory stays bounded."""
+        if self._discard is None:
+            self._discard = os.open(os.devnull, os.O_WRONLY)
+        return self._discard
+
+    def _lose(self, error: OSError) -> None:
+        if self.write_error is None and not self._told:
+            self._told = True
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(
+                    f"pipetrace: cannot write {self.path}: {error.strerror or error}; events "
+                    "are lost until it can write again (the training goes on)\n"
+                )
+                sys.stderr.flush()
+        self.write_error = error
 
     def close(self) -> None:
         self._stop.set()
@@ -85,9 +122,10 @@ class EventWriter:
             self._thread.join(timeout=5)
         self.flush()
         with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+            for fd in (self._fd, self._discard):
+                if fd is not None:
+                    os.close(fd)
+            self._fd = self._discard = None
 
     def _write(self, data: bytes | bytearray) -> None:
         view = memoryview(data)
@@ -99,6 +137,4 @@ class EventWriter:
         while not self._stop.is_set():
             self._wake.wait(interval)
             self._wake.clear()
-            # The disk is full or gone: keep the run alive, the next flush retries.
-            with contextlib.suppress(OSError):
-                self.flush()
+            self.flush()

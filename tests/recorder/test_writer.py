@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import orjson
 import pytest
 
@@ -37,3 +39,36 @@ def test_a_full_buffer_is_written_by_the_appending_thread(tmp_path, compiled):
     writer.close()
     lines = path.read_bytes().splitlines()
     assert [orjson.loads(line)["n"] for line in lines[1:]] == list(range(250))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_full_disk_loses_events_but_never_the_run(tmp_path, compiled, capfd):
+    """Writes fail (/dev/full: ENOSPC) from the 100th event to the 300th: each flush and each
+    backpressure write goes on (the training would), the user is told once, memory stays
+    bounded, and once writes succeed again the log goes on after one cut line."""
+    path = tmp_path / "log.ndjson"
+    queue = queue_module.new_queue(int, compiled=compiled, step_token=None, close_token=None)
+    writer = EventWriter(path, {"h": 1}, queue, flush_interval=3600)
+    _open(queue, writer, capacity=50)
+    kept = os.dup(writer._fd)
+    full = os.open("/dev/full", os.O_WRONLY)
+    for n in range(400):
+        if n == 100:
+            writer.flush()
+            os.dup2(full, writer._fd)
+        if n == 300:
+            os.dup2(kept, writer._fd)
+        queue.append((n,))
+        assert writer.pending < 50
+        if n % 30 == 0:
+            writer.flush()
+    writer.close()
+    os.close(full)
+    os.close(kept)
+    told = capfd.readouterr().err
+    assert told.count("events are lost until it can write again") == 1
+    assert "No space left on device" in told
+    lines = path.read_bytes().splitlines()
+    written = [orjson.loads(line)["n"] for line in lines[1:] if line]
+    assert written[:100] == list(range(100)) and written[-99:] == list(range(301, 400))
+    assert set(range(100, 300)) - set(written)  # lost, not kept in memory
