@@ -248,7 +248,12 @@ class Recorder:
         # waiting in the exchange: the watchdog watches that wait like an iteration.
         self.waiting_in = "the end-of-run clock exchange"
         self._progress = self._monotonic_ns()
-        self._align_clock("end")
+        try:
+            self._align_clock("end")
+        except BaseException as exc:  # a peer died meanwhile: said, like a step's error
+            self.exception(exc)
+            self.close()
+            raise
         self.waiting_in = None
         if self._timer is not None:
             self._timer.drain()
