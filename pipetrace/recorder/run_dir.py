@@ -148,13 +148,13 @@ def _link_new(marker: Path, run_id: str) -> None:
     fd = create_new_file(tmp)
     try:
         os.write(fd, run_id.encode())
-    finally:
-        os.close(fd)
-    try:
         os.link(tmp, marker)
     except FileExistsError:
         pass
+    except OSError as exc:  # a full disk
+        raise RunDirError(f"cannot write in {marker.parent}: {exc.strerror}") from None
     finally:
+        os.close(fd)
         tmp.unlink()
 
 

@@ -86,6 +86,38 @@ def test_a_directory_that_cannot_be_created_is_one_line(tmp_path):
         check_directory(tmp_path.joinpath("/proc/nope/run"), create=True)
 
 
+def test_a_full_disk_at_the_claim_is_one_line_and_leaves_no_file(tmp_path):
+    """`pipetrace run` where no byte can be written (a file size limit of 0: EFBIG, as a full
+    disk's ENOSPC): one line, exit 2, and no private claim file left behind."""
+    import resource
+    import subprocess
+
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipetrace",
+            "run",
+            "-s",
+            "1f1b",
+            "-p",
+            "2",
+            "-m",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY)),
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"pipetrace: error: cannot write in {out}: File too large\n"
+    assert os.listdir(out) == []
+
+
 def test_a_directory_of_another_user_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)
     with pytest.raises(RunDirError, match="belongs to another user"):
