@@ -8,6 +8,7 @@ failed, finished without posting the counterpart, or without a log (`terminal` s
 
 from __future__ import annotations
 
+from pipetrace import units
 from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.blocked import Blocked, blocked_ranks
@@ -41,7 +42,7 @@ def _stuck_transfer(run: Run, b: Blocked) -> Finding:
     if left < b.posted_ns:
         cause = (
             f"rank {b.peer}'s log ends ({peer.status.state}) "
-            f"{(b.posted_ns - left) / 1e9:.3g} s before rank {b.rank} got to the "
+            f"{units.duration(b.posted_ns - left)} before rank {b.rank} got to the "
             "message: it gave up or died before its peer came (a slow peer, or a stall or "
             "P2P timeout too short for it)"
         )

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipetrace import units
 from pipetrace.analyze.derive import counterpart_rows, step_message
 from pipetrace.analyze.findings import StepRef
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, RankState, RankTimeline, Run
@@ -331,7 +332,7 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
     if closed is not None:
         return verdict(
             CRASHED,
-            f"rank {closed[0]}'s connection to it closed {closed[1] / 1e9:.3g} s after its "
+            f"rank {closed[0]}'s connection to it closed {units.duration(closed[1])} after its "
             "last event",
         )
     if idle and peers.waiting:
@@ -362,7 +363,7 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
     if termed:
         return verdict(
             CRASHED,
-            f"its log stops {termed[1] / 1e9:.3g} s before rank {termed[0]} recorded SIGTERM, "
+            f"its log stops {units.duration(termed[1])} before rank {termed[0]} recorded SIGTERM, "
             "which it never recorded itself (a live rank does): it died first, and the "
             "launcher ended the others",
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipetrace import units
 from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.findings import Finding
@@ -30,7 +31,7 @@ class _FirstFailure:
         return self.rank != rank and t > self.t
 
     def follows(self, t: int, what: str) -> str:
-        return f"follows rank {self.rank}'s failure {(t - self.t) / 1e9:.3g} s earlier: {what}"
+        return f"follows rank {self.rank}'s failure {units.duration(t - self.t)} earlier: {what}"
 
 
 _NOT_FAILED = (en.INTERRUPTED, en.COMPUTING, en.HUNG)
@@ -43,6 +44,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     endings = en.rank_endings(run)
     first = _first_failure(run, endings)
     hanging = {r for r, e in endings.items() if e.state in (en.COMPUTING, en.HUNG)}
+    together = _signaled_together(run, first)
     findings = []
     for rank in run.ranks:
         state = rank.status.state
@@ -51,7 +53,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
         if state == RankState.FAILED:
             findings.append(_raised(run, rank, endings[rank.rank], first, rank.rank in hung))
         elif state == RankState.SIGNALED:
-            findings.append(_signaled(run, rank, endings[rank.rank], first, hanging))
+            findings.append(_signaled(run, rank, endings[rank.rank], first, hanging, together))
         elif state == RankState.MISSING:
             findings.append(_missing(rank, endings[rank.rank]))
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
@@ -69,6 +71,55 @@ def _first_failure(run: Run, endings: dict[int, en.Ending]) -> _FirstFailure | N
         if e.state == en.CRASHED and run.ranks[r].status.state == RankState.ENDED
     ]
     return _FirstFailure(*min(times)) if times else None
+
+
+@dataclass(frozen=True)
+class _Together:
+    """Ranks a signal ended at about the same time, the first failure among them: the job
+    was ended from outside, all at once, and no rank's signal follows from another's."""
+
+    ranks: frozenset[int]
+    signal: str
+    spread_ns: int
+
+    def cause(self, first: int, rank: int) -> str:
+        said = f"{len(self.ranks)} ranks got {self.signal} within {units.duration(self.spread_ns)}"
+        if rank == first:
+            return (
+                f"the job was ended from outside: {said} (a scheduler's time limit, the "
+                "launcher, or a user)"
+            )
+        return f"ended with the rest of the job: {said} (see rank {first})"
+
+
+_TOGETHER_NS = 1_000_000_000
+"""Signals this close to the first one ended the job at once (a launcher signals its ranks in
+one loop; torchrun's agent, a scheduler, a user's `kill` of the process group alike)."""
+
+
+def _signaled_together(run: Run, first: _FirstFailure | None) -> _Together | None:
+    """When the run's first failure is a signal, the ranks the same signal ended within
+    `_TOGETHER_NS` of it (None: none but the first)."""
+    if first is None:
+        return None
+    signals = {
+        r.rank: sig
+        for r in run.ranks
+        if r.status.state == RankState.SIGNALED and (sig := r.last_of(fmt.SIGNAL)) is not None
+    }
+    head = signals.get(first.rank)
+    if head is None or head.t != first.t:
+        return None
+    name = head.fields.get("signal")
+    ranks = {
+        r
+        for r, sig in signals.items()
+        if sig.fields.get("signal") == name and sig.t - first.t <= _TOGETHER_NS
+    }
+    if len(ranks) < 2:
+        return None
+    spread = max(signals[r].t for r in ranks) - first.t
+    return _Together(frozenset(ranks), str(name), spread)
 
 
 def _raised(
@@ -107,6 +158,7 @@ def _signaled(
     ending: en.Ending,
     first: _FirstFailure | None,
     hanging: set[int],
+    together: _Together | None,
 ) -> Finding:
     st = rank.status
     sig = rank.last_of(fmt.SIGNAL)
@@ -123,6 +175,9 @@ def _signaled(
             "(see rank_stalled / deadlock): a time limit or the launcher ending the ranks "
             "left behind"
         )
+    elif first and together and rank.rank in together.ranks:
+        severity = fk.ERROR if rank.rank == first.rank else fk.WARNING
+        cause = together.cause(first.rank, rank.rank)
     elif sig and first and first.explains(rank.rank, sig.t):
         severity = fk.WARNING
         cause = first.follows(sig.t, "the launcher ended the ranks left behind")

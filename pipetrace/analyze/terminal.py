@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipetrace import units
 from pipetrace.analyze import endings as en
 from pipetrace.analyze.blocked import open_rows
 from pipetrace.analyze.model import RankState, RankTimeline, Run
@@ -128,7 +129,7 @@ def _computing(c: _Case) -> Terminal:
     return Terminal(
         en.COMPUTING,
         f"rank {c.id} is still in {text} (begun {begun / 1e9:.3f} s, open for at least "
-        f"{max(0, c.ending.last_alive_ns - begun) / 1e9:.3g} s); {c.never}",
+        f"{units.duration(max(0, c.ending.last_alive_ns - begun))}); {c.never}",
         f"step {text} on rank {c.id} never returns (an infinite loop, a lock, or a very slow step)",
     )
 

@@ -25,9 +25,9 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import ContentSwitcher, Footer, Static
 
+from pipetrace import units
 from pipetrace.analyze.source import RunSource
 from pipetrace.errors import PipetraceError
-from pipetrace.tui import units
 from pipetrace.tui.commands import PipetraceCommands
 from pipetrace.tui.describe import describe
 from pipetrace.tui.details import DetailsPanel

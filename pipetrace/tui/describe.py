@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipetrace import units
 from pipetrace.analyze.model import CHANNELS, OPEN, OPS
-from pipetrace.tui import units
 from pipetrace.tui.lanes import DEVICE, MAIN, P2P, PLAN, SAMPLES
 from pipetrace.tui.session import Session
 

@@ -9,7 +9,7 @@ from rich.style import Style
 from textual.strip import Strip
 from textual.widget import Widget
 
-from pipetrace.tui import units
+from pipetrace import units
 from pipetrace.tui.viewport import ViewState
 
 _TICK = Style(color="#b0b0b0")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipetrace import units
 from pipetrace.analyze.model import Run
 from pipetrace.analyze.summary import MetricsSummary, StageCost
-from pipetrace.tui import units
 from pipetrace.tui.session import Session
 
 

@@ -222,4 +222,8 @@ def test_sigterm_to_the_launcher_winds_the_ranks_down_and_each_records_it(tmp_pa
     code, analysis = _analysis(out, capsys)
     failed = [f for f in analysis["findings"] if f["kind"] == "rank_failed"]
     assert code == 1 and {r for f in failed for r in f["ranks"]} == {0, 1, 2}
+    # one event ended them all: one error, and no rank's SIGTERM follows from another's
+    (first,) = [f for f in failed if f["severity"] == "error"]
+    assert "the job was ended from outside: 3 ranks got SIGTERM within" in first["cause"]
+    assert all("ended with the rest of the job" in f["cause"] for f in failed if f is not first)
     assert not [f for f in analysis["findings"] if f["kind"] in ("deadlock", "rank_stalled")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipetrace import units
 from pipetrace.analyze.model import OPEN
-from pipetrace.tui import units
 from pipetrace.tui.describe import describe
 from pipetrace.tui.filters import FilterError, parse_filter
 from pipetrace.tui.lanes import (

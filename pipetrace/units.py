@@ -1,4 +1,4 @@
-"""Compact time and size texts for a terminal (no UI imports)."""
+"""Compact time and size texts for people: the analyzers' findings and the TUI (no UI imports)."""
 
 from __future__ import annotations
 
