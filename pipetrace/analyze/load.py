@@ -31,6 +31,7 @@ import numpy as np
 from pipetrace.analyze import cache as column_cache
 from pipetrace.analyze import clocks, run_cache
 from pipetrace.analyze.host_clocks import align_hosts, host_groups, one_host
+from pipetrace.analyze.live import still_recording
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
     OPEN,
@@ -101,6 +102,7 @@ def load_run(
             if entry and not entry.store(run, len(source.problems), [c for _, c in planned]):
                 entry = None  # the logs moved: ``run`` is not the model of its key
         run.entry = entry
+        run.problems.extend(still_recording(run))  # never cached: it changes with no log
         return run
 
 

@@ -98,15 +98,18 @@ def analyze(
 
     source = open_source(run_dirs)
     if not as_json and use_color():  # rendered for the terminal, each time
-        return _analyze_into(sys.stdout, source, workers, loading, as_json, no_segments, color=True)
+        return _analyze_into(
+            sys.stdout, source, workers, loading, as_json, no_segments, color=True
+        )[0]
     # the output is kept beside the run's cache entry: analyzing an unchanged run again is a read
     entry = run_entry(source, loading.select) if loading.cache else None
     variant = ("json-no-segments" if no_segments else "json") if as_json else "text"
     kept = entry.report(variant) if entry else None
     if kept is None:
         out = io.StringIO()
-        kept = _analyze_into(out, source, workers, loading, as_json, no_segments), out.getvalue()
-        if entry:
+        code, live = _analyze_into(out, source, workers, loading, as_json, no_segments)
+        kept = code, out.getvalue()
+        if entry and not live:  # a run still recording is read afresh each time
             entry.store_report(variant, *kept)
     click.echo(kept[1], nl=False)
     return kept[0]
@@ -121,9 +124,11 @@ def _analyze_into(
     no_segments: bool,
     *,
     color: bool = False,
-) -> int:
-    """Analyze the run, write the report or JSON to ``out``; returns the exit code."""
+) -> tuple[int, bool]:
+    """Analyze the run, write the report or JSON to ``out``; returns the exit code, and
+    whether the run is still being recorded (`analyze.live`)."""
     from pipetrace.analyze.analysis import analyze_cached
+    from pipetrace.analyze.live import still_recording
     from pipetrace.analyze.load import load_run
     from pipetrace.cli.schedule import json_text
 
@@ -140,4 +145,5 @@ def _analyze_into(
 
         render(result, out, color=color)
     damaged = any(p.severity == "warning" for p in run.problems)  # never a clean exit
-    return EXIT_PROBLEMS if result.has_errors or damaged else EXIT_OK
+    live = bool(still_recording(run))
+    return (EXIT_PROBLEMS if result.has_errors or damaged else EXIT_OK), live
