@@ -58,7 +58,39 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
             findings.append(_missing(rank, endings[rank.rank]))
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
             findings.append(_died_silently(run, rank, endings[rank.rank]))
+    stopped = None if hung else _stopped_together(run)  # else the hang's finding says it
+    if stopped is not None:
+        findings.append(stopped)
     return findings
+
+
+_AT_ONCE_NS = 1_000_000_000
+"""Logs that stop this close together stopped at once (a log loses at most its last flush
+interval, 0.1 s by default, to a kill)."""
+
+
+def _stopped_together(run: Run) -> Finding | None:
+    """Every rank's log stops at about the same time with nothing recorded about it: the job
+    was killed as a whole, out of the ranks' sight, or every rank was stuck from then on."""
+    ranks = run.present_ranks
+    if len(ranks) < 2 or any(r.status.state != RankState.ENDED for r in ranks):
+        return None
+    ends = [r.last_time() for r in ranks]
+    spread = max(ends) - min(ends)
+    if spread > _AT_ONCE_NS:
+        return None
+    return Finding(
+        fk.RANK_FAILED,
+        fk.ERROR,
+        f"every rank's log stops within {units.duration(spread)}, with no run_end, error or "
+        "signal recorded",
+        "the job was killed at once where no rank could record it (SIGKILL of the job or its "
+        "launcher, an out-of-memory kill of the whole job, the node lost), or every rank was "
+        "stuck from then on with no watchdog to say so (see rank_stalled / deadlock)",
+        ranks=[r.rank for r in ranks],
+        time_ns=(min(ends), max(ends)),
+        details={"spread_ns": spread, "last_step": None, "ending": en.UNKNOWN},
+    )
 
 
 def _first_failure(run: Run, endings: dict[int, en.Ending]) -> _FirstFailure | None:

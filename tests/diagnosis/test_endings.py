@@ -102,6 +102,18 @@ def test_a_log_torn_before_the_end_of_run_clock_exchange_is_not_a_clean_end(tmp_
     assert document["ranks"][1]["state"] != "finished"
 
 
+def test_every_log_stopping_at_once_with_nothing_recorded_is_one_finding(tmp_path):
+    # both stop between steps, nothing open: no hang to tell of, and no rank went on
+    document = analyzed(HandRun().cut(0, at(1, 61)).cut(1, at(1, 50)), tmp_path)
+    assert_told_right(document)
+    assert not of_kind(document, "rank_stalled") and not of_kind(document, "deadlock")
+    (together,) = [f for f in of_kind(document, "rank_failed") if len(f["ranks"]) == 2]
+    assert together["severity"] == "error" and together["details"]["spread_ns"] == 19_000_000
+    assert together["message"].startswith("every rank's log stops within 19.0 ms")
+    apart = analyzed(HandRun().cut(0, at(1, 12)), tmp_path / "apart")  # rank 1 went on
+    assert not [f for f in of_kind(apart, "rank_failed") if len(f["ranks"]) == 2]
+
+
 # -- 3. a rank that finished its plan and waits in the end-of-run clock exchange --------------
 
 
