@@ -33,6 +33,7 @@ from pipetrace.analyze.memory import memory_report
 from pipetrace.analyze.messages import find_message_problems
 from pipetrace.analyze.metrics import Metrics, compute_metrics
 from pipetrace.analyze.model import Later, RankTimeline, Run
+from pipetrace.analyze.pauses import find_recovered_stalls
 from pipetrace.analyze.performance import find_exposed_comm, find_stragglers
 from pipetrace.analyze.replicas import ReplicaSummary, replica_findings, replica_summary
 from pipetrace.analyze.summary import MetricsSummary, summarize
@@ -81,6 +82,7 @@ def analyze(run: Run) -> Analysis:
         hung = {r for f in findings if f.kind in (DEADLOCK, RANK_STALLED) for r in f.ranks}
         findings += find_failures(run, hung)
         findings += find_interrupt(run)
+        findings += find_recovered_stalls(run)
     findings += _caveat_damage(run, find_message_problems(run) + find_divergence(run))
     findings += find_stragglers(timed, metrics, ideal)
     findings += find_exposed_comm(timed, metrics)

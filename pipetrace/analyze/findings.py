@@ -23,6 +23,7 @@ PLAN_DIVERGENCE = "plan_divergence"
 STRAGGLER = "straggler"
 EXPOSED_COMM = "exposed_comm"
 INTERRUPTED = "interrupted"
+STALL_RECOVERED = "stall_recovered"
 KINDS = (
     INTERRUPTED,
     RANK_FAILED,
@@ -34,6 +35,7 @@ KINDS = (
     ORDER_CROSSING,
     PLAN_DIVERGENCE,
     STRAGGLER,
+    STALL_RECOVERED,
     EXPOSED_COMM,
 )
 

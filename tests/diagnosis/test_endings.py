@@ -11,7 +11,7 @@ from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
 from pipetrace.cli import main
 
-from .handwritten import HandRun, at
+from .handwritten import MS, HandRun, at
 
 CLOSED = "Connection closed by peer [127.0.0.1]:1234"
 
@@ -112,6 +112,21 @@ def test_every_log_stopping_at_once_with_nothing_recorded_is_one_finding(tmp_pat
     assert together["message"].startswith("every rank's log stops within 19.0 ms")
     apart = analyzed(HandRun().cut(0, at(1, 12)), tmp_path / "apart")  # rank 1 went on
     assert not [f for f in of_kind(apart, "rank_failed") if len(f["ranks"]) == 2]
+
+
+def test_a_stall_the_run_went_on_from_is_a_warning_naming_the_step_it_waited_for(tmp_path):
+    document = analyzed(HandRun().stall(0, at(0, 30)), tmp_path)  # rank 0's watchdog, once
+    assert_told_right(document)
+    assert not of_kind(document, "rank_stalled") and not of_kind(document, "rank_failed")
+    (recovered,) = of_kind(document, "stall_recovered")
+    assert recovered["severity"] == "warning" and recovered["ranks"] == [0]
+    assert recovered["iterations"] == [0]
+    assert recovered["details"]["longest"] == {"rank": 1, "step": "1B0", "duration_ns": 14 * MS}
+    assert recovered["message"].endswith(
+        "then went on: the longest step then was 1B0 on rank 1, 14.0 ms"
+    )
+    cut = analyzed(HandRun().cut(0, at(0, 31)).stall(0, at(0, 30)), tmp_path / "cut")
+    assert not of_kind(cut, "stall_recovered")  # rank 0 made no progress after it
 
 
 # -- 3. a rank that finished its plan and waits in the end-of-run clock exchange --------------
