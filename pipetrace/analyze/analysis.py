@@ -89,6 +89,8 @@ def analyze(run: Run) -> Analysis:
     findings = replica_findings(run, findings)
     which = _path_iteration(metrics)
     critical = critical_path(timed, which) if which is not None else None
+    if critical is not None:
+        critical.complete = bool(metrics.complete[metrics.iterations.index(which)])
     summary = summarize(run, metrics, ideal, critical, device_timing(run), memory_report(run))
     return Analysis(run, sort_findings(findings), metrics, summary, replica_summary(run))
 

@@ -56,6 +56,7 @@ class CriticalPath:
     by_rank_ns: dict[int, int]  # rank -> time on the path, by rank
     rank_hops: int  # times the path moves to another rank
     segments: list[Segment]  # in time order
+    complete: bool = True  # False: the iteration never completed (its path so far)
 
     @classmethod
     def of(cls, iteration: int, begin: int, end: int, segments: list[Segment]) -> CriticalPath:
@@ -92,6 +93,7 @@ class CriticalPath:
             "compute_by_kind_ns": self.compute_by_kind_ns,
             "by_rank_ns": {str(k): v for k, v in self.by_rank_ns.items()},
             "rank_hops": self.rank_hops,
+            "complete": self.complete,
         }
         if segments:
             out["segments"] = [s.to_json() for s in self.segments]

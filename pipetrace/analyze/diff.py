@@ -47,14 +47,25 @@ def diff_runs(a: Analysis, b: Analysis) -> dict[str, Any]:
             "a": len(ma.iteration_time.steady_iterations),
             "b": len(mb.iteration_time.steady_iterations),
         },
+        "first_iteration_only": {"a": _first_only(a), "b": _first_only(b)},
         "stages": _stage_changes(ma.stages, mb.stages),
         "ranks": _rank_changes(ma.ranks, mb.ranks),
         "findings": {"a": counts(a.findings), "b": counts(b.findings)},
     }
 
 
+def _first_only(analysis: Analysis) -> bool:
+    """Whether the run's steady figures rest on its first iteration alone (no later one
+    completed): start-up included, so not comparable with another run's steady ones."""
+    steady = analysis.summary.iteration_time.steady_iterations
+    iterations = analysis.run.iterations()
+    return bool(iterations) and steady == iterations[:1]
+
+
 def _path_length(m: MetricsSummary) -> int | None:
-    return m.critical_path.length_ns if m.critical_path is not None else None
+    """The critical path of a complete iteration (an incomplete one's is only its part)."""
+    path = m.critical_path
+    return path.length_ns if path is not None and path.complete else None
 
 
 def _busiest(m: MetricsSummary) -> float | None:
@@ -90,6 +101,18 @@ def headline(d: dict[str, Any]) -> list[str]:
             f"B's busiest rank computes {words} A's ({ms(busy['b'])} vs {ms(busy['a'])} "
             "per iteration)"
         )
+    for side in ("a", "b"):
+        errors = d["findings"][side].get("error", 0)
+        if errors:
+            lines.append(
+                f"{side.upper()} did not run cleanly: {errors} error finding(s) (pipetrace "
+                f"analyze {d[side]['path']})"
+            )
+        if d["first_iteration_only"][side]:
+            lines.append(
+                f"{side.upper()}'s figures come from its first iteration alone (no later one "
+                "completed): start-up is in them, so they are not comparable"
+            )
     if min(steady["a"], steady["b"]) < 3:
         lines.append(
             "few steady iterations: run-to-run noise can outweigh the difference; "

@@ -142,8 +142,14 @@ def compute_metrics(run: Run) -> Metrics:
     stage_costs: dict[tuple[int, str], list[np.ndarray]] = {}
     overlap = False
     partners = counterpart_values(run.ranks, "post")
+    # The first iteration's steps pay for start-up (lazy initialisation, first allocations,
+    # a first message's set-up): several times the others'. Left out of the step costs once
+    # a later iteration completed, as it is out of the steady iteration time.
+    warm_up = int(it_values[0]) if n > 1 and complete[1:].any() else None
     for rank in run.present_ranks:
-        per_rank[rank.rank], costs, ov = _rank_metrics(run, rank, it_values, partners[rank.rank])
+        per_rank[rank.rank], costs, ov = _rank_metrics(
+            run, rank, it_values, partners[rank.rank], warm_up
+        )
         overlap |= ov
         for key, values in costs.items():
             stage_costs.setdefault(key, []).append(values)
@@ -178,9 +184,12 @@ class _Waits:
     overlap: bool = False
 
 
-def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.ndarray):
+def _rank_metrics(
+    run: Run, rank: RankTimeline, its: np.ndarray, partner: np.ndarray, warm_up: int | None
+):
     """One rank's `RankIterations`, its step costs by (stage, kind) and whether it ran in
-    overlap mode. ``partner``: per P2P row, when the matched op was posted (-1: unmatched)."""
+    overlap mode. ``partner``: per P2P row, when the matched op was posted (-1: unmatched);
+    ``warm_up``: the iteration left out of the step costs (None: none)."""
     catalog, steps, n = run.catalog, rank.steps, len(its)
     top = top_level(rank, catalog)
     leaf_kind = catalog.kind[steps.code]
@@ -212,6 +221,7 @@ def _rank_metrics(run: Run, rank: RankTimeline, its: np.ndarray, partner: np.nda
         leaf_kind,
         np.maximum((steps.end - steps.begin).astype(np.int64) - waits.waited, 0),
         standalone,
+        None if warm_up is None else steps.it != warm_up,
     )
     iterations = RankIterations(busy + nan, wait + nan, waits.exposed + nan, waits.blocking + nan)
     return iterations, costs, waits.overlap
@@ -322,11 +332,14 @@ def _stage_costs(
     leaf_kind: np.ndarray,
     leaf_dur: np.ndarray,
     standalone: np.ndarray,
+    counted: np.ndarray | None,
 ) -> dict[tuple[int, str], np.ndarray]:
     """Per-stage costs from the leaf compute rows (any thread), without their input waits:
-    (stage, kind) for standalone steps, (stage, kind + OVERLAPPED) for composites' parts."""
+    (stage, kind) for standalone steps, (stage, kind + OVERLAPPED) for composites' parts;
+    ``counted``: the rows to take (None: all)."""
     leaf_stage = catalog.stage[steps.code]
-    rows = np.flatnonzero(IS_COMPUTE[leaf_kind] & (leaf_stage >= 0) & (steps.end != OPEN))
+    take = IS_COMPUTE[leaf_kind] & (leaf_stage >= 0) & (steps.end != OPEN)
+    rows = np.flatnonzero(take if counted is None else take & counted)
     if not len(rows):
         return {}
     # one sort key per row: stage, kind (4 bits), inside a composite (1 bit)

@@ -272,7 +272,9 @@ def _critical_line(cp: CriticalPath) -> Line:
         f"{k} {ms(v)}" for k, v in sorted(cp.compute_by_kind_ns.items(), key=_longest)
     )
     return (
-        f"  critical path (iteration {cp.iteration}): {ms(cp.length_ns)} = {parts}; "
+        f"  critical path (iteration {cp.iteration}"
+        f"{'' if cp.complete else ', incomplete: its path so far'}): "
+        f"{ms(cp.length_ns)} = {parts}; "
         f"compute: {kinds or '-'}; {cp.rank_hops} hops between ranks",
         None,
     )

@@ -45,3 +45,23 @@ def test_the_straggler_sample_is_faster_overall_but_its_busiest_rank_computes_lo
 
 def test_a_run_against_itself_is_as_fast(capsys):
     assert "B is as fast as A per iteration" in diff(capsys, CLEAN, CLEAN)
+
+
+def test_a_run_that_failed_says_so_and_its_first_iteration_is_not_passed_off_as_steady(capsys):
+    crash = str(SAMPLES / "fault-crash")  # iteration 0 completes, iteration 1 does not
+    data = json.loads(diff(capsys, CLEAN, crash, "--json"))
+    assert data["first_iteration_only"] == {"a": False, "b": True}
+    text = diff(capsys, CLEAN, crash)
+    assert f"B did not run cleanly: {data['findings']['b']['error']} error finding(s)" in text
+    assert "B's figures come from its first iteration alone" in text
+
+
+def test_an_incomplete_iterations_critical_path_is_marked_and_not_compared(tmp_path, capsys):
+    from tests.diagnosis.handwritten import HandRun, at
+
+    cut = HandRun(iterations=1).cut(0, at(0, 30)).cut(1, at(0, 30)).write(tmp_path / "cut")
+    assert main(["analyze", str(cut), "--json"]) == 1
+    path = json.loads(capsys.readouterr().out)["metrics"]["critical_path"]
+    assert path["iteration"] == 0 and path["complete"] is False
+    data = json.loads(diff(capsys, CLEAN, str(cut), "--json"))
+    assert data["critical_path_ns"]["b"] is None and data["critical_path_ns"]["change"] is None

@@ -182,3 +182,13 @@ def test_the_ranks_endings_are_read_once_per_analysis(hung_run, monkeypatch):
     monkeypatch.setattr("pipetrace.analyze.analysis.endings_kept", endings.endings_kept)
     assert analyze(run).to_json() == once and len(reads) > 2
     assert endings.rank_endings(run) == read(run) and not endings._KEPT
+
+
+def test_per_stage_step_times_leave_out_the_first_iteration_once_a_later_one_completed(
+    tmp_path,
+):
+    """Its steps pay for start-up, as the steady iteration time leaves it out: 4 F and 4 B
+    per stage of the second iteration, not 8."""
+    FakeCluster.of("1f1b", ranks=4, microbatches=4, iterations=2).record(tmp_path)
+    stages = analyzed(tmp_path).to_json()["metrics"]["stages"]
+    assert len(stages) == 8 and {s["count"] for s in stages} == {4}
