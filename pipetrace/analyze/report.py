@@ -134,7 +134,7 @@ def _metric_lines(m: MetricsSummary) -> list[Line]:
         (f"  P2P mode: {'overlap' if m.overlap_mode else 'plain'}", None),
         *_timing_lines(m.timing),
     ]
-    lines += _rank_lines(m.ranks)
+    lines += _rank_lines(m.ranks, m.overlap_mode)
     lines += _stage_lines(m.stages)
     if m.memory is not None:
         lines += _memory_lines(m.memory)
@@ -176,12 +176,14 @@ def _bubble_text(b: Bubble) -> str:
     return f"measured {ratio(b.measured_ratio)}, {ideal_text}"
 
 
-def _rank_lines(rank_rows: list[RankBubble]) -> list[Line]:
+def _rank_lines(rank_rows: list[RankBubble], overlap: bool) -> list[Line]:
+    """The last column is the P2P time not hidden by compute: exposed (overlap mode) or
+    blocking transfer (plain mode, where every wait is exposed and exposed_comm_ns is 0)."""
     lines: list[Line] = [
         ("  per rank (mean per steady iteration):", None),
         (
             f"    {'rank':>4} {'busy':>12} {'p2p wait':>12} {'bubble':>12} {'ratio':>7} "
-            f"{'exposed':>12}",
+            f"{'exposed' if overlap else 'blocking':>12}",
             None,
         ),
     ]
@@ -194,7 +196,8 @@ def _rank_lines(rank_rows: list[RankBubble]) -> list[Line]:
         lines.append(
             (
                 f"    {r.rank:>4} {ms(r.busy_ns):>12} {ms(r.p2p_wait_ns):>12} "
-                f"{ms(r.bubble_ns):>12} {ratio(r.bubble_ratio):>7} {ms(r.exposed_comm_ns):>12}",
+                f"{ms(r.bubble_ns):>12} {ratio(r.bubble_ratio):>7} "
+                f"{ms(r.exposed_comm_ns if overlap else r.blocking_transfer_ns):>12}",
                 None,
             )
         )

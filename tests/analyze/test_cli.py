@@ -106,3 +106,17 @@ def test_progress_bar_only_on_a_terminal_and_after_a_delay(monkeypatch):
     slow(10, 10)
     assert slow.bar is not None
     slow.close()
+
+
+def test_the_per_rank_table_shows_the_p2p_time_of_the_runs_mode(tmp_path, capsys):
+    """Plain mode: the blocking transfer (exposed_comm_ns is 0 there, as it showed)."""
+    FakeCluster.of(faults=[Straggler(rank=2, step=0, factor=3, phase="all")]).record(tmp_path)
+    capsys.readouterr()
+    main(["analyze", str(tmp_path), "--json"])
+    ranks = orjson.loads(capsys.readouterr().out)["metrics"]["ranks"]
+    main(["analyze", str(tmp_path)])
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.strip().startswith("rank "))
+    assert header.split()[-1] == "blocking"
+    blocking = max(ranks, key=lambda r: r["blocking_transfer_ns"])
+    assert blocking["blocking_transfer_ns"] > 0 and blocking["exposed_comm_ns"] == 0
