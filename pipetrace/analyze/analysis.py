@@ -26,7 +26,16 @@ from pipetrace.analyze.device_times import device_timing, timed_run
 from pipetrace.analyze.divergence import find_divergence
 from pipetrace.analyze.endings import endings_kept
 from pipetrace.analyze.failures import find_failures
-from pipetrace.analyze.findings import DEADLOCK, ERROR, RANK_STALLED, Finding, counts, sort_findings
+from pipetrace.analyze.findings import (
+    DEADLOCK,
+    ERROR,
+    RANK_STALLED,
+    UNMATCHED_RECV,
+    UNMATCHED_SEND,
+    Finding,
+    counts,
+    sort_findings,
+)
 from pipetrace.analyze.ideal import IdealTimeline, ideal_timeline
 from pipetrace.analyze.interrupts import find_interrupt
 from pipetrace.analyze.memory import memory_report
@@ -101,7 +110,10 @@ def _caveat_damage(run: Run, findings: list[Finding]) -> list[Finding]:
     the same as a message that was never sent or a step run out of order."""
     warned = {p.rank for p in run.problems if p.rank is not None and p.severity == "warning"}
     for f in findings:
-        damaged = sorted(warned.intersection(f.ranks))
+        # an op without counterpart (ranks: its own rank, then the peer) lacks the peer's
+        # record: only damage there reads the same
+        missing = f.ranks[1:] if f.kind in (UNMATCHED_SEND, UNMATCHED_RECV) else f.ranks
+        damaged = sorted(warned.intersection(missing))
         if damaged:
             f.cause += (
                 f"; or damage in the log of rank(s) {', '.join(map(str, damaged))} (its input "

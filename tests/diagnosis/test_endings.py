@@ -129,6 +129,18 @@ def test_a_stall_the_run_went_on_from_is_a_warning_naming_the_step_it_waited_for
     assert not of_kind(cut, "stall_recovered")  # rank 0 made no progress after it
 
 
+def test_an_unmatched_recv_blames_no_damage_on_its_own_cut_log(tmp_path):
+    run = HandRun()
+    for op in run.events[0]:  # rank 0 runs 0SEND_F0 of iteration 1 without posting it
+        if op["e"] == "p2p_post" and op["it"] == 1 and op["op"] == "send":
+            run.drop(0, id=op["id"])
+    run.cut(1, at(1, 5))  # rank 1 waits in 1RECV_F0 until the job is killed: its log is cut
+    document = analyzed(run, tmp_path)
+    unmatched = of_kind(document, "unmatched_recv")
+    assert unmatched and unmatched[0]["ranks"] == [1, 0]
+    assert "damage in the log" not in unmatched[0]["cause"]  # rank 0's log is intact
+
+
 # -- 3. a rank that finished its plan and waits in the end-of-run clock exchange --------------
 
 
