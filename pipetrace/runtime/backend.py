@@ -102,10 +102,17 @@ class Backend:
         samples; None where there is none to read (CPU)."""
         return None
 
-    def sum_with_peer(self, param: Any, peer: int) -> None:
-        """TIED_REDUCE: exchange ``param``'s accumulated gradient with rank ``peer``, which
-        holds the same tied parameter, and keep the sum (added in rank order, so both ranks
-        hold the same bits)."""
+    def grad_base(self, param: Any) -> Any:
+        """What ``param``'s gradient holds as an iteration starts (`sum_with_peer`'s
+        ``base``)."""
+        raise NotImplementedError
+
+    def sum_with_peer(self, param: Any, peer: int, base: Any) -> None:
+        """TIED_REDUCE: exchange what ``param``'s gradient gained since ``base`` with rank
+        ``peer``, which holds the same tied parameter, and add the two (in rank order, so
+        both ranks hold the same bits). Only this iteration's part: gradients accumulated
+        over several steps (no zeroing between them) would otherwise count the sum of the
+        earlier ones twice."""
         raise NotImplementedError
 
     def swap_steps(self) -> SwapSteps:

@@ -63,8 +63,12 @@ class FrameworkOps(Protocol):
     def fsdp_steps(self, stages: dict[int, Any]) -> fsdp.FsdpSteps:
         """The handlers of UNSHARD / RESHARD / REDUCE_GRAD (no-ops without sharded stages)."""
 
-    def sum_with_peer(self, param: Any, peer: int) -> None:
-        """TIED_REDUCE: sum ``param``'s gradient with rank ``peer``'s copy of it."""
+    def grad_base(self, param: Any) -> Any:
+        """What ``param``'s gradient holds as an iteration starts, for `sum_with_peer`."""
+
+    def sum_with_peer(self, param: Any, peer: int, base: Any) -> None:
+        """TIED_REDUCE: add rank ``peer``'s gradient of its copy of ``param`` since ``base``
+        (`grad_base` at the iteration's start) to this rank's."""
 
     def allocator_bytes(self) -> tuple[int, int] | None:
         """(allocated, reserved) bytes of the device allocator; None without one (CPU)."""
@@ -152,6 +156,7 @@ class Executor:
         if self._last_stage in stages:
             self.context.losses = stages[self._last_stage].losses
         self._tied = tied or {}
+        self._tied_base: dict[int, Any] = {}  # stage -> `Ops.grad_base` at iteration start
         self._check_needs()
         self._program: list[Entry] = []
         self._compile()
@@ -290,6 +295,8 @@ class Executor:
         for stage in self.stages.values():
             stage.reset()
         self._fsdp.begin_iteration()
+        # what the tied gradients held before this iteration: only its part is exchanged
+        self._tied_base = {s: self._ops.grad_base(p) for s, p in self._tied.items()}
         if self._swap is not None:
             self._swap.begin_iteration()
         if self.p2p is not None:
@@ -585,7 +592,8 @@ class Executor:
             return  # both stages here: they share one parameter, autograd summed it
         if self.p2p is not None:
             self.p2p.drain()
-        self._ops.sum_with_peer(self._tied[step.stage], peer)  # type: ignore[index]
+        stage = step.stage
+        self._ops.sum_with_peer(self._tied[stage], peer, self._tied_base[stage])  # type: ignore[index]
 
     # -- messages --------------------------------------------------------------------------
 

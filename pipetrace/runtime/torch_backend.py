@@ -113,19 +113,28 @@ class TorchBackend(Backend):
             return None
         return torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
 
-    def sum_with_peer(self, param: torch.nn.Parameter, peer: int) -> None:
+    def grad_base(self, param: torch.nn.Parameter) -> torch.Tensor | None:
+        """A copy of the gradient (autograd accumulates into it in place); None when it was
+        zeroed to None, as `zero_grad` does by default: then nothing is copied."""
+        return None if param.grad is None else param.grad.detach().clone()
+
+    def sum_with_peer(
+        self, param: torch.nn.Parameter, peer: int, base: torch.Tensor | None
+    ) -> None:
         grad = param.grad
         if grad is None:
             grad = torch.zeros_like(param)
-        other = torch.empty_like(grad)
+        gained = grad if base is None or param.grad is None else grad - base
+        other = torch.empty_like(gained)
         ops = [
             dist.P2POp(op, tensor, group=self.group, group_peer=peer, tag=_TIED_TAG)
-            for op, tensor in ((dist.isend, grad), (dist.irecv, other))
+            for op, tensor in ((dist.isend, gained), (dist.irecv, other))
         ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         mine_first = dist.get_rank(self.group) < peer
-        param.grad = grad + other if mine_first else other + grad
+        both = gained + other if mine_first else other + gained
+        param.grad = both if base is None or param.grad is None else base + both
 
     def join(self, timeout: float) -> tuple[int, int]:
         if not dist.is_initialized():

@@ -76,3 +76,13 @@ def test_worker_module_runs_the_demo_with_parity():
         "1",
         "2",
     ]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
+def test_tied_weights_accumulate_over_steps_as_one_process_does(schedule):
+    """The tied gradient's exchange is of this iteration's part only: with the accumulated
+    gradient exchanged, a second step without zeroing counted the first one twice."""
+    done = torchrun("tests/runtime/scripts/tied_accumulation.py", schedule)
+    assert done.returncode == 0, done.stdout + done.stderr
+    verdicts = [line for line in done.stdout.splitlines() if "weight:" in line]
+    assert len(verdicts) == 2 and all(line.endswith(": match") for line in verdicts), verdicts
