@@ -122,7 +122,9 @@ class PipelineRunner:
         found = {}
         for stage, name in zip((0, self.plan.num_stages - 1), tied):
             if stage in self.stages:
-                params = dict(self.stages[stage].module.named_parameters())
+                # a one-stage model holds both names of one parameter: keep both
+                module = self.stages[stage].module
+                params = dict(module.named_parameters(remove_duplicate=False))
                 if name not in params:
                     raise ValueError(f"stage {stage} has no parameter {name!r} to tie")
                 found[stage] = params[name]
@@ -213,6 +215,12 @@ def resolve_plan(
             raise ValueError(
                 f"the plan is for {schedule.num_ranks} ranks but the group has {num_ranks}"
             )
+        if tie_weights and not _ties_itself(schedule):
+            raise ValueError(
+                "tied weights need TIED_REDUCE steps in the given plan, which has none: "
+                "build it with tie_weights=True (its first and last stage are on two ranks, "
+                "whose gradients would otherwise never be summed)"
+            )
         return schedule if schedule.has_comms() or num_ranks == 1 else lower(schedule)
     if num_microbatches is None:
         raise ValueError("give num_microbatches with a schedule name")
@@ -223,4 +231,16 @@ def resolve_plan(
         stages_per_rank=stages_per_rank,
         comms=True,
         tie_weights=tie_weights,
+    )
+
+
+def _ties_itself(plan: Plan) -> bool:
+    """Whether a plan sums a tied weight's two gradients: with TIED_REDUCE steps, or with its
+    first and last stage on one rank (autograd sums them there)."""
+    if plan.placement[0] == plan.placement[-1]:
+        return True
+    return any(
+        step.kind is StepKind.TIED_REDUCE
+        for rank in range(plan.num_ranks)
+        for step in plan.steps(rank)
     )

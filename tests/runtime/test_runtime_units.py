@@ -393,3 +393,18 @@ def test_memory_samples_count_local_hand_offs_until_consumed():
     assert third == {step: first[step] for step in third}
     # after the first sample, steps that move no bytes are not sampled
     assert set(first) - set(third) == {"0UNSHARD", "0REDUCE_GRAD", "0RESHARD"}
+
+
+def test_tied_weights_with_a_given_plan_need_its_tied_reductions():
+    """Without TIED_REDUCE steps the two copies' gradients were never summed, silently."""
+    from pipetrace.runtime.runner import resolve_plan
+    from pipetrace.schedule.builders import build_plan
+
+    plain = build_plan("1f1b", num_ranks=4, num_microbatches=8)
+    with pytest.raises(ValueError, match="tied weights need TIED_REDUCE steps in the given plan"):
+        resolve_plan(plain, 4, None, None, True)
+    tied = build_plan("1f1b", num_ranks=4, num_microbatches=8, comms=True, tie_weights=True)
+    assert resolve_plan(tied, 4, None, None, True) is tied
+    # zbv puts the first and the last stage on rank 0: autograd sums the tied copies there
+    zbv = build_plan("zbv", num_ranks=2, num_microbatches=4, stages_per_rank=2)
+    assert resolve_plan(zbv, 2, None, None, True).has_comms()
