@@ -36,7 +36,7 @@ class _Group:
 class _Saved:
     """What one micro-batch keeps between its forward and its (last) backward step."""
 
-    input: torch.Tensor | None  # the received activation (a leaf that requires grad)
+    input: torch.Tensor | None  # the received activation (a leaf; requires grad if it can)
     output: torch.Tensor  # the activation sent on, or the scaled loss on the last stage
     output_grad: torch.Tensor | None = None  # kept by I for W on the first stage
     groups: list[_Group] | None = None  # kept by I for W on the other stages
@@ -49,6 +49,17 @@ class PipelineStage(StageBase):
     module: torch.nn.Module
     losses: dict[int, torch.Tensor]
     _saved: dict[int, _Saved]
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        stage_index: int,
+        num_stages: int,
+        loss_fn: LossFn | None = None,
+    ) -> None:
+        super().__init__(module, stage_index=stage_index, num_stages=num_stages, loss_fn=loss_fn)
+        self._copies_input = _starts_in_place(module)
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         """The module's parameters, read now: FSDP swaps the registered ones between sharded
@@ -67,8 +78,14 @@ class PipelineStage(StageBase):
         if self.is_first:
             stage_input = None
         else:
-            stage_input = x.detach().requires_grad_(True)
-            x = stage_input
+            # The gradient is taken with respect to the received tensor, as a leaf; one of
+            # integers (token ids) has none, and gets a zero one back.
+            stage_input = x.detach()
+            if stage_input.is_floating_point() or stage_input.is_complex():
+                stage_input.requires_grad_(True)
+            # A first layer working in place (nn.ReLU(inplace=True)) may not write into a
+            # leaf that requires grad: it gets a copy, through which the gradient flows.
+            x = stage_input.clone() if self._copies_input else stage_input
         output = self.module(x)
         if self.count_saved:  # inline: a call per forward cost more than this work
             size = self._saved_fixed
@@ -123,7 +140,8 @@ class PipelineStage(StageBase):
     def backward(self, mb: int, output_grad: torch.Tensor | None) -> torch.Tensor | None:
         """Full backward (dx and dw) of micro-batch ``mb``; returns dx (None on stage 0)."""
         saved = self._release(mb)
-        torch.autograd.backward(saved.output, None if self.is_last else output_grad)
+        if saved.output.requires_grad:  # else nothing before it trains (a frozen embedding)
+            torch.autograd.backward(saved.output, None if self.is_last else output_grad)
         if saved.input is None:
             return None
         dx = saved.input.grad
@@ -137,9 +155,12 @@ class PipelineStage(StageBase):
         """
         saved = self._saved[mb]
         stage_input = saved.input
-        if stage_input is None:
-            saved.output_grad = output_grad
-            return None
+        if stage_input is None or not stage_input.requires_grad:
+            saved.output_grad = output_grad  # no dx path: W runs the whole backward
+            return None if stage_input is None else torch.zeros_like(stage_input)
+        if not saved.output.requires_grad:  # the output depends on nothing that trains
+            saved.groups = []
+            return torch.zeros_like(stage_input)
         # Read the parameters now, not at construction: FSDP swaps the module's registered
         # parameters between sharded and unsharded tensors, and the graph holds the latter.
         params = [p for p in self.module.parameters() if p.requires_grad]
@@ -168,10 +189,19 @@ class PipelineStage(StageBase):
         """dw of micro-batch ``mb`` (after `backward_input`), accumulated into ``param.grad``."""
         saved = self._release(mb)
         if saved.groups is None:  # stage 0: the whole backward happens here
-            torch.autograd.backward(saved.output, None if self.is_last else saved.output_grad)
+            if saved.output.requires_grad:
+                torch.autograd.backward(saved.output, None if self.is_last else saved.output_grad)
             return
         for group in saved.groups:
             _run_weight_group(group)
+
+
+def _starts_in_place(module: torch.nn.Module) -> bool:
+    """Whether the module's first layer writes into its input (``inplace=True``, as
+    torchvision's ReLUs do), looking through nested nn.Sequential."""
+    while isinstance(module, torch.nn.Sequential) and len(module):
+        module = module[0]
+    return bool(getattr(module, "inplace", False))
 
 
 def _run_weight_group(group: _Group) -> None:

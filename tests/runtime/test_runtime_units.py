@@ -173,6 +173,56 @@ def test_split_backward_handles_reuse_and_unused_input(module_class):
     torch.testing.assert_close(dx, expected_dx, rtol=0, atol=1e-14)
 
 
+def _two_stages(case: str) -> tuple[torch.nn.Sequential, torch.Tensor]:
+    """A two-stage model the stage boundary used to break, and its input."""
+    torch.manual_seed(2)
+    linear = [torch.nn.Linear(6, 6, dtype=torch.float64) for _ in range(3)]
+    ids = torch.randint(0, 10, (4, 3))
+    embed = torch.nn.Embedding(10, 6, dtype=torch.float64)
+    if case == "in-place first layer":  # torchvision style: stage 1 starts with ReLU(True)
+        chunks = [linear[0], torch.nn.Sequential(torch.nn.ReLU(inplace=True), linear[1])]
+        return torch.nn.Sequential(*chunks), torch.randn(4, 6, dtype=torch.float64)
+    if case == "frozen first stage":  # its output needs no gradient
+        embed.weight.requires_grad_(False)
+        return torch.nn.Sequential(embed, torch.nn.Sequential(linear[0], torch.nn.Tanh())), ids
+    # integer messages: stage 0 has no parameters and sends token ids on
+    return torch.nn.Sequential(_Crop(), torch.nn.Sequential(embed, linear[0])), ids
+
+
+class _Crop(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 1:]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["full", "I+W"])
+@pytest.mark.parametrize("case", ["in-place first layer", "frozen first stage", "integer messages"])
+def test_stage_boundaries_that_break_a_naive_split_match_one_process(case, split):
+    model, x = _two_stages(case)
+    twin = copy.deepcopy(model)
+    first = PipelineStage(model[0], stage_index=0, num_stages=2)
+    last = PipelineStage(model[1], stage_index=1, num_stages=2, loss_fn=_sum_loss)
+    out = first.forward(0, x)
+    last.forward(0, out, None)
+    if split:
+        dx = last.backward_input(0, None)
+        last.backward_weight(0)
+        first.backward_input(0, dx)
+        first.backward_weight(0)
+    else:
+        first.backward(0, last.backward(0, None))
+    _sum_loss(twin(x), None).backward()
+    for mine, theirs in zip(model.parameters(), twin.parameters()):
+        if theirs.grad is None:
+            assert mine.grad is None
+        else:
+            torch.testing.assert_close(mine.grad, theirs.grad, rtol=0, atol=1e-14)
+    assert first.pending() == last.pending() == 0
+
+
+def _sum_loss(output: torch.Tensor, target: object) -> torch.Tensor:
+    return output.sum()
+
+
 def test_one_rank_plan_with_composite_and_fsdp_steps_matches_reference():
     """Local hand-offs, I/W, OVERLAP_F_B on two threads and FSDP steps (no-ops: nothing
     is sharded) give the single-process gradients."""
