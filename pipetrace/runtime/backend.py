@@ -102,6 +102,10 @@ class Backend:
         samples; None where there is none to read (CPU)."""
         return None
 
+    def cannot_train(self) -> str | None:
+        """Why a training step cannot run on this thread now (None: it can)."""
+        return None
+
     def grad_base(self, param: Any) -> Any:
         """What ``param``'s gradient holds as an iteration starts (`sum_with_peer`'s
         ``base``)."""

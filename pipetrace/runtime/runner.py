@@ -155,6 +155,11 @@ class PipelineRunner:
         stage 0 needs ``inputs`` and only the one holding the last stage needs ``targets``.
         Returns the mean micro-batch loss on the last stage's rank, None on the others.
         Gradients accumulate: zero them between steps."""
+        if self._closed:
+            raise RuntimeError(f"rank {self.rank}: the runner is closed: build a new one")
+        why = self.backend.cannot_train()  # a misuse, not a failed step: nothing recorded
+        if why:
+            raise RuntimeError(f"rank {self.rank}: step() trains, and {why}")
         try:
             num = self.plan.num_microbatches
             if inputs is None and 0 in self.stages:

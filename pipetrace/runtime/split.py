@@ -60,9 +60,19 @@ def stage_modules(backend: Backend, model: Any, plan: Plan, rank: int) -> dict[i
                 f"got {backend.module_word}s for {sorted(model)}"
             )
         return dict(model)
-    if backend.is_module(model):
+    if backend.is_module(model) and not _holds_modules(backend, model):
         raise TypeError(
-            f"give a whole model as {backend.sequential_name}, "
-            f"or one {backend.module_word} per stage"
+            f"got a {type(model).__name__}, which is not {backend.sequential_name}: give a "
+            f"whole model as {backend.sequential_name}, or one {backend.module_word} per "
+            f"stage (a list, a {backend.module_word} list or {{stage: {backend.module_word}}})"
         )
     return stages_of_rank(list(model), plan, rank)
+
+
+def _holds_modules(backend: Backend, model: Any) -> bool:
+    """A module that is a list of modules (nn.ModuleList, MindSpore's CellList): one per
+    stage, like a plain list."""
+    try:
+        return len(model) > 0 and all(backend.is_module(part) for part in model)
+    except TypeError:  # no len() or not iterable: a model of its own
+        return False

@@ -87,6 +87,11 @@ class PipelineStage(StageBase):
             # leaf that requires grad: it gets a copy, through which the gradient flows.
             x = stage_input.clone() if self._copies_input else stage_input
         output = self.module(x)
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(
+                f"stage {self.stage_index} returned a {type(output).__name__}: a stage returns "
+                "one tensor (docs/runtime.md)"
+            )
         if self.count_saved:  # inline: a call per forward cost more than this work
             size = self._saved_fixed
             if size is None:

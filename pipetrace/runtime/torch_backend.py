@@ -113,6 +113,13 @@ class TorchBackend(Backend):
             return None
         return torch.cuda.memory_allocated(self.device), torch.cuda.memory_reserved(self.device)
 
+    def cannot_train(self) -> str | None:
+        if torch.is_inference_mode_enabled():
+            return "it runs under torch.inference_mode(): evaluate the model outside the runner"
+        if not torch.is_grad_enabled():
+            return "it runs under torch.no_grad(): evaluate the model outside the runner"
+        return None
+
     def grad_base(self, param: torch.nn.Parameter) -> torch.Tensor | None:
         """A copy of the gradient (autograd accumulates into it in place); None when it was
         zeroed to None, as `zero_grad` does by default: then nothing is copied."""

@@ -458,3 +458,36 @@ def test_tied_weights_with_a_given_plan_need_its_tied_reductions():
     # zbv puts the first and the last stage on rank 0: autograd sums the tied copies there
     zbv = build_plan("zbv", num_ranks=2, num_microbatches=4, stages_per_rank=2)
     assert resolve_plan(zbv, 2, None, None, True).has_comms()
+
+
+def test_a_module_list_is_one_module_per_stage_and_another_model_is_named():
+    from pipetrace.runtime.split import stage_modules
+
+    backend = TorchBackend()
+    plan = Plan(2, (0, 1), [[F(0, 0)], [F(1, 0)]])
+    parts = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
+    assert stage_modules(backend, torch.nn.ModuleList(parts), plan, 1) == {1: parts[1]}
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Linear(4, 4)
+
+    with pytest.raises(TypeError, match=r"^got a Net, which is not nn.Sequential: give a whole"):
+        stage_modules(backend, Net(), plan, 0)
+
+
+def test_a_stage_returning_a_tuple_and_a_step_without_autograd_are_named():
+    class Pair(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x, x
+
+    stage = PipelineStage(Pair(), stage_index=0, num_stages=2)
+    with pytest.raises(TypeError, match=r"^stage 0 returned a tuple: a stage returns one tensor"):
+        stage.forward(0, torch.ones(2, 2))
+    backend = TorchBackend()
+    assert backend.cannot_train() is None
+    with torch.no_grad():
+        assert "torch.no_grad()" in backend.cannot_train()
+    with torch.inference_mode():
+        assert "torch.inference_mode()" in backend.cannot_train()
