@@ -194,8 +194,9 @@ def find_exposed_comm(run: Run, metrics: Metrics) -> list[Finding]:
                 "activations, slow link, or CPU contention on the transport)"
             )
             if metrics.overlap_mode
-            else "plain P2P mode waits for every transfer; --overlap-p2p posts recvs early to "
-            "hide them",
+            else "plain P2P mode waits for every transfer in its own step; overlapped P2P "
+            "(pipetrace run --overlap-p2p, PipelineRunner(overlap_p2p=True)) waits for a recv "
+            "only where its data is used, behind the compute",
             ranks=[r for _, r in per_rank],
             details={
                 "overlap_mode": metrics.overlap_mode,
