@@ -13,14 +13,18 @@ owned by this user, and every file is created new, never through a link
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 
 from pipetrace.errors import PipetraceError
 from pipetrace.recorder import format as fmt
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 RUN_ID_FILE = fmt.RUN_ID_FILE
 """The claim: the id of the run that records into this directory."""
@@ -117,8 +121,18 @@ def previous_run_files(run_dir: Path) -> list[Path]:
 
 
 def remove_previous_run(run_dir: Path) -> None:
-    """Remove the previous run's files (links themselves, never their targets)."""
-    for path in previous_run_files(run_dir):
+    """Remove the previous run's files (links themselves, never their targets), unless a
+    rank of it still runs here: its logs would go on into deleted files, all lost."""
+    files = previous_run_files(run_dir)
+    for path in files:
+        if path.name.startswith("rank-"):
+            header = _header(path)
+            if recording_here(header):
+                raise RunDirError(
+                    f"the run in {run_dir} is still recording (pid {header['pid']} writes "
+                    f"{path.name}): stop it first, or record into another directory"
+                )
+    for path in files:
         try:
             path.unlink()
         except FileNotFoundError:
@@ -164,3 +178,36 @@ def _read_marker(marker: Path) -> str:
     fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW)
     with os.fdopen(fd, "rb") as handle:
         return handle.read(4096).decode(errors="replace")
+
+
+def _header(log: Path) -> dict:
+    """A rank log's header line, or {} when it cannot be read as one."""
+    try:
+        with open(log, "rb") as handle:
+            header = json.loads(handle.readline(4096) or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return header if isinstance(header, dict) else {}
+
+
+def recording_here(header: dict) -> bool:
+    """Whether the process a rank log's header names (``pid`` on ``host``, writing since
+    ``t0``) still runs on this host: not a later process that took over the pid, nor one
+    that has ended (a zombie). Linux only (/proc); False elsewhere."""
+    pid, t0 = header.get("pid"), header.get("t0")
+    if header.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return False
+    if not isinstance(t0, int) or not sys.platform.startswith("linux"):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        with open("/proc/stat", "rb") as handle:
+            boot = next(int(line.split()[1]) for line in handle if line.startswith(b"btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    fields = stat.rsplit(b")", 1)[-1].split()  # the name, in parentheses, may hold spaces
+    if len(fields) < 20 or fields[0] == b"Z":
+        return False
+    started_s = boot + int(fields[19]) / _CLOCK_TICKS
+    return started_s <= t0 / 1e9 + 2  # btime and the ticks are coarse: a margin

@@ -1,6 +1,7 @@
-"""Analyzing a run while it is still being recorded: every log lacks its end, so the report
-says the ranks still run (their processes, found from the headers) instead of passing their
-progress off as a hang, and it is not kept in the cache once the job has ended."""
+"""A run while it is still being recorded: every log lacks its end, so the report says the
+ranks still run (their processes, found from the headers) instead of passing their progress
+off as a hang, and it is not kept in the cache once the job has ended; `--overwrite` refuses
+to delete it."""
 
 from __future__ import annotations
 
@@ -49,6 +50,17 @@ def test_a_run_still_recording_is_said_to_be_and_the_saying_is_not_cached(tmp_pa
         code, said = _analysis(out, capsys)
         assert code == 1
         assert [m for m in said if "is still running: the run is still being recorded" in m]
+        # --overwrite would delete the logs it still writes into: refused
+        other = subprocess.run(
+            [sys.executable, "-m", "pipetrace", "run", "-s", "1f1b", "-p", "2", "-m", "4"]
+            + ["--out", str(out), "--overwrite"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert other.returncode == 2
+        assert f"the run in {out} is still recording (pid " in other.stderr
+        assert fmt.rank_log_path(out, 0).exists()
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait()
