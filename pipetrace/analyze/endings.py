@@ -343,6 +343,15 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
             "iterations, or died (the logs cannot tell which)",
             keeps_peers_waiting=True,
         )
+    if idle:
+        waited = peers.stalled_since(rank.rank, _last_progress(rank), np.iinfo(np.int64).max)
+        if waited:  # a live process stuck between steps, not a dead one: see the docstring
+            return verdict(
+                HUNG,
+                f"nothing after it moved while rank(s) {', '.join(map(str, waited))} stalled "
+                "(watchdog) waiting, and no peer's connection to it closed (a dead process's "
+                "closes on gloo; NCCL may not notice)",
+            )
     went_on = peers.went_on(rank.rank, alive)
     if idle and went_on:
         return verdict(

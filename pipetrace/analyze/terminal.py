@@ -148,7 +148,7 @@ def _hung(c: _Case) -> Terminal:
         en.HUNG,
         _stopped(c, " stalled"),
         f"rank {c.id} is stuck outside the pipeline's steps (user code between steps, "
-        "a lock, a data loader)",
+        "a lock, a data loader, a frozen process)",
     )
 
 

@@ -141,6 +141,19 @@ def test_an_unmatched_recv_blames_no_damage_on_its_own_cut_log(tmp_path):
     assert "damage in the log" not in unmatched[0]["cause"]  # rank 0's log is intact
 
 
+def test_an_idle_rank_its_peers_stalled_on_with_no_connection_closed_is_hung(tmp_path):
+    """A frozen process (SIGSTOP) between steps: its peers' watchdogs stall waiting and end
+    them, and nobody's connection to it closes; a dead one's would have."""
+    run = HandRun().cut(1, at(0, 50))  # rank 1 stops between iterations, nothing open
+    run.cut(0, at(1, 11)).stall(0, at(1, 2000), abort_ms=at(1, 4000))  # in 0SEND_F0
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (stall,) = stalls_ending_at(document, 1)
+    assert stall["details"]["terminal_state"] == "hung"
+    assert "no peer's connection to it closed" in stall["message"]
+    assert not [f for f in of_kind(document, "rank_failed") if f["ranks"] == [1]]
+
+
 # -- 3. a rank that finished its plan and waits in the end-of-run clock exchange --------------
 
 
