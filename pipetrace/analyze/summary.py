@@ -39,8 +39,8 @@ class Stats(JsonRecord):
 class IterationSpan(JsonRecord):
     iteration: int
     start_ns: int
-    end_ns: int
-    time_ns: int
+    end_ns: int | None  # None: it never completed (no end to measure to)
+    time_ns: int | None
     complete: bool  # every present rank began and ended it
 
 
@@ -156,9 +156,9 @@ def summarize(
     bubble_total = sum(r.bubble_ns for r in counted)  # type: ignore[misc]
     return MetricsSummary(
         iterations=[
-            IterationSpan(
-                it, int(m.start_ns[i]), int(m.end_ns[i]), int(times[i]), bool(m.complete[i])
-            )
+            IterationSpan(it, int(m.start_ns[i]), int(m.end_ns[i]), int(times[i]), True)
+            if m.complete[i]
+            else IterationSpan(it, int(m.start_ns[i]), None, None, False)
             for i, it in enumerate(m.iterations)
         ],
         iteration_time=IterationTime(

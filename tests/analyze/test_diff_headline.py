@@ -61,7 +61,10 @@ def test_an_incomplete_iterations_critical_path_is_marked_and_not_compared(tmp_p
 
     cut = HandRun(iterations=1).cut(0, at(0, 30)).cut(1, at(0, 30)).write(tmp_path / "cut")
     assert main(["analyze", str(cut), "--json"]) == 1
-    path = json.loads(capsys.readouterr().out)["metrics"]["critical_path"]
+    metrics = json.loads(capsys.readouterr().out)["metrics"]
+    path = metrics["critical_path"]
     assert path["iteration"] == 0 and path["complete"] is False
+    (span,) = metrics["iterations"]  # no end to measure to: not a time of 0
+    assert span["complete"] is False and span["end_ns"] is None and span["time_ns"] is None
     data = json.loads(diff(capsys, CLEAN, str(cut), "--json"))
     assert data["critical_path_ns"]["b"] is None and data["critical_path_ns"]["change"] is None
