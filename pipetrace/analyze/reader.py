@@ -122,6 +122,21 @@ def check_run_dir(run_dir: Path) -> None:
         raise TraceFormatError(f"{run_dir}: not a directory (expected a pipetrace run directory)")
 
 
+def _no_meta(run_dir: Path) -> str:
+    """Why a directory without meta.json cannot be read, and what to do: rank 0 writes it at
+    the start, so a node's directory of other ranks lacks it, as does a run whose rank 0
+    died before it wrote anything."""
+    logs = sorted(run_dir.glob("rank-*.ndjson"))
+    if not logs:
+        return f"{run_dir}: no {fmt.META_FILE}; is this a pipetrace run directory?"
+    return (
+        f"{run_dir}: no {fmt.META_FILE}, though it holds {len(logs)} rank log(s): rank 0 "
+        "writes it at the start, so it is in the directory of the node that ran rank 0 "
+        "(analyze the directories together: pipetrace analyze 'runs/node*'), or rank 0 "
+        "died before it wrote it"
+    )
+
+
 def read_meta(run_dir: str | Path) -> dict[str, Any]:
     run_dir = Path(run_dir)
     check_run_dir(run_dir)
@@ -130,9 +145,7 @@ def read_meta(run_dir: str | Path) -> dict[str, Any]:
         with open_regular(path) as handle:
             data = orjson.loads(handle.read())
     except FileNotFoundError:
-        raise TraceFormatError(
-            f"{run_dir}: no {fmt.META_FILE}; is this a pipetrace run directory?"
-        ) from None
+        raise TraceFormatError(_no_meta(run_dir)) from None
     except OSError as exc:
         raise TraceFormatError(f"{path}: cannot read ({exc.strerror})") from None
     except orjson.JSONDecodeError as exc:

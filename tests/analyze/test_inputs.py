@@ -46,6 +46,7 @@ def test_exit_2_without_meta(run, capsys):
     assert main(["analyze", str(run)]) == 2
     err = capsys.readouterr().err
     assert "no meta.json" in err and "Traceback" not in err and err.count("\n") == 1
+    assert "though it holds 4 rank log(s): rank 0 writes it at the start" in err  # where it is
 
 
 def test_exit_2_for_a_newer_meta_schema(run, capsys):
