@@ -206,6 +206,9 @@ CHUNK_BYTES = 128 << 10  # small enough that a chunk's decoded dicts stay in cac
 _NEWLINE = ord("\n")
 
 
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
 def open_log(path: str | Path) -> tuple[dict[str, Any], Any, int]:
     """Open one rank's log and check its header: (header, binary handle after line 1, header bytes).
 
@@ -223,6 +226,8 @@ def open_log(path: str | Path) -> tuple[dict[str, Any], Any, int]:
         first = handle.readline(MAX_LINE_BYTES)
         if not first:
             raise TraceFormatError(f"{path}: empty event log (the rank never started recording)")
+        if first.startswith(_GZIP_MAGIC):
+            raise TraceFormatError(f"{path}: gzip-compressed: decompress it first (gunzip)")
         try:
             header = orjson.loads(first)
         except orjson.JSONDecodeError:

@@ -158,3 +158,10 @@ def test_a_parsing_worker_that_dies_is_one_clear_error(run, monkeypatch, capsys)
     err = capsys.readouterr().err
     assert "a process parsing the logs died" in err and "--workers 0" in err
     assert "Traceback" not in err
+
+
+def test_a_gzip_compressed_log_is_named_as_such(run):
+    import gzip
+
+    log(run, 1).write_bytes(gzip.compress(log(run, 1).read_bytes()))
+    assert any("gzip-compressed: decompress it first" in m for m in problems(run))
