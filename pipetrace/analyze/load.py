@@ -102,7 +102,9 @@ def load_run(
             if entry and not entry.store(run, len(source.problems), [c for _, c in planned]):
                 entry = None  # the logs moved: ``run`` is not the model of its key
         run.entry = entry
-        run.problems.extend(still_recording(run))  # never cached: it changes with no log
+        live = still_recording(run)  # never cached: it changes with no log written
+        run.problems.extend(live)
+        run.recording = bool(live)
         return run
 
 

@@ -582,6 +582,9 @@ class Run:
     entry: RunEntry | None = field(default=None, compare=False, repr=False)
     """The run cache entry this is the model of, where its analysis is kept
     (`analysis.analyze_cached`); None when not cached (``--no-cache``, a log still written)."""
+    recording: bool = field(default=False, compare=False)
+    """Whether a rank of it still runs on this host (`analyze.live`): a run in progress,
+    whose report must not be kept."""
 
     @property
     def present_ranks(self) -> list[RankTimeline]:

@@ -128,7 +128,6 @@ def _analyze_into(
     """Analyze the run, write the report or JSON to ``out``; returns the exit code, and
     whether the run is still being recorded (`analyze.live`)."""
     from pipetrace.analyze.analysis import analyze_cached
-    from pipetrace.analyze.live import still_recording
     from pipetrace.analyze.load import load_run
     from pipetrace.cli.schedule import json_text
 
@@ -145,5 +144,4 @@ def _analyze_into(
 
         render(result, out, color=color)
     damaged = any(p.severity == "warning" for p in run.problems)  # never a clean exit
-    live = bool(still_recording(run))
-    return (EXIT_PROBLEMS if result.has_errors or damaged else EXIT_OK), live
+    return (EXIT_PROBLEMS if result.has_errors or damaged else EXIT_OK), run.recording
