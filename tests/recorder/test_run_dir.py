@@ -93,21 +93,9 @@ def test_a_full_disk_at_the_claim_is_one_line_and_leaves_no_file(tmp_path):
     import subprocess
 
     out = tmp_path / "run"
+    run = [sys.executable, "-m", "pipetrace", "run", "-s", "1f1b", "-p", "2", "-m", "2"]
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipetrace",
-            "run",
-            "-s",
-            "1f1b",
-            "-p",
-            "2",
-            "-m",
-            "2",
-            "--out",
-            str(out),
-        ],
+        [*run, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
