@@ -16,7 +16,7 @@ from pipetrace import units
 from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.findings import Finding
-from pipetrace.analyze.model import RankState, RankTimeline, Run
+from pipetrace.analyze.model import OPEN, RankState, RankTimeline, Run
 from pipetrace.recorder import format as fmt
 
 
@@ -79,14 +79,30 @@ def _stopped_together(run: Run) -> Finding | None:
     spread = max(ends) - min(ends)
     if spread > _AT_ONCE_NS:
         return None
+    between = _between_iterations(ranks)
+    severity, cause = (
+        fk.ERROR,
+        (
+            "the job was killed at once where no rank could record it (SIGKILL of the job or its "
+            "launcher, an out-of-memory kill of the whole job, the node lost), or every rank was "
+            "stuck from then on with no watchdog to say so (see rank_stalled / deadlock)"
+        ),
+    )
+    if between is not None:
+        severity, cause = (
+            fk.WARNING,
+            (
+                f"every rank had ended iteration {between} and had nothing open: the script ended "
+                "without closing the recording (PipelineRunner.close(), the end of its `with` "
+                "block or of record()'s), or the job was killed between iterations"
+            ),
+        )
     return Finding(
         fk.RANK_FAILED,
-        fk.ERROR,
+        severity,
         f"every rank's log stops within {units.duration(spread)}, with no run_end, error or "
         "signal recorded",
-        "the job was killed at once where no rank could record it (SIGKILL of the job or its "
-        "launcher, an out-of-memory kill of the whole job, the node lost), or every rank was "
-        "stuck from then on with no watchdog to say so (see rank_stalled / deadlock)",
+        cause,
         ranks=[r.rank for r in ranks],
         time_ns=(min(ends), max(ends)),
         details={"spread_ns": spread, "last_step": None, "ending": en.UNKNOWN},
@@ -152,6 +168,19 @@ def _signaled_together(run: Run, first: _FirstFailure | None) -> _Together | Non
         return None
     spread = max(signals[r].t for r in ranks) - first.t
     return _Together(frozenset(ranks), str(name), spread)
+
+
+def _between_iterations(ranks: list[RankTimeline]) -> int | None:
+    """The iteration every rank ended last, with no step or op open after it (None: not so)."""
+    last = set()
+    for rank in ranks:
+        its = rank.iterations
+        if not len(its) or its.end[-1] == OPEN:
+            return None
+        if (rank.steps.end == OPEN).any() or (rank.p2p.done == OPEN).any():
+            return None
+        last.add(int(its.it[-1]))
+    return last.pop() if len(last) == 1 else None
 
 
 def _raised(

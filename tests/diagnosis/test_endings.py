@@ -103,15 +103,29 @@ def test_a_log_torn_before_the_end_of_run_clock_exchange_is_not_a_clean_end(tmp_
 
 
 def test_every_log_stopping_at_once_with_nothing_recorded_is_one_finding(tmp_path):
-    # both stop between steps, nothing open: no hang to tell of, and no rank went on
-    document = analyzed(HandRun().cut(0, at(1, 61)).cut(1, at(1, 50)), tmp_path)
+    # both stop inside iteration 1 with nothing open (what was open dropped): no hang to
+    # tell of, and no rank went on
+    run = HandRun().cut(0, at(1, 20)).drop(0, e="step_begin", step="0RECV_B0", it=1)
+    run.drop(0, e="p2p_post", op="recv", it=1).cut(1, at(1, 30)).drop(1, step="1B0", it=1)
+    document = analyzed(run, tmp_path)
     assert_told_right(document)
     assert not of_kind(document, "rank_stalled") and not of_kind(document, "deadlock")
     (together,) = [f for f in of_kind(document, "rank_failed") if len(f["ranks"]) == 2]
-    assert together["severity"] == "error" and together["details"]["spread_ns"] == 19_000_000
-    assert together["message"].startswith("every rank's log stops within 19.0 ms")
+    assert together["severity"] == "error" and together["details"]["spread_ns"] == 10_000_000
+    assert together["message"].startswith("every rank's log stops within 10.0 ms")
+    assert "killed at once" in together["cause"]
     apart = analyzed(HandRun().cut(0, at(1, 12)), tmp_path / "apart")  # rank 1 went on
     assert not [f for f in of_kind(apart, "rank_failed") if len(f["ranks"]) == 2]
+
+
+def test_every_log_stopping_between_iterations_is_a_recording_never_closed(tmp_path):
+    document = analyzed(HandRun().cut(0, at(1, 61)).cut(1, at(1, 50)), tmp_path)
+    (together,) = [f for f in of_kind(document, "rank_failed") if len(f["ranks"]) == 2]
+    assert together["severity"] == "warning"
+    assert (
+        "every rank had ended iteration 1 and had nothing open: the script ended without "
+        "closing the recording" in together["cause"]
+    )
 
 
 def test_a_stall_the_run_went_on_from_is_a_warning_naming_the_step_it_waited_for(tmp_path):
