@@ -22,7 +22,7 @@ from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.blocked import COLLECTIVE
 from pipetrace.analyze.findings import Finding
-from pipetrace.analyze.model import KIND_CODE, OPEN, RankTimeline, Run
+from pipetrace.analyze.model import KIND_CODE, OPEN, RankState, RankTimeline, Run
 from pipetrace.analyze.pipelines import Pipelines
 from pipetrace.recorder import format as fmt
 from pipetrace.records import JsonRecord, record_json
@@ -97,9 +97,15 @@ def replica_summary(run: Run) -> ReplicaSummary | None:
             np.minimum.at(begin[replica], cols, rank.iterations.begin)
         for it, t in _arrivals(run, rank, reduced).items():
             arrival[replica, prank, index[it]] = t
-    complete = (arrival != OPEN).all(axis=(0, 1))
+    # the replicas loaded (`--replica`, `--ranks` may leave some out): measured among them
+    loaded = [
+        r
+        for r in range(pipelines.count)
+        if all(run.ranks[g].status.state != RankState.NOT_LOADED for g in pipelines.members(r))
+    ]
+    complete = (arrival[loaded] != OPEN).all(axis=(0, 1)) & bool(loaded)
     done = [it for it, ok in zip(iterations, complete.tolist()) if ok]
-    return _summarize(pipelines, arrival[:, :, complete], begin[:, complete], reduced, done)
+    return _summarize(pipelines, loaded, arrival[:, :, complete], begin[:, complete], reduced, done)
 
 
 def _has_reduction(run: Run, rank: RankTimeline) -> bool:
@@ -121,13 +127,21 @@ def _arrivals(run: Run, rank: RankTimeline, reduced: bool) -> dict[int, int]:
 
 
 def _summarize(
-    pipelines: Pipelines, arrival: np.ndarray, begin: np.ndarray, reduced: bool, done: list[int]
+    pipelines: Pipelines,
+    loaded: list[int],
+    arrival: np.ndarray,
+    begin: np.ndarray,
+    reduced: bool,
+    done: list[int],
 ) -> ReplicaSummary:
     """``arrival[replica, pipeline rank, i]`` and ``begin[replica, i]`` of the iterations
-    ``done`` (complete on every rank)."""
-    ready = arrival.max(axis=1)  # [replica, iteration]: its last rank arrives
-    work = ready - begin.min(axis=0)  # from the iteration's first begin on any replica
-    means = [float(w.mean()) if w.size else None for w in work]
+    ``done`` (complete on every rank of the ``loaded`` replicas); the others have no time."""
+    means: list[float | None] = [None] * pipelines.count
+    if loaded and done:
+        ready = arrival[loaded].max(axis=1)  # [loaded replica, iteration]: its last rank arrives
+        work = ready - begin[loaded].min(axis=0)  # from the iteration's first begin on any
+        for r, w in zip(loaded, work):
+            means[r] = float(w.mean())
     times = [ReplicaTime(r, list(pipelines.members(r)), m) for r, m in enumerate(means)]
     known = [(m, r) for r, m in enumerate(means) if m is not None]
     slowest = by = fraction = None
@@ -137,12 +151,12 @@ def _summarize(
         fraction = by / fast_ns if fast_ns else None
     skew = []
     for col, it in enumerate(done):
-        spread = arrival[:, :, col].max(axis=0) - arrival[:, :, col].min(axis=0)
+        at = arrival[loaded, :, col]
+        spread = at.max(axis=0) - at.min(axis=0)
         p = int(np.argmax(spread))
-        times_at = arrival[:, p, col]
-        skew.append(
-            ReplicaSkew(it, int(spread[p]), int(np.argmin(times_at)), int(np.argmax(times_at)))
-        )
+        times_at = at[:, p]
+        first, last = loaded[int(np.argmin(times_at))], loaded[int(np.argmax(times_at))]
+        skew.append(ReplicaSkew(it, int(spread[p]), first, last))
     return ReplicaSummary(
         pipelines.count,
         StepKind.REDUCE_GRAD.value if reduced else "iteration end",

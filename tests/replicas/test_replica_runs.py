@@ -81,6 +81,9 @@ def test_pipetrace_run_records_every_replica(tmp_path):
     assert "replica 0 (global ranks 0-1)" in report.stdout
     assert "replica 1 (global ranks 2-3)" in report.stdout
     assert "gradient reduction waited" in report.stdout
+    one = pipetrace_cli("analyze", str(out), "--replica", "1", "--json", "--no-cache")
+    times = {r["replica"]: r["mean_ns"] for r in json.loads(one.stdout)["replicas"]["replicas"]}
+    assert times[0] is None and times[1] > 0  # the loaded replica is measured, alone
 
 
 def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
