@@ -88,50 +88,48 @@ class Marks:
             base = {"severity": f.severity, "kind": f.kind, "message": f.message, "cause": f.cause}
             name = f"{f.severity}: {f.kind}"
             start = f.time_ns[0] if f.time_ns else None
-            if f.steps:
-                for ref in f.steps:
-                    row = self._locate(ref)
-                    ts = (
-                        ref.time_ns
-                        if ref.time_ns is not None
-                        else (
-                            int(self.run.ranks[ref.rank].steps.begin[row])
-                            if row is not None
-                            else start
-                        )
+            for ref in f.steps:
+                row = self._locate(ref)
+                ts = (
+                    ref.time_ns
+                    if ref.time_ns is not None
+                    else (
+                        int(self.run.ranks[ref.rank].steps.begin[row]) if row is not None else start
                     )
-                    if ts is None:
-                        ts = self._rank_end(ref.rank)
-                    detail = {
-                        **base,
-                        "step": ref.step,
-                        "iteration": ref.iteration,
-                        "note": ref.note,
-                    }
-                    self._instant(
-                        ref.rank,
-                        ts,
-                        name,
-                        INSTANT_FINDING,
-                        {k: v for k, v in detail.items() if v is not None},
-                        self._track(ref.rank if 0 <= ref.rank < self.run.world_size else -1),
+                )
+                if ts is None:
+                    ts = self._rank_end(ref.rank)
+                detail = {
+                    **base,
+                    "step": ref.step,
+                    "iteration": ref.iteration,
+                    "note": ref.note,
+                }
+                self._instant(
+                    ref.rank,
+                    ts,
+                    name,
+                    INSTANT_FINDING,
+                    {k: v for k, v in detail.items() if v is not None},
+                    self._track(ref.rank if 0 <= ref.rank < self.run.world_size else -1),
+                )
+                if row is not None and ref.rank in step_index:
+                    notes.setdefault(int(step_index[ref.rank][row]), []).append(
+                        f"{f.severity} {f.kind}: {ref.note or f.message}"
                     )
-                    if row is not None and ref.rank in step_index:
-                        notes.setdefault(int(step_index[ref.rank][row]), []).append(
-                            f"{f.severity} {f.kind}: {ref.note or f.message}"
-                        )
-            elif f.ranks:
-                for r in sorted(set(f.ranks)):
-                    ts = start if start is not None else self._rank_end(r)
-                    self._instant(
-                        r,
-                        ts,
-                        name,
-                        INSTANT_FINDING,
-                        base,
-                        self._track(r if 0 <= r < self.run.world_size else -1),
-                    )
-            else:
+            # every rank it names gets one, those without a step of theirs (the rank at the
+            # end of a stall's chain, say) at the finding's time
+            for r in sorted(set(f.ranks) - {ref.rank for ref in f.steps}):
+                ts = start if start is not None else self._rank_end(r)
+                self._instant(
+                    r,
+                    ts,
+                    name,
+                    INSTANT_FINDING,
+                    base,
+                    self._track(r if 0 <= r < self.run.world_size else -1),
+                )
+            if not f.steps and not f.ranks:
                 self._instant(-1, start or 0, name, INSTANT_FINDING, base, self._track(-1))
         for index, texts in notes.items():
             slices.note[index] = len(self.notes)
