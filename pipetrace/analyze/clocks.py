@@ -199,6 +199,8 @@ def align(
     quality["model"] = (
         labels[len(attempts) - 1] if feasible else "recorded (no consistent alignment)"
     )
+    if all(name == "none" for name in names.values()):  # no rank recorded an offset
+        quality["model"] = "messages only" if feasible else "none (no consistent alignment)"
     quality["feasible"] = feasible
     for rank in ranks:
         rank.clock.applied = names[rank.rank]

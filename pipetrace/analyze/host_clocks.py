@@ -94,6 +94,8 @@ def align_hosts(
         hosts.append(
             HostClock(host, members, lead.clock.offset_start_ns, corrections[h], half).to_json()
         )
+    if model == "recorded" and all(name == "none" for name in names.values()):
+        model = "messages only"  # no host recorded an offset: the messages did it all
     quality = _quality(slack[across], bounds, corrections, model)
     quality["hosts"] = hosts
     return fns, quality

@@ -94,3 +94,12 @@ def test_a_run_split_by_host_is_aligned_as_one(tmp_path, truth):
     assert split.clock_quality == whole.clock_quality
     for rank in range(6):
         assert np.array_equal(absolute_times(split, rank), absolute_times(whole, rank))
+
+
+def test_a_run_without_clock_events_is_aligned_by_its_messages_and_says_so(tmp_path):
+    from tests.diagnosis.handwritten import HandRun
+
+    run_dir = HandRun().drop(0, e="clock").drop(1, e="clock").write(tmp_path / "run")
+    run = load_run(run_dir, workers=0)
+    assert {r.clock.applied for r in run.ranks} == {"none"}
+    assert run.clock_quality["model"] == "messages only"  # it said "recorded"
