@@ -117,7 +117,7 @@ def _assemble(
 ) -> tuple[Run, list[PlannedRow]]:
     """The run model, each wanted rank assembled as its parsed log arrives, and the rows of
     meta.json's plan as codes (`_meta_plan`)."""
-    assembly = _Assembly(source.meta, source.world_size, problems)
+    assembly = _Assembly(source.meta, source.world_size, problems, len(source.directories))
     parsed = parsing.in_rank_order()
     for rank, log in enumerate(source.logs):
         if rank in wanted:
@@ -391,8 +391,15 @@ class _Assembly:
     """The run model built one rank at a time, as parsed logs arrive in rank order, then
     finished once all are in: the step catalog, plan codes, message matching, clocks."""
 
-    def __init__(self, meta: dict[str, Any], world_size: int, problems: list[InputProblem]) -> None:
+    def __init__(
+        self,
+        meta: dict[str, Any],
+        world_size: int,
+        problems: list[InputProblem],
+        directories: int = 1,
+    ) -> None:
         self.meta, self.world_size, self.problems = meta, world_size, problems
+        self.directories = directories  # how many the run was gathered from
         self.texts, self.shapes, self.dtypes = _Interned(), _Interned(), _Interned()
         self.threads = _Interned(["main"])
         self.text_parts: list[
@@ -405,7 +412,7 @@ class _Assembly:
 
     def add(self, rank: int, raw: RawRank) -> None:
         if not _check_raw(raw, rank, self.meta, self.world_size, self.problems):
-            self.ranks.append(_missing(rank, raw))
+            self.ranks.append(_missing(rank, raw, self.directories))
             return
         known = len(self.texts.codes)
         remap = self.texts.remap(raw.texts)
@@ -621,10 +628,12 @@ def _iteration_table(iterations: dict[int, list]) -> IterationTable:
     )
 
 
-def _missing(rank: int, raw: RawRank) -> RankTimeline:
-    return _absent(
-        rank, Path(raw.path), RankStatus(RankState.MISSING, raw.error or "no usable log")
-    )
+def _missing(rank: int, raw: RawRank, directories: int = 1) -> RankTimeline:
+    why = raw.error or "no usable log"
+    path = Path(raw.path)
+    if directories > 1 and not path.exists() and why.endswith(": missing event log"):
+        why = f"{path.name}: in none of the {directories} directories"  # not meta.json's alone
+    return _absent(rank, path, RankStatus(RankState.MISSING, why))
 
 
 def _not_loaded(rank: int, path: Path, select: RankSelection | None) -> RankTimeline:

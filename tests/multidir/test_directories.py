@@ -65,6 +65,8 @@ def test_ranks_without_a_log_anywhere_are_named_and_the_rest_analyzed(split_samp
     assert any("no log of rank(s) 2 in any of the 2 directories" in m for m in messages)
     states = {r["rank"]: r["state"] for r in data["ranks"]}
     assert states[0] == states[1] == "finished" and states[2] == "missing"
+    (absent,) = [f for f in data["findings"] if f["kind"] == "rank_failed" and f["ranks"] == [2]]
+    assert "(rank-00002.ndjson: in none of the 2 directories)" in absent["message"]
 
 
 def test_a_real_log_wins_over_a_directory_of_its_name(split_sample, capsys):
