@@ -301,7 +301,8 @@ def _clock_line(cl: dict[str, Any]) -> Line:
     return (
         f"  clocks: {cl.get('message_pairs_checked', 0)} "
         + ("host" if len(cl.get("hosts", ())) > 1 else "rank")
-        + f" pairs checked, {cl.get('early_receives_before', 0)} received before sent with "
+        + f" pairs checked (each direction), {cl.get('early_receives_before', 0)} received "
+        "before sent with "
         "recorded offsets" + refined + slack + _hosts_text(cl.get("hosts")),
         None,
     )
