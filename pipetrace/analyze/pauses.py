@@ -35,7 +35,8 @@ def find_recovered_stalls(run: Run) -> list[Finding]:
                 & ((rank.iterations.end == OPEN) | (rank.iterations.end >= stall.t))
             )
             if went_on and len(running):
-                idle = float(stall.fields.get("idle_s", 0.0))
+                idle = stall.fields.get("idle_s")
+                idle = float(idle) if isinstance(idle, int | float) and idle >= 0 else 0.0
                 it = int(rank.iterations.it[running[-1]])
                 by_iteration[it].append((rank.rank, stall.t, idle))
     return [_finding(run, it, stalls) for it, stalls in sorted(by_iteration.items())]

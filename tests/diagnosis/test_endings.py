@@ -141,6 +141,9 @@ def test_a_stall_the_run_went_on_from_is_a_warning_naming_the_step_it_waited_for
     )
     cut = analyzed(HandRun().cut(0, at(0, 31)).stall(0, at(0, 30)), tmp_path / "cut")
     assert not of_kind(cut, "stall_recovered")  # rank 0 made no progress after it
+    odd = HandRun().add(0, at(0, 30), "stall", idle_s="long", stacks={}, open_steps=[])
+    (told,) = of_kind(analyzed(odd, tmp_path / "odd"), "stall_recovered")  # no traceback
+    assert told["details"]["stalls"][0]["idle_s"] == 0.0
 
 
 def test_an_unmatched_recv_blames_no_damage_on_its_own_cut_log(tmp_path):
