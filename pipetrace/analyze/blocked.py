@@ -24,7 +24,6 @@ from pipetrace.analyze.derive import (
     step_message,
 )
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
-from pipetrace.recorder import format as fmt
 from pipetrace.recorder.watchdog import main_thread_waits
 from pipetrace.schedule.ir import StepKind
 
@@ -120,7 +119,7 @@ def _stack_elsewhere(rank: RankTimeline) -> bool:
     """The watchdog's last stall shows the main thread outside a P2P wait: a rank inside a
     compute step whose recv is still open (overlap mode waits it inside the step) is then
     stuck in its own code before the wait, not in the transfer."""
-    stall = rank.last_of(fmt.STALL)
+    stall = rank.final_stall()
     return stall is not None and main_thread_waits(stall.fields.get("stacks")) is False
 
 

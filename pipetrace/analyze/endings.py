@@ -163,8 +163,7 @@ def where(run: Run, rank: RankTimeline) -> Where:
 
 
 def _listed_open_step(rank: RankTimeline) -> StepRef | None:
-    for name in (fmt.EXCEPTION, fmt.SIGNAL, fmt.STALL):
-        ev = rank.last_of(name)
+    for ev in (rank.last_of(fmt.EXCEPTION), rank.last_of(fmt.SIGNAL), rank.final_stall()):
         listed = ev.fields.get("open_steps") if ev else None
         if listed and isinstance(listed[-1], dict) and isinstance(listed[-1].get("step"), str):
             item = listed[-1]
@@ -222,11 +221,9 @@ def hung_before(rank: RankTimeline, t: int) -> bool:
     """Its watchdog recorded a stall whose idle time lay mostly before ``t``: the rank hung
     first and the interrupt came later (a stall of a rank merely blocked while the others
     wind down after the interrupt does not count)."""
-    for ev in rank.events_of(fmt.STALL):
-        idle_s = ev.fields.get("idle_s")
-        if isinstance(idle_s, int | float) and ev.t - t <= t - (ev.t - idle_s * 1e9):
-            return True
-    return False
+    ev = rank.final_stall()  # one it recovered from is no hang
+    idle_s = ev.fields.get("idle_s") if ev else None
+    return isinstance(idle_s, int | float) and ev.t - t <= t - (ev.t - idle_s * 1e9)
 
 
 def _ended_by_interrupt(rank: RankTimeline, t: int) -> bool:
@@ -317,7 +314,7 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
     if st.state == RankState.SIGNALED and _hung_when_signaled(rank):
         return _watched(rank, peers, verdict)  # the signal ended a hang; the hang is the news
     if st.state == RankState.SIGNALED and idle:
-        waited = peers.stalled_since(rank.rank, _last_progress(rank), rank.last_of(fmt.SIGNAL).t)
+        waited = peers.stalled_since(rank.rank, rank.last_progress(), rank.last_of(fmt.SIGNAL).t)
         if waited:
             return verdict(
                 HUNG,
@@ -344,7 +341,7 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
             keeps_peers_waiting=True,
         )
     if idle:
-        waited = peers.stalled_since(rank.rank, _last_progress(rank), np.iinfo(np.int64).max)
+        waited = peers.stalled_since(rank.rank, rank.last_progress(), np.iinfo(np.int64).max)
         if waited:  # a live process stuck between steps, not a dead one: see the docstring
             return verdict(
                 HUNG,
@@ -390,16 +387,7 @@ def _hung_when_signaled(rank: RankTimeline) -> bool:
     sig, stall = rank.last_of(fmt.SIGNAL), rank.last_of(fmt.STALL)
     if sig is None or stall is None or stall.t > sig.t:
         return False
-    return _last_progress(rank) <= stall.t
-
-
-def _last_progress(rank: RankTimeline) -> int:
-    """When a step or P2P op of the rank last began or ended (-1: never)."""
-    times = [
-        column[column != OPEN]
-        for column in (rank.steps.begin, rank.steps.end, rank.p2p.post, rank.p2p.done)
-    ]
-    return max((int(t.max()) for t in times if len(t)), default=-1)
+    return rank.last_progress() <= stall.t
 
 
 def _got_through(run: Run, rank: RankTimeline) -> tuple[str, int] | None:

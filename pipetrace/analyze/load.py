@@ -752,7 +752,7 @@ def _status(rank: RankTimeline, catalog: StepCatalog) -> RankStatus:
             last_step,
             last_it,
         )
-    if rank.last_of(fmt.STALL) is not None:
+    if rank.final_stall() is not None:  # one it recovered from says nothing of its end
         return RankStatus(
             RankState.STALLED, "stalled (watchdog) and the log ends there", last_step, last_it
         )

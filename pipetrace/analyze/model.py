@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipetrace.analyze.pipelines import Pipelines, rank_name
+from pipetrace.recorder import format as fmt
 from pipetrace.recorder.format import CHANNELS as CHANNELS  # re-exported for the views
 from pipetrace.recorder.format import OPS as OPS
 from pipetrace.schedule.ir import COMPUTE_KINDS, Plan, Step, StepKind, parse_step
@@ -492,6 +493,20 @@ class RankTimeline:
     def last_of(self, e: str) -> LifecycleEvent | None:
         found = self.events_of(e)
         return found[-1] if found else None
+
+    def last_progress(self) -> int:
+        """When a step or P2P op of the rank last began or ended (-1: never)."""
+        times = [
+            column[column != OPEN]
+            for column in (self.steps.begin, self.steps.end, self.p2p.post, self.p2p.done)
+        ]
+        return max((int(t.max()) for t in times if len(t)), default=-1)
+
+    def final_stall(self) -> LifecycleEvent | None:
+        """The watchdog's last stall when nothing moved after it: where the rank stayed. A
+        stall it recovered from (`analyze.pauses`) says nothing of how its log ends."""
+        stall = self.last_of(fmt.STALL)
+        return stall if stall is not None and self.last_progress() <= stall.t else None
 
 
 @dataclass

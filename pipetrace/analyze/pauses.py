@@ -2,14 +2,16 @@
 
 A stall the run recovered from is no hang (the hang analyzers read the run's end), but a
 rank that made no progress for seconds is worth a line: a process frozen or descheduled, a
-slow file system or data loader, swapping. One warning per iteration with such stalls, with
-the step that took longest across the ranks while they stalled: usually the one they waited
-for.
+slow file system or data loader, swapping. Stalls whose idle times overlap are one episode
+(ranks of a pipeline stall together, each in its own iteration), told once, with where the
+time went: first on the ranks that recorded no stall (a frozen process's watchdog is frozen
+with it, and the others waited for it), their longest step then or, between steps, their
+longest gap; else the longest step of any rank.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -21,75 +23,122 @@ from pipetrace.analyze.model import OPEN, RankTimeline, Run
 from pipetrace.recorder import format as fmt
 
 
+@dataclass(frozen=True)
+class _Stall:
+    rank: int
+    t: int  # when the watchdog recorded it
+    idle_s: float  # how long the rank had made no progress then
+    iteration: int
+
+    @property
+    def since(self) -> int:
+        return self.t - int(self.idle_s * 1e9)
+
+
 def find_recovered_stalls(run: Run) -> list[Finding]:
-    """Per iteration, the stalls recorded by ranks that made progress after them."""
-    by_iteration: dict[int, list[tuple[int, int, float]]] = defaultdict(list)
+    """One finding per episode of overlapping stalls that the ranks made progress after."""
+    stalls = sorted(_recovered(run), key=lambda s: s.since)
+    episodes: list[list[_Stall]] = []
+    for stall in stalls:
+        if episodes and stall.since <= max(s.t for s in episodes[-1]):
+            episodes[-1].append(stall)
+        else:
+            episodes.append([stall])
+    return [_finding(run, episode) for episode in episodes]
+
+
+def _recovered(run: Run) -> list[_Stall]:
+    out = []
     for rank in run.present_ranks:
-        steps = rank.steps
+        progress = rank.last_progress()
+        its = rank.iterations
         for stall in rank.events_of(fmt.STALL):
-            went_on = (
-                (steps.begin > stall.t) | ((steps.end != OPEN) & (steps.end > stall.t))
-            ).any()
             running = np.flatnonzero(
-                (rank.iterations.begin <= stall.t)
-                & ((rank.iterations.end == OPEN) | (rank.iterations.end >= stall.t))
+                (its.begin <= stall.t) & ((its.end == OPEN) | (its.end >= stall.t))
             )
-            if went_on and len(running):
+            if progress > stall.t and len(running):  # not `RankTimeline.final_stall`
                 idle = stall.fields.get("idle_s")
                 idle = float(idle) if isinstance(idle, int | float) and idle >= 0 else 0.0
-                it = int(rank.iterations.it[running[-1]])
-                by_iteration[it].append((rank.rank, stall.t, idle))
-    return [_finding(run, it, stalls) for it, stalls in sorted(by_iteration.items())]
+                out.append(_Stall(rank.rank, stall.t, idle, int(its.it[running[-1]])))
+    return out
 
 
-def _finding(run: Run, iteration: int, stalls: list[tuple[int, int, float]]) -> Finding:
-    ranks = sorted({r for r, _, _ in stalls})
-    idle = min(i for _, _, i in stalls)
-    since = min(t - int(i * 1e9) for _, t, i in stalls)
-    until = max(t for _, t, _ in stalls)
+@dataclass(frozen=True)
+class _Where:
+    """Where an episode's time went: a step that lasted, or a gap between a rank's steps."""
+
+    rank: int
+    step: str  # the step that lasted, or the one after the gap
+    iteration: int | None
+    begin: int
+    duration: int
+    gap: bool
+
+    def said(self) -> str:
+        if self.gap:
+            return (
+                f": rank {self.rank} made no progress between its steps for "
+                f"{units.duration(self.duration)}, until {self.step}"
+            )
+        return (
+            f": the longest step then was {self.step} on rank {self.rank}, "
+            f"{units.duration(self.duration)}"
+        )
+
+
+def _finding(run: Run, stalls: list[_Stall]) -> Finding:
+    ranks = sorted({s.rank for s in stalls})
+    iterations = sorted({s.iteration for s in stalls})
+    since, until = min(s.since for s in stalls), max(s.t for s in stalls)
     quiet = [r for r in run.present_ranks if r.rank not in ranks]
-    longest = _longest_step(run, quiet, iteration, since, until) or _longest_step(
-        run, run.present_ranks, iteration, since, until
+    where = (
+        _longest_step(run, quiet, iterations, since, until)
+        or _longest_gap(run, quiet, since, until)
+        or _longest_step(run, run.present_ranks, iterations, since, until)
     )
-    then = ""
-    steps: list[StepRef] = []
-    if longest is not None:
-        rank, text, begin, duration = longest
-        then = f": the longest step then was {text} on rank {rank}, {units.duration(duration)}"
-        steps = [StepRef(rank, text, iteration, None, begin)]
     said = f"rank {ranks[0]}" if len(ranks) == 1 else f"rank(s) {', '.join(map(str, ranks))}"
+    during = "iteration" if len(iterations) == 1 else "iterations"
     return Finding(
         fk.STALL_RECOVERED,
         fk.WARNING,
-        f"{said} made no progress for {idle:.3g} s or more in iteration {iteration} (the "
-        f"watchdog recorded a stall), then went on{then}",
+        f"{said} made no progress for {min(s.idle_s for s in stalls):.3g} s or more in "
+        f"{during} {', '.join(map(str, iterations))} (the watchdog recorded a stall), then "
+        f"went on{'' if where is None else where.said()}",
         "a step or a wait took seconds once: a process frozen or descheduled, a slow file "
         "system or data loader, swapping; not a hang, the run recovered",
         ranks=ranks,
-        steps=steps,
-        iterations=[iteration],
-        time_ns=(min(t for _, t, _ in stalls), until),  # when the watchdogs said so
+        steps=[]
+        if where is None
+        else [StepRef(where.rank, where.step, where.iteration, None, where.begin)],
+        iterations=iterations,
+        time_ns=(min(s.t for s in stalls), until),
         details={
-            "stalls": [{"rank": r, "t_ns": t, "idle_s": i} for r, t, i in sorted(stalls)],
+            "stalls": [
+                {"rank": s.rank, "t_ns": s.t, "idle_s": s.idle_s}
+                for s in sorted(stalls, key=lambda s: (s.rank, s.t))
+            ],
             "longest": None
-            if longest is None
-            else {"rank": longest[0], "step": longest[1], "duration_ns": longest[3]},
+            if where is None
+            else {
+                "rank": where.rank,
+                "step": where.step,
+                "duration_ns": where.duration,
+                "between_steps": where.gap,
+            },
         },
     )
 
 
 def _longest_step(
-    run: Run, ranks: list[RankTimeline], iteration: int, since: int, until: int
-) -> tuple[int, str, int, int] | None:
-    """(rank, step, begin, duration) of the iteration's longest ended step overlapping
-    [since, until] on ``ranks``. Asked first of the ranks that recorded no stall: a frozen
-    process's watchdog is frozen with it, and the others waited for it."""
+    run: Run, ranks: list[RankTimeline], iterations: list[int], since: int, until: int
+) -> _Where | None:
+    """The longest ended step of ``iterations`` overlapping [since, until] on ``ranks``."""
     best = None
     for rank in ranks:
         top = top_level(rank, run.catalog)
         s = rank.steps
         rows = top[
-            (s.it[top] == iteration)
+            np.isin(s.it[top], iterations)
             & (s.end[top] != OPEN)
             & (s.begin[top] <= until)
             & (s.end[top] >= since)
@@ -98,6 +147,27 @@ def _longest_step(
             continue
         row = int(rows[np.argmax(s.end[rows] - s.begin[rows])])
         duration = int(s.end[row] - s.begin[row])
-        if best is None or duration > best[3]:
-            best = (rank.rank, run.catalog.texts[int(s.code[row])], int(s.begin[row]), duration)
+        if best is None or duration > best.duration:
+            text = run.catalog.texts[int(s.code[row])]
+            best = _Where(rank.rank, text, int(s.it[row]), int(s.begin[row]), duration, False)
+    return best
+
+
+def _longest_gap(run: Run, ranks: list[RankTimeline], since: int, until: int) -> _Where | None:
+    """The longest time without a step's begin or end that covers [since, until] on
+    ``ranks``: a rank that stopped between its steps, and the step it went on with."""
+    best = None
+    for rank in ranks:
+        s = rank.steps
+        marks = np.sort(np.concatenate([s.begin, s.end[s.end != OPEN]]))
+        after = int(np.searchsorted(marks, until, side="left"))
+        if after == 0 or after == len(marks) or marks[after - 1] > since:
+            continue
+        gap = int(marks[after] - marks[after - 1])
+        following = np.flatnonzero(s.begin >= marks[after])
+        if not len(following) or (best is not None and gap <= best.duration):
+            continue
+        row = int(following[0])
+        text = run.catalog.texts[int(s.code[row])]
+        best = _Where(rank.rank, text, int(s.it[row]), int(s.begin[row]), gap, True)
     return best

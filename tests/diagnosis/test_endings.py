@@ -135,7 +135,12 @@ def test_a_stall_the_run_went_on_from_is_a_warning_naming_the_step_it_waited_for
     (recovered,) = of_kind(document, "stall_recovered")
     assert recovered["severity"] == "warning" and recovered["ranks"] == [0]
     assert recovered["iterations"] == [0]
-    assert recovered["details"]["longest"] == {"rank": 1, "step": "1B0", "duration_ns": 14 * MS}
+    assert recovered["details"]["longest"] == {
+        "rank": 1,
+        "step": "1B0",
+        "duration_ns": 14 * MS,
+        "between_steps": False,
+    }
     assert recovered["message"].endswith(
         "then went on: the longest step then was 1B0 on rank 1, 14.0 ms"
     )
@@ -169,6 +174,37 @@ def test_an_idle_rank_its_peers_stalled_on_with_no_connection_closed_is_hung(tmp
     assert stall["details"]["terminal_state"] == "hung"
     assert "no peer's connection to it closed" in stall["message"]
     assert not [f for f in of_kind(document, "rank_failed") if f["ranks"] == [1]]
+
+
+def _stall(run: HandRun, rank: int, ms: float, idle_ms: float) -> HandRun:
+    return run.add(rank, ms, "stall", idle_s=idle_ms / 1000, stacks={}, open_steps=[])
+
+
+def test_a_recovered_stall_names_the_quiet_ranks_gap_between_its_steps(tmp_path):
+    # rank 0 waits in iteration 0 from 44 ms on; rank 1 did nothing between 42 and 101 ms
+    document = analyzed(_stall(HandRun(), 0, at(0, 59), 16), tmp_path)
+    (recovered,) = of_kind(document, "stall_recovered")
+    assert recovered["message"].endswith(
+        "rank 1 made no progress between its steps for 59.0 ms, until 1RECV_F0"
+    )
+    assert recovered["details"]["longest"]["between_steps"] is True
+
+
+def test_a_recovered_stall_says_nothing_of_how_the_log_ends(tmp_path):
+    """The job vanishes later: the ranks' ends are read as before the stall, which is told
+    apart (it had made the stalled rank "stalled" and its peers' hang)."""
+    run = _stall(HandRun(), 0, at(0, 59), 16).cut(0, at(1, 61)).cut(1, at(1, 50))
+    document = analyzed(run, tmp_path)
+    assert [r["state"] for r in document["ranks"]] == ["ended", "ended"]
+    assert not of_kind(document, "rank_stalled") and of_kind(document, "stall_recovered")
+    (together,) = [f for f in of_kind(document, "rank_failed") if len(f["ranks"]) == 2]
+    assert together["severity"] == "warning"
+
+
+def test_overlapping_stalls_in_two_iterations_are_one_episode(tmp_path):
+    run = _stall(_stall(HandRun(), 0, at(0, 59), 16), 1, at(1, 5), 60)
+    (recovered,) = of_kind(analyzed(run, tmp_path), "stall_recovered")
+    assert recovered["ranks"] == [0, 1] and recovered["iterations"] == [0, 1]
 
 
 # -- 3. a rank that finished its plan and waits in the end-of-run clock exchange --------------
