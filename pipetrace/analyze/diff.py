@@ -89,12 +89,19 @@ def headline(d: dict[str, Any]) -> list[str]:
     steady iterations each side rests on."""
     it, busy, steady = d["iteration_time_ns"], d["busiest_rank_busy_ns"], d["steady_iterations"]
     words = _ratio(it, "slower", "faster", "as fast as")
-    lines = [
-        "iteration time: not measured in both runs (no complete iteration)"
-        if words is None
-        else f"B is {words} A per iteration ({ms(it['b'])} vs {ms(it['a'])}, mean of "
-        f"{steady['b']} and {steady['a']} steady iterations)"
-    ]
+    first_only = [side.upper() for side in "ab" if d["first_iteration_only"][side]]
+    if words is None:
+        lines = ["iteration time: not measured in both runs (no complete iteration)"]
+    elif first_only:  # a start-up iteration against steady ones: no ratio to lead with
+        lines = [
+            f"iteration time: not comparable ({' and '.join(first_only)} completed only its "
+            f"first iteration: {ms(it['b'])} for B, {ms(it['a'])} for A)"
+        ]
+    else:
+        lines = [
+            f"B is {words} A per iteration ({ms(it['b'])} vs {ms(it['a'])}, mean of "
+            f"{steady['b']} and {steady['a']} steady iterations)"
+        ]
     words = _ratio(busy, "longer", "shorter", "as long as")
     if words is not None:
         lines.append(

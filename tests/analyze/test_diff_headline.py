@@ -54,6 +54,8 @@ def test_a_run_that_failed_says_so_and_its_first_iteration_is_not_passed_off_as_
     text = diff(capsys, CLEAN, crash)
     assert f"B did not run cleanly: {data['findings']['b']['error']} error finding(s)" in text
     assert "B's figures come from its first iteration alone" in text
+    assert text.splitlines()[3].startswith("iteration time: not comparable (B completed only")
+    assert "slower than A" not in text and "faster than A" not in text
 
 
 def test_an_incomplete_iterations_critical_path_is_marked_and_not_compared(tmp_path, capsys):
