@@ -384,10 +384,8 @@ def _hung_when_signaled(rank: RankTimeline) -> bool:
     """Its watchdog recorded a stall and nothing moved between it and the terminating signal:
     the signal (a scheduler's time limit, `timeout`, the launcher tearing the job down) ended
     a rank that had already hung."""
-    sig, stall = rank.last_of(fmt.SIGNAL), rank.last_of(fmt.STALL)
-    if sig is None or stall is None or stall.t > sig.t:
-        return False
-    return rank.last_progress() <= stall.t
+    sig, stall = rank.last_of(fmt.SIGNAL), rank.final_stall()
+    return sig is not None and stall is not None and stall.t <= sig.t
 
 
 def _got_through(run: Run, rank: RankTimeline) -> tuple[str, int] | None:
@@ -426,6 +424,13 @@ _CHAINED = (
     "The above exception was the direct cause of the following exception:",
     "During handling of the above exception, another exception occurred:",
 )
+
+
+def own_error(rank: RankTimeline) -> str | None:
+    """The error the user's code raised on ``rank`` when the framework wrapped it (`origin`
+    of its last exception), None otherwise: what findings quote of it."""
+    exc = rank.last_of(fmt.EXCEPTION)
+    return origin(str(exc.fields.get("traceback", "")))[1] if exc else None
 
 
 def origin(traceback: str) -> tuple[str | None, str | None]:

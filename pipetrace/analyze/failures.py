@@ -58,18 +58,19 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
             findings.append(_missing(rank, endings[rank.rank]))
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
             findings.append(_died_silently(run, rank, endings[rank.rank]))
-    stopped = None if hung else _stopped_together(run)  # else the hang's finding says it
+    stopped = None if hung else _stopped_together(run, endings)  # else the hang's says it
     if stopped is not None:
         findings.append(stopped)
     return findings
 
 
 _AT_ONCE_NS = 1_000_000_000
-"""Logs that stop this close together stopped at once (a log loses at most its last flush
-interval, 0.1 s by default, to a kill)."""
+"""Ends this close together came at once: signals (a launcher signals its ranks in one loop;
+torchrun's agent, a scheduler, a user's `kill` of the process group alike), or logs that just
+stop (a log loses at most its last flush interval, 0.1 s by default, to a kill)."""
 
 
-def _stopped_together(run: Run) -> Finding | None:
+def _stopped_together(run: Run, endings: dict[int, en.Ending]) -> Finding | None:
     """Every rank's log stops at about the same time with nothing recorded about it: the job
     was killed as a whole, out of the ranks' sight, or every rank was stuck from then on."""
     ranks = run.present_ranks
@@ -79,7 +80,7 @@ def _stopped_together(run: Run) -> Finding | None:
     spread = max(ends) - min(ends)
     if spread > _AT_ONCE_NS:
         return None
-    between = _between_iterations(ranks)
+    between = _between_iterations(ranks, endings)
     severity, cause = (
         fk.ERROR,
         (
@@ -140,14 +141,9 @@ class _Together:
         return f"ended with the rest of the job: {said} (see rank {first})"
 
 
-_TOGETHER_NS = 1_000_000_000
-"""Signals this close to the first one ended the job at once (a launcher signals its ranks in
-one loop; torchrun's agent, a scheduler, a user's `kill` of the process group alike)."""
-
-
 def _signaled_together(run: Run, first: _FirstFailure | None) -> _Together | None:
     """When the run's first failure is a signal, the ranks the same signal ended within
-    `_TOGETHER_NS` of it (None: none but the first)."""
+    `_AT_ONCE_NS` of it (None: none but the first)."""
     if first is None:
         return None
     signals = {
@@ -162,7 +158,7 @@ def _signaled_together(run: Run, first: _FirstFailure | None) -> _Together | Non
     ranks = {
         r
         for r, sig in signals.items()
-        if sig.fields.get("signal") == name and sig.t - first.t <= _TOGETHER_NS
+        if sig.fields.get("signal") == name and sig.t - first.t <= _AT_ONCE_NS
     }
     if len(ranks) < 2:
         return None
@@ -170,14 +166,12 @@ def _signaled_together(run: Run, first: _FirstFailure | None) -> _Together | Non
     return _Together(frozenset(ranks), str(name), spread)
 
 
-def _between_iterations(ranks: list[RankTimeline]) -> int | None:
+def _between_iterations(ranks: list[RankTimeline], endings: dict[int, en.Ending]) -> int | None:
     """The iteration every rank ended last, with no step or op open after it (None: not so)."""
     last = set()
     for rank in ranks:
         its = rank.iterations
-        if not len(its) or its.end[-1] == OPEN:
-            return None
-        if (rank.steps.end == OPEN).any() or (rank.p2p.done == OPEN).any():
+        if not len(its) or its.end[-1] == OPEN or not endings[rank.rank].idle:
             return None
         last.add(int(its.it[-1]))
     return last.pop() if len(last) == 1 else None

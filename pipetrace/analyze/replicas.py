@@ -24,7 +24,6 @@ from pipetrace.analyze.blocked import COLLECTIVE
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import KIND_CODE, OPEN, RankState, RankTimeline, Run
 from pipetrace.analyze.pipelines import Pipelines
-from pipetrace.recorder import format as fmt
 from pipetrace.records import JsonRecord, record_json
 from pipetrace.schedule.ir import StepKind
 
@@ -247,9 +246,7 @@ def _quoted(run: Run) -> dict[str, str]:
     as written: an error that says "rank 1" means whatever rank the user's code meant."""
     quoted: dict[str, str] = {}
     for rank in run.present_ranks:
-        exc = rank.last_of(fmt.EXCEPTION)
-        own = en.origin(str(exc.fields.get("traceback", "")))[1] if exc else None
-        for error in (rank.status.error, own):
+        for error in (rank.status.error, en.own_error(rank)):
             line = " ".join(error.split()) if error else ""
             for cut in (line, line[:97] + "...", line[:157] + "..."):
                 if _renamed(run, cut) != cut:

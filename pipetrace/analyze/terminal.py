@@ -13,7 +13,6 @@ from pipetrace import units
 from pipetrace.analyze import endings as en
 from pipetrace.analyze.blocked import open_rows
 from pipetrace.analyze.model import RankState, RankTimeline, Run
-from pipetrace.recorder import format as fmt
 
 
 @dataclass(frozen=True)
@@ -107,8 +106,7 @@ def _waits(evidence: str) -> str:
 
 def _crashed(c: _Case) -> Terminal:
     how = c.rank.status.detail
-    exc = c.rank.last_of(fmt.EXCEPTION)
-    own = en.origin(str(exc.fields.get("traceback", "")))[1] if exc else None
+    own = en.own_error(c.rank)
     if own:  # the user's own error, wrapped by the framework, as `rank_failed` names it
         how = f"raised {' '.join(own.split())}"
     if c.rank.status.state == RankState.ENDED:
