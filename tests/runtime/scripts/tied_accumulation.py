@@ -46,7 +46,9 @@ def main(schedule: str) -> None:
             if name in ("0.0.weight", "3.0.weight"):
                 error = float((param.grad - expected).abs().max() / expected.abs().max())
                 verdict = "match" if error < 1e-12 else f"DIFFER {error:.3g}"
-                print(f"rank {dist.get_rank()} stage {stage} {name}: {verdict}", flush=True)
+                # one write per line: the ranks share the launcher's stdout
+                sys.stdout.write(f"rank {dist.get_rank()} stage {stage} {name}: {verdict}\n")
+                sys.stdout.flush()
     dist.destroy_process_group()
 
 
