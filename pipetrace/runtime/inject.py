@@ -126,9 +126,8 @@ class _Strike:
         if step != self.target or ctx.iteration != self.fault.step:
             return False
         if isinstance(self.fault, Crash):
-            raise RuntimeError(
-                f"injected crash (--inject {self.fault.spec}) in {step} at step {ctx.iteration}"
-            )
+            # the spec names the iteration and the step; analyze adds where the rank was
+            raise RuntimeError(f"injected crash (--inject {self.fault.spec})")
         injected_hang()
         return True  # never reached
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from pipetrace.runtime.faults import Crash, DropSend, Fault, Hang, Straggler
 from pipetrace.runtime.inject import injected_hang
-from pipetrace.schedule.ir import Plan, StepKind, format_step
+from pipetrace.schedule.ir import Plan, StepKind
 from pipetrace.torch_pipelining.instrument import stages_of
 
 # The stage method a compute step of each kind is performed by.
@@ -60,7 +60,7 @@ def arm_faults(faults: tuple[Fault, ...], schedule: Any, plan: Plan, rank: int) 
     for fault in mine:
         if isinstance(fault, Crash | Hang):
             target = fault.target(plan)
-            strike = _strike(fault, format_step(target), iterations)
+            strike = _strike(fault, iterations)
             _wrap(stages[target.stage], _COMPUTE[target.kind], strike)
         elif isinstance(fault, Straggler):
             slow = _slow(fault, iterations)
@@ -83,16 +83,14 @@ def _wrap(stage: Any, name: str, hook: Hook) -> None:
     setattr(stage, name, wrapped)
 
 
-def _strike(fault: Crash | Hang, target: str, iterations: Iterations) -> Hook:
+def _strike(fault: Crash | Hang, iterations: Iterations) -> Hook:
     """crash / hang: raise, or never return, at the start of the target's call."""
 
     def hook(chunk_id: int, call: Callable[[], Any]) -> Any:
         if iterations.current == fault.step and chunk_id == fault.microbatch:
             if isinstance(fault, Hang):
                 injected_hang()
-            raise RuntimeError(
-                f"injected crash (--inject {fault.spec}) in {target} at step {iterations.current}"
-            )
+            raise RuntimeError(f"injected crash (--inject {fault.spec})")
         return call()
 
     return hook
