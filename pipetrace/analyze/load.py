@@ -52,7 +52,7 @@ from pipetrace.analyze.model import (
 )
 from pipetrace.analyze.parse import RawRank, parse_rank_file
 from pipetrace.analyze.pipelines import pipelines_of
-from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.reader import TraceFormatError, read_run_id
 from pipetrace.analyze.selection import RankSelection, format_rank_list
 from pipetrace.analyze.source import RunPaths, RunSource, open_source
 from pipetrace.analyze.workers import start_worker, stop_workers, worker_count
@@ -243,14 +243,20 @@ def _parse_each(paths: list[Path]) -> list[RawRank]:
 
 
 def _check_raw(
-    raw: RawRank, rank: int, meta: dict[str, Any], world_size: int, problems: list[InputProblem]
+    raw: RawRank,
+    rank: int,
+    meta: dict[str, Any],
+    world_size: int,
+    problems: list[InputProblem],
+    directory_run_id: str | None = None,
 ) -> bool:
-    """Is this log usable as rank ``rank`` of this run? Notes every problem."""
+    """Is this log usable as rank ``rank`` of this run? Notes every problem.
+    ``directory_run_id``: the run id of the directory the log lies in (its ``run-id``)."""
     name = Path(raw.path).name
     if raw.error is not None:
         problems.append(InputProblem("warning", _short(raw.error, raw.path), rank))
         return False
-    reasons = _from_another_run(raw, rank, meta, world_size)
+    reasons = _from_another_run(raw, rank, meta, world_size, directory_run_id)
     if reasons:
         raw.error = f"from another run: {'; '.join(reasons)}"  # the rank's status says why
         problems.append(
@@ -265,10 +271,17 @@ def _check_raw(
     return True
 
 
-def _from_another_run(raw: RawRank, rank: int, meta: dict[str, Any], world_size: int) -> list[str]:
-    """Why the log belongs to another run than meta.json's (empty: it is this run's)."""
+def _from_another_run(
+    raw: RawRank, rank: int, meta: dict[str, Any], world_size: int, directory_run_id: str | None
+) -> list[str]:
+    """Why the log belongs to another run than meta.json's (empty: it is this run's). Every
+    process recording into a directory claims it with one run id, so a header's other id
+    (older logs have none) was written elsewhere: e.g. copied in from an earlier run."""
     header = raw.header
     reasons = []
+    run_id = header.get("run_id")
+    if isinstance(run_id, str) and directory_run_id is not None and run_id != directory_run_id:
+        reasons.append(f"its run id {run_id!r} is not its directory's ({directory_run_id!r})")
     for name in ("rank", "world_size"):
         if name not in header:
             reasons.append(f"its header has no {name}, a required field")
@@ -409,9 +422,14 @@ class _Assembly:
         self.plan_codes: dict[int, np.ndarray] = {}  # of each rank's plan, -1: no event's text
         self.ranks: list[RankTimeline] = []
         self.models: dict[int, dict[str, clocks.OffsetFn]] = {}
+        self.run_ids: dict[Path, str | None] = {}  # of each directory a log was read from
 
     def add(self, rank: int, raw: RawRank) -> None:
-        if not _check_raw(raw, rank, self.meta, self.world_size, self.problems):
+        directory = Path(raw.path).parent
+        if directory not in self.run_ids:
+            self.run_ids[directory] = read_run_id(directory)
+        run_id = self.run_ids[directory]
+        if not _check_raw(raw, rank, self.meta, self.world_size, self.problems, run_id):
             self.ranks.append(_missing(rank, raw, self.directories))
             return
         known = len(self.texts.codes)

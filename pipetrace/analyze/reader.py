@@ -156,11 +156,11 @@ def read_meta(run_dir: str | Path) -> dict[str, Any]:
     return data
 
 
-def read_run_id(run_dir: Path) -> str | None:
+def read_run_id(run_dir: str | Path) -> str | None:
     """The run id a directory was claimed with (its ``run-id`` file), None without one or
     when it is not a small regular file (older runs have none)."""
     try:
-        with open_regular(run_dir / fmt.RUN_ID_FILE) as handle:
+        with open_regular(Path(run_dir) / fmt.RUN_ID_FILE) as handle:
             data = handle.read(4097)
     except (OSError, TraceFormatError):
         return None

@@ -181,6 +181,7 @@ def _move_into_place(staging: Path, output: Path) -> None:
 def _copy_run(source: RunSource, staging: Path, output: Path) -> MergeSummary:
     """Copy meta.json, the run id and every readable rank log present into STAGING; a rank
     whose log is absent or unreadable is missing, and named."""
+    from pipetrace.analyze.reader import read_run_id
     from pipetrace.recorder import format as fmt
 
     problems = list(source.problems)
@@ -189,7 +190,9 @@ def _copy_run(source: RunSource, staging: Path, output: Path) -> MergeSummary:
     except UnreadableLog as exc:
         raise PipetraceError(exc.reason) from None
     run_id = source.meta_dir / fmt.RUN_ID_FILE
-    if os.path.lexists(run_id):
+    # Each log is checked against its directory's run id: node-derived ids that differ
+    # between the inputs (one per node) would set the other nodes' logs aside in OUT.
+    if os.path.lexists(run_id) and len({read_run_id(d) for d in source.directories}) == 1:
         size += _copy_or_note(run_id, None, staging, output, problems) or 0
     absent = [rank for rank, log in enumerate(source.logs) if not os.path.lexists(log)]
     if absent and len(source.directories) == 1:  # for several, `open_source` names them

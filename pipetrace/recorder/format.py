@@ -242,6 +242,11 @@ HEADER = record(
     framework_version | string | always   | the framework's version string
     record_mode       | string | always   | `"steps"` or `"full"`
     t0                | int    | always   | wall-clock ns of the clock anchor
+    run_id            | string | always   | the id the rank claimed its run directory with
+                                             (the directory's `run-id` file); a log whose
+                                             `run_id` is not its directory's was written by
+                                             another run and is set aside (older logs have
+                                             none)
     device            | object | sometimes | only with device timing: `{"kind": "cuda",
                                              "name": "NVIDIA H200", "timing": 1}`; `timing` is
                                              the version of the device fields; without

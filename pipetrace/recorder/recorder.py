@@ -185,7 +185,8 @@ class Recorder:
         self.rank = rank if place is None else place.global_rank
         self.world_size = world_size if place is None else place.world_size
         run_dir = self.config.run_dir
-        run_dir_claim.claim(run_dir, run_dir_claim.current_run_id())
+        self._run_id = run_dir_claim.current_run_id()
+        run_dir_claim.claim(run_dir, self._run_id)
         # Pipeline rank -> global rank when the job has several pipelines: the runtime names
         # peers by pipeline rank, the trace by global rank.
         peers = None if place is None else place.pipeline_ranks
@@ -239,6 +240,7 @@ class Recorder:
             framework_version=self.framework_version,
             record_mode=self.config.mode,
             t0=self._epoch_anchor,
+            run_id=self._run_id,
             **self._device_header(),
             **({} if place is None else place.header()),
         )

@@ -12,7 +12,7 @@ import pytest
 
 from pipetrace.analyze.load import SAME_RUN_WINDOW_NS, load_run
 from pipetrace.analyze.parse import parse_rank_file
-from pipetrace.analyze.reader import TraceFormatError
+from pipetrace.analyze.reader import TraceFormatError, read_run_id
 from pipetrace.cli import main
 from pipetrace.recorder import format as fmt
 
@@ -123,6 +123,19 @@ def test_log_from_another_run_is_set_aside(run):
     )
     (run / fmt.rank_log_name(7)).write_bytes(log(run, 0).read_bytes())
     assert any("rank-00007.ndjson is not a rank of this run" in m for m in problems(run))
+
+
+def test_log_copied_in_from_another_run_is_told_by_its_run_id(run):
+    """Same times, same configuration: only the run id the directory was claimed with tells
+    a log written by an earlier run of the same command."""
+    assert orjson.loads(log(run, 1).read_bytes().split(b"\n", 1)[0])["run_id"] == read_run_id(run)
+    rewrite_header(run, 1, run_id="elsewhere:4242:17")
+    messages = problems(run)
+    assert any(
+        "rank-00001.ndjson is from another run" in m and "'elsewhere:4242:17'" in m
+        for m in messages
+    ), messages
+    assert not any("rank-00002.ndjson is from another run" in m for m in messages)
 
 
 def test_not_a_header(run):

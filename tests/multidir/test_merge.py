@@ -177,3 +177,34 @@ def test_a_failed_overwrite_keeps_the_previous_run(split_sample, tmp_path, capsy
     _disk_full_at(monkeypatch, "rank-00001.ndjson")
     assert main([*args, "--overwrite"]) == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def _claimed_by(directory: Path, run_id: str) -> None:
+    """As the nodes of an unnamed torchrun job leave them: each directory claimed with its
+    own node's id, which its logs' headers carry."""
+    (directory / "run-id").write_text(run_id)
+    for log in directory.glob("rank-*.ndjson"):
+        header, rest = log.read_bytes().split(b"\n", 1)
+        log.write_bytes(orjson.dumps({**orjson.loads(header), "run_id": run_id}) + b"\n" + rest)
+
+
+def test_merge_of_nodes_with_their_own_run_ids_keeps_every_log(split_sample, tmp_path, capsys):
+    _claimed_by(split_sample[0], "node0:100:5")
+    _claimed_by(split_sample[1], "node1:200:6")
+    original = analysis(capsys, SAMPLES / "clean-1f1b")
+    assert analysis(capsys, *split_sample) == original
+    out = tmp_path / "job"
+    assert main(["merge", *map(str, split_sample), "-o", str(out), "--json"]) == 0
+    capsys.readouterr()
+    assert not (out / "run-id").exists()  # no one id is every log's
+    assert analysis(capsys, out) == original
+
+
+def test_merge_of_one_named_run_keeps_its_id(split_sample, tmp_path, capsys):
+    for directory in split_sample:
+        _claimed_by(directory, "torchrun:job-7")
+    out = tmp_path / "job"
+    assert main(["merge", *map(str, split_sample), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert reader.read_run_id(out) == "torchrun:job-7"
+    assert analysis(capsys, out) == analysis(capsys, SAMPLES / "clean-1f1b")

@@ -14,7 +14,7 @@ from recorder_faults import (
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
-from pipetrace.analyze.reader import read_log, read_meta
+from pipetrace.analyze.reader import read_log, read_meta, read_run_id
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.launch import launch
@@ -63,6 +63,7 @@ def test_clean_runs_record_exactly_the_plan_in_order(tmp_path):
             header, events, problems = events_of(case.out, rank)
             assert (
                 header["rank"] == rank
+                and header["run_id"] == read_run_id(case.out)  # what the directory was claimed with
                 and not problems.torn_last_line
                 and problems.corrupt_lines == 0
             )
