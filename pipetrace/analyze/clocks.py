@@ -101,19 +101,35 @@ _ATTEMPTS = 3
 
 
 def message_pairs(ranks: list[RankTimeline]) -> tuple[np.ndarray, ...]:
-    """Every matched, completed message: (sender, receiver, post on the sender's clock,
-    done on the receiver's clock)."""
+    """Every matched, completed message: (sender, receiver, when it was sent on the
+    sender's clock, when it had arrived on the receiver's clock).
+
+    Host times, unless the receiver timed its ops on the device: then the send's device
+    begin and the recv's device end. An NCCL ``wait()`` returns at once (it makes a stream
+    wait, not the host), so a device-timed recv's host ``done`` may come before its send was
+    even posted; a message without both device times there is not compared."""
     dones = counterpart_values(ranks, "done")  # unmatched ops read OPEN
+    device_ends = counterpart_values(ranks, "dend")
+    timed = np.zeros(max((r.rank for r in ranks), default=0) + 1, bool)
+    timed[[r.rank for r in ranks]] = [_device_timed(r) for r in ranks]
     out: list[list[np.ndarray]] = [[], [], [], []]
     for rank in ranks:
         p = rank.p2p
-        done = dones[rank.rank]
-        rows = np.flatnonzero((p.op == OP_SEND) & (done != OPEN))
+        sends = p.op == OP_SEND
+        by_device = sends & timed[np.maximum(p.match_rank, 0)] & (p.match_rank >= 0)
+        done = np.where(by_device, device_ends[rank.rank], dones[rank.rank])
+        sent = np.where(by_device, p.dbegin, p.post)
+        rows = np.flatnonzero(sends & (done != OPEN) & (sent != OPEN))
         out[0].append(np.full(len(rows), rank.rank, np.int64))
         out[1].append(p.match_rank[rows].astype(np.int64))
-        out[2].append(p.post[rows])
+        out[2].append(sent[rows])
         out[3].append(done[rows])
     return tuple(np.concatenate(x) if x else np.empty(0, np.int64) for x in out)
+
+
+def _device_timed(rank: RankTimeline) -> bool:
+    """Did the rank time its P2P ops on the device (a `device` event for any of them)?"""
+    return bool(np.any(rank.p2p.dend != OPEN))
 
 
 def apply_offsets(fns: dict[int, OffsetFn], owner: np.ndarray, times: np.ndarray) -> np.ndarray:

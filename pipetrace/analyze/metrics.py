@@ -154,6 +154,8 @@ def compute_metrics(run: Run) -> Metrics:
         for key, values in costs.items():
             stage_costs.setdefault(key, []).append(values)
     merged = {k: np.concatenate(v) for k, v in sorted(stage_costs.items())}
+    if run.p2p_mode is not None:  # what the run says it did: on a device, a plain-mode send
+        overlap = run.p2p_mode == "overlap"  # may run past its own step on its stream
     return Metrics(its, start, end, complete, per_rank, merged, overlap_mode=overlap)
 
 
@@ -215,13 +217,17 @@ def _rank_metrics(
     nan = np.where(present, 0.0, np.nan)
     standalone = np.zeros(len(steps), bool)
     standalone[top] = True
+    counted = None if warm_up is None else steps.it != warm_up
+    timed = steps.dend != OPEN
+    if timed.any():  # on a device-timed rank, a step without device times never ran there
+        counted = timed if counted is None else counted & timed
     costs = _stage_costs(
         catalog,
         steps,
         leaf_kind,
         np.maximum((steps.end - steps.begin).astype(np.int64) - waits.waited, 0),
         standalone,
-        None if warm_up is None else steps.it != warm_up,
+        counted,
     )
     iterations = RankIterations(busy + nan, wait + nan, waits.exposed + nan, waits.blocking + nan)
     return iterations, costs, waits.overlap

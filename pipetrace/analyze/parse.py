@@ -92,7 +92,7 @@ class RawRank:
     iterations: dict[int, list] = field(default_factory=dict)  # it -> [begin, end, loss]
     lifecycle: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
     run_start: dict[str, Any] | None = None
-    device: list[tuple[int, int, int]] = field(default_factory=list)  # (id, db, de) per event
+    device: list[tuple[int, int, int, int]] = field(default_factory=list)  # (id, db, de, unc)
     memory_events: list[tuple] = field(default_factory=list)  # (t, id, saved, inflight, a, r, s)
     memory: dict[str, np.ndarray] = field(default_factory=dict)  # MEMORY_COLUMNS + _GRIDS
 
@@ -406,7 +406,10 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> bool:
             float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
         )
     elif e == fmt.DEVICE:
-        raw.device.append((d["id"], d["db"], d["de"]))
+        db, de, unc = d["db"], d["de"], d.get("unc")
+        if db < 0 or de < db:  # times on the rank's clock, as `t`: a span cannot end first
+            return False
+        raw.device.append((d["id"], db, de, unc if fmt.is_int64(unc) and unc > 0 else 0))
     elif e == fmt.MEMORY:
         swapped = d.get("swapped")
         sample = (t, d["id"], d["saved"], d["inflight"], d.get("allocated"), d.get("reserved"))
@@ -442,8 +445,11 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
 
     steps = {**sb, "begin": sb["t"], "end": end_of(sb["id"])}
     p2p = {**pp, "post": pp["t"], "done": end_of(pp["id"])}
-    steps.update(_device_columns(raw.device, sb["id"]))
-    p2p.update(_device_columns(raw.device, pp["id"]))
+    device = _device_columns(
+        raw, np.concatenate([sb["id"], pp["id"]]), np.concatenate([sb["t"], pp["t"]])
+    )
+    steps.update({name: column[: len(sb["id"])] for name, column in device.items()})
+    p2p.update({name: column[len(sb["id"]) :] for name, column in device.items()})
     raw.steps = {
         name: steps[name].astype(dtype, copy=False) for name, dtype in STEP_COLUMNS.items()
     }
@@ -460,15 +466,30 @@ def _rows_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.where(ids[order][found] == wanted, order[found], -1)
 
 
-def _device_columns(device: list[tuple[int, int, int]], ids: np.ndarray) -> dict[str, np.ndarray]:
-    """``dbegin``/``dend`` of the rows ``ids``: their `device` event's times, joined by id
-    (the event comes later in the log than the row's end), OPEN for a row without one."""
+DEVICE_EARLY_SLACK_NS = 1_000_000
+"""How far (beyond the anchor's uncertainty) a device span may seem to begin before the host
+launched its step or op: more is impossible, a damaged or misaligned time, and dropped."""
+
+
+def _device_columns(raw: RawRank, ids: np.ndarray, launched: np.ndarray) -> dict[str, np.ndarray]:
+    """``dbegin``/``dend`` of the rows ``ids`` (launched by the host at ``launched``): their
+    `device` event's times, joined by id (the event comes later in the log than the row's
+    end), OPEN for a row without one. A device event for an id no row has, a second one for
+    an id (the first is kept) and a span beginning before its launch are counted as damage."""
     dbegin, dend = np.full(len(ids), OPEN, _I64), np.full(len(ids), OPEN, _I64)
-    if device:
-        events = np.array(device, _I64)
-        rows = _rows_of(ids, events[:, 0])
-        hit = rows >= 0
-        dbegin[rows[hit]], dend[rows[hit]] = events[hit, 1], events[hit, 2]
+    if not raw.device:
+        return {"dbegin": dbegin, "dend": dend}
+    events = np.array(raw.device, _I64)
+    problems = raw.problems
+    problems.duplicate_ids += len(events) - len(np.unique(events[:, 0]))
+    rows = _rows_of(ids, events[:, 0])
+    hit = rows >= 0
+    problems.dangling_ids += int(np.count_nonzero(~hit))
+    early = np.zeros(len(events), bool)
+    early[hit] = events[hit, 1] < launched[rows[hit]] - events[hit, 3] - DEVICE_EARLY_SLACK_NS
+    problems.bad_values += int(np.count_nonzero(early))
+    keep = np.flatnonzero(hit & ~early)[::-1]  # assigned last to first: an id's first stays
+    dbegin[rows[keep]], dend[rows[keep]] = events[keep, 1], events[keep, 2]
     return {"dbegin": dbegin, "dend": dend}
 
 

@@ -54,15 +54,18 @@ class _VirtualTime:
 
 class _DeviceRecorder:
     """The player's recorder: a real Recorder with a fake device, launching the device work
-    of each step and P2P op between the recorder's device begin and end marks."""
+    of each step and P2P op between the recorder's device begin and end marks. A recv's
+    transfer ends when its data arrives, as an NCCL recv kernel waits for its send: never
+    before the peer's send began on its device."""
 
-    def __init__(self, recorder: Recorder, device: FakeDevice, rank: int, kernel_ns: KernelTime):
+    def __init__(self, recorder: Recorder, device: FakeDevice, player: DevicePlayer):
         self.recorder = recorder
         self.device = device
         self.compute = device.new_stream()  # the first stream: the device's current stream
         self.p2p = device.new_stream()
-        self.rank = rank
-        self.kernel_ns = kernel_ns
+        self.recvs = device.new_stream()  # sends never queue behind a recv waiting for data
+        self.player = player
+        self.rank = player.job.rank
         self.iteration = -1
 
     def __getattr__(self, name: str) -> Any:
@@ -75,20 +78,28 @@ class _DeviceRecorder:
     def begin_step(self, position: int, step: Step, thread: str = "main") -> Any:
         token = self.recorder.begin_step(position, step, thread)
         if not step.sub_steps:
-            self.compute.launch(self.kernel_ns(self.rank, self.iteration, format_step(step)))
+            kernel_ns = self.player.kernel_ns(self.rank, self.iteration, format_step(step))
+            self.compute.launch(kernel_ns)
         return token
 
     def end_run(self) -> None:
         """The device finishes the last iteration's work before the recorder's drain gives
         up (virtual time does not pass while it waits)."""
-        busy = max(self.compute.busy_until, self.p2p.busy_until)
+        busy = max(self.compute.busy_until, self.p2p.busy_until, self.recvs.busy_until)
         if busy != NEVER:
             self.clock.now = max(self.clock.now, int(self.device.host_time_of(busy)) + 1)
         self.recorder.end_run()
 
     def p2p_posted(self, **fields: Any) -> Any:
-        token = self.recorder.p2p_posted(**fields, stream=self.p2p)
-        self.p2p.launch(TRANSFER_NS)
+        arrives = self.player.arrives
+        if fields["op"] == "recv" and arrives is not None:
+            stream = self.recvs
+            start = max(stream.busy_until, self.device.device_now())
+            duration = max(TRANSFER_NS, self.device.device_time_of(arrives) - start)
+        else:
+            stream, duration = self.p2p, TRANSFER_NS
+        token = self.recorder.p2p_posted(**fields, stream=stream)
+        stream.launch(duration)
         self.recorder.p2p_enqueued(token)
         return token
 
@@ -107,7 +118,8 @@ class DevicePlayer(Player):
             device=device,
             device_timing=TimerSettings(poller=False),
         )
-        self.recorder = _DeviceRecorder(recorder, device, job.rank, kernel_ns)  # type: ignore[assignment]
+        self.kernel_ns = kernel_ns
+        self.recorder = _DeviceRecorder(recorder, device, self)  # type: ignore[assignment]
 
 
 def record_device_run(run_dir: Path, kernel_ns: KernelTime, **cluster: Any) -> None:

@@ -73,6 +73,10 @@ class FakeDevice:
     def device_now(self) -> float:
         return self._device_origin + (self.clock.t - self._host_origin) * self.rate
 
+    def device_time_of(self, host_ns: int) -> float:
+        """The device clock's reading at host time ``host_ns``."""
+        return self._device_origin + (host_ns - self._host_origin) * self.rate
+
     def host_time_of(self, device_ns: float) -> float:
         """The true host time at which the device clock reads ``device_ns`` (NEVER: never)."""
         if device_ns == NEVER:

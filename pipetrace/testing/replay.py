@@ -186,6 +186,7 @@ class Player:
         self.ops = {text: _Op.of(parse_step(text), run.placement) for text in job.plan_texts}  # type: ignore[arg-type]
         self.plan = job.rank_plan([self.ops[text].step for text in job.plan_texts])
         self.seqs: dict[tuple[str, int, str], int] = {}
+        self.arrives: int | None = None
         message = run.message
         self.message_size = (message.shape, _ITEMSIZE[message.dtype] * math.prod(message.shape))
         self.memory = None
@@ -241,7 +242,7 @@ class Player:
         if overlap:  # every recv posted up front, waited where the step is
             for i, op in enumerate(ops):
                 if op.kind == "recv" and wire.get(i) != DROP:
-                    posted[i] = self._post(op, wire.get(i))
+                    posted[i] = self._post(op, wire.get(i), origin + int(ends[i]))
         drain = []
         last = base
         for i in range(script.stop):
@@ -252,9 +253,9 @@ class Player:
             if op.kind is not None:
                 what = wire.get(i) if wire else None
                 if what != DROP:
-                    ticket = posted.pop(i) if i in posted else self._post(op, what)
+                    ticket = posted.pop(i) if i in posted else self._post(op, what, end)
                     if what == EXTRA:
-                        self._post(op, None)  # the copy: never waited, like a leaked request
+                        self._post(op, None, end)  # the copy: never waited, like a leaked request
                     clock.now = end
                     if overlap and op.kind == "send":
                         drain.append(ticket)
@@ -280,7 +281,10 @@ class Player:
             op = self.ops[text] = _Op.of(parse_step(text), self.placement)  # type: ignore[arg-type]
         return op
 
-    def _post(self, op: _Op, wire: WireFault | None) -> Any:
+    def _post(self, op: _Op, wire: WireFault | None, done: int | None) -> Any:
+        """Post ``op``, which the cluster completes at ``done`` (None: never). A fake device
+        reads it as `arrives`: when a recv's data is there."""
+        self.arrives = done
         seqs = self.seqs
         seq = seqs.get(op.key, 0)
         seqs[op.key] = seq + 1  # type: ignore[index]
@@ -315,7 +319,7 @@ class Player:
             thread = "main" if struck.kind is StepKind.F else "overlap"  # type: ignore[union-attr]
             self.recorder.begin_step(position, struck, thread)  # type: ignore[arg-type]
         elif script.ending == BLOCKED and op.kind is not None and not self.run.overlap:
-            self._post(op, script.wire.get(stop))
+            self._post(op, script.wire.get(stop), None)
         return start
 
     def _stop(self, script: IterationScript, last: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import orjson
 import pytest
 
 from pipetrace.analyze.analysis import analyze
@@ -100,3 +101,51 @@ def test_a_run_without_device_times_says_host(tmp_path):
     assert timing["source"] == HOST
     assert {r["source"] for r in timing["ranks"]} == {HOST}
     assert "times: host" in report(analysis)
+
+
+def test_messages_are_aligned_by_device_times_when_the_host_never_waited(tmp_path):
+    """An NCCL ``wait()`` returns at once: a recv's host `p2p_done` may precede its send's
+    post on the peer. With the ops timed on the device, the clocks are checked against the
+    send's device begin and the recv's device end, so such a run reads clean."""
+    record_device_run(tmp_path, quick)
+    for log in tmp_path.glob("rank-*.ndjson"):
+        lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+        recvs = {e["id"]: e["t"] for e in lines if e.get("e") == "p2p_post" and e["op"] == "recv"}
+        for event in lines:
+            if event.get("e") == "p2p_done" and event["id"] in recvs:
+                event["t"] = recvs[event["id"]]  # the host's wait returned as it was posted
+        log.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in lines))
+    run = load_run(tmp_path, workers=0, cache=False)
+    assert not [p.message for p in run.problems if "clocks" in p.message]
+    quality = analyze(run).to_json()["metrics"]["clocks"]
+    assert quality["feasible"] and quality["message_pairs_checked"] > 0
+
+
+def test_impossible_device_times_are_damage_not_metrics(tmp_path):
+    """A device span that ends before it begins, a negative one, one an hour before its
+    step was launched, a second span for an id and one for an id never begun: each is
+    reported, and none of them reaches the step's times."""
+    record_device_run(tmp_path, quick)
+    log = tmp_path / "rank-00001.ndjson"
+    lines = [orjson.loads(line) for line in log.read_bytes().splitlines()]
+    device = [e for e in lines if e.get("e") == "device"]
+    ended_before, negative, early, twice = device[:4]
+    ended_before["de"] = ended_before["db"] - 1
+    negative["db"] = -5
+    early["db"] -= 3600 * 10**9
+    lines += [{**twice, "de": twice["de"] + 10**9}, {**twice, "id": 10**9}]
+    log.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in lines))
+    run = load_run(tmp_path, workers=0, cache=False)
+    messages = [p.message for p in run.problems if p.rank == 1]
+    for damage in (
+        "2 corrupt line(s) skipped",
+        "1 event(s) with a value outside its documented set",
+        "1 id(s) begun or completed more than once",
+        "1 completion(s) of an id the log never began",
+    ):
+        assert any(damage in m for m in messages), (damage, messages)
+    rank = run.ranks[1]
+    for table, launched in ((rank.steps, rank.steps.begin), (rank.p2p, rank.p2p.post)):
+        timed = table.dbegin != OPEN
+        assert (table.dbegin[timed] >= launched[timed] - 1_000).all()  # none an hour early
+        assert (table.dend - table.dbegin)[timed].max() < 10**9  # the first span of an id
