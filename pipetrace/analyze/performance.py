@@ -77,6 +77,8 @@ def _slow_stages(metrics: Metrics) -> dict[int, Slow]:
         by_kind[kind][stage] = (median, low)
     slow: dict[int, Slow] = defaultdict(dict)
     for kind, per_stage in by_kind.items():
+        if kind == "I":  # stage 0 has no input gradient: its dx steps are empty by design
+            per_stage.pop(0, None)
         if len(per_stage) < 2:
             continue
         peers_median = _leave_one_out_medians({st: m for st, (m, _) in per_stage.items()})
@@ -101,6 +103,15 @@ def _straggler(
     (``base``) would be at its peers' speed (None: not simulated)."""
     placement = run.plan.placement if run.plan is not None else ()
     rank = placement[stage] if stage < len(placement) else None
+    # its costs are pooled over every replica loaded: each one's rank holding the stage
+    loaded = {r.rank for r in run.present_ranks}
+    pipelines = run.pipelines
+    ranks = (
+        [g for g in (pipelines.global_rank(r, rank) for r in range(pipelines.count)) if g in loaded]
+        if rank is not None
+        else []
+    )
+    named = f" ({'ranks' if len(ranks) > 1 else 'rank'} {', '.join(map(str, ranks))})"
     worst_kind, _ = max(kinds.items(), key=lambda kv: kv[1][0] / kv[1][1])
     share = effect / base if effect is not None and base else None
     severity = fk.WARNING if share is not None and share >= STRAGGLER_MIN_EFFECT else fk.INFO
@@ -117,17 +128,15 @@ def _straggler(
     return Finding(
         fk.STRAGGLER,
         severity,
-        f"stage {stage}"
-        + (f" (rank {rank})" if rank is not None else "")
-        + f" is slow: {what}{effect_text}",
-        f"rank {rank} computes stage {stage} slower than its peers (a heavier layer "
-        "split, a slower or busier host, CPU contention)"
-        if rank is not None
+        f"stage {stage}" + (named if ranks else "") + f" is slow: {what}{effect_text}",
+        f"{named[2:-1]} {'compute' if len(ranks) > 1 else 'computes'} stage {stage} slower "
+        "than its peers (a heavier layer split, a slower or busier host, CPU contention)"
+        if ranks
         else "one stage is slower than its peers",
-        ranks=[rank] if rank is not None else [],
+        ranks=ranks,
         details={
             "stage": stage,
-            "rank": rank,
+            "rank": ranks[0] if ranks else None,
             "kinds": {
                 k: {"mean_ns": c, "median_ns": m, "factor": c / m} for k, (c, m) in kinds.items()
             },

@@ -51,6 +51,18 @@ def test_straggler_rank(tmp_path):
     assert not [f for f in analysis.findings if f.severity == fk.ERROR]
 
 
+def test_stage_0s_empty_dx_steps_make_no_straggler_of_the_others(tmp_path):
+    """Stage 0 has no input gradient: its I steps are empty, ~50x cheaper than any other
+    stage's, by design (a clean zb1p run on 2 ranks read as a straggler warning)."""
+    rf.run(tmp_path, schedule="zb1p", ranks=2, microbatches=8, steps=3)
+    analysis = analyzed(tmp_path)
+    costs = {(s["stage"], s["kind"]): s["mean_ns"] for s in analysis.to_json()["metrics"]["stages"]}
+    assert costs[(1, "I")] > 5 * costs[(0, "I")]  # what the comparison must not read as slow
+    assert not [
+        f for f in analysis.findings if f.kind == fk.STRAGGLER and "I" in f.details["kinds"]
+    ]
+
+
 def test_raising_rank_is_the_first_failure(tmp_path):
     rf.run(tmp_path, ranks=2, microbatches=4, steps=2, custom=[(StepKind.F, RaiseAt(1, "1F1"))])
     analysis = analyzed(tmp_path)
