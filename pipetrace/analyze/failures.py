@@ -192,9 +192,21 @@ def _raised(
     if origin:  # the user's own error, wrapped by the framework: name it first
         cause += f" (re-raised as {_one_line(st.error, 100)})"
     closed, timed_out = en.error_words(rank)
-    if closed and first and exc and first.explains(rank.rank, exc.t):
+    aborted = _aborted_before(run, rank.rank, exc.t) if closed and exc else None
+    if aborted is not None and first is not None and first.t < aborted[0]:
+        aborted = None  # a failure before the abort explains it
+    if closed and first and exc and aborted is None and first.explains(rank.rank, exc.t):
         severity = fk.WARNING
         cause = first.follows(exc.t, "its connection to a failed peer closed")
+    elif aborted is not None and exc:
+        # a hung rank its watchdog ended (the hang is the root cause, told by rank_stalled):
+        # its connections close under every peer waiting on it, in a collective too
+        severity = fk.WARNING
+        cause = (
+            f"follows rank {aborted[1]}'s end by its watchdog "
+            f"{units.duration(exc.t - aborted[0])} earlier: its connection to that hung "
+            "rank closed (a symptom of the hang reported as deadlock / rank_stalled)"
+        )
     elif (closed or timed_out) and hung:
         # A hung rank's wait ends when it gives up or when a peer that gave up first closes the
         # connection; gloo may close it before that peer records its own error, so a lost
@@ -205,6 +217,18 @@ def _raised(
     message = f"rank {rank.rank} raised {_one_line(origin or st.error)} {at.phrase}"
     details = {"error": st.error, "traceback": tb}
     return _told(rank, ending, at, exc.t if exc else None, severity, message, cause, details)
+
+
+def _aborted_before(run: Run, rank: int, t: int) -> tuple[int, int] | None:
+    """(time, rank) of the first watchdog abort of another rank before ``t``, if any."""
+    aborts = [
+        (ev.t, r.rank)
+        for r in run.present_ranks
+        if r.rank != rank
+        for ev in r.events_of(fmt.ABORT)
+        if ev.t < t
+    ]
+    return min(aborts) if aborts else None
 
 
 def _signaled(

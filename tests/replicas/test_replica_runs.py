@@ -118,18 +118,22 @@ def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
     assert finding["details"]["replicas"]["waiting"] == [0]
 
 
-def test_torch_pipelining_groups_record_as_replicas(tmp_path):
-    """A torch.distributed.pipelining job of two pipeline groups records like the runtime."""
+def dp_pipelining(run_dir: Path, **env: str) -> subprocess.CompletedProcess:
+    """dp_pipelining.py under torchrun, 4 processes, recorded into ``run_dir``."""
     command = [str(TORCHRUN), "--nproc-per-node", "4", "--master-addr", "127.0.0.1"]
     command += [
         "--master-port",
         str(free_port()),
         str(Path(__file__).with_name("dp_pipelining.py")),
     ]
+    env = _env(PIPETRACE_DIR=str(run_dir), **env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+
+
+def test_torch_pipelining_groups_record_as_replicas(tmp_path):
+    """A torch.distributed.pipelining job of two pipeline groups records like the runtime."""
     run_dir = tmp_path / "run"
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=240, env=_env(PIPETRACE_DIR=str(run_dir))
-    )
+    done = dp_pipelining(run_dir)
     assert done.returncode == 0, done.stdout + done.stderr
     analysis = analyze(load_run(run_dir, workers=0))
     run = analysis.run
@@ -138,3 +142,22 @@ def test_torch_pipelining_groups_record_as_replicas(tmp_path):
     assert {int(p) for p in run.ranks[3].p2p.peer} == {2}
     assert untimed_problems(analysis.findings) == []
     assert analysis.replicas is not None and len(analysis.replicas.skew) == 2
+
+
+def test_a_hang_in_one_replica_is_the_error_and_the_lost_connections_of_the_other_follow(
+    tmp_path,
+):
+    """Global rank 3 hangs; its pipeline's watchdogs end replica 1, and replica 0's ranks,
+    waiting in the script's own all-reduce with them, raise "Connection closed": those
+    are the hang's consequences, not a root cause listed before it."""
+    run_dir = tmp_path / "run"
+    done = dp_pipelining(
+        run_dir, DP_HANG_RANK="3", PIPETRACE_STALL_TIMEOUT="2", PIPETRACE_ABORT_TIMEOUT="1"
+    )
+    assert done.returncode != 0
+    analysis = analyze(load_run(run_dir, workers=0))
+    errors = [f for f in analysis.findings if f.severity == fk.ERROR]
+    assert [f.kind for f in errors] == [fk.RANK_STALLED], [f.message for f in errors]
+    assert errors[0].details["terminal_rank"] == 3
+    lost = [f for f in analysis.findings if f.kind == fk.RANK_FAILED and "onnection" in f.message]
+    assert lost and all("watchdog" in f.cause for f in lost), [f.cause for f in lost]
