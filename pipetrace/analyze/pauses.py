@@ -90,7 +90,14 @@ def _finding(run: Run, stalls: list[_Stall]) -> Finding:
     ranks = sorted({s.rank for s in stalls})
     iterations = sorted({s.iteration for s in stalls})
     since, until = min(s.since for s in stalls), max(s.t for s in stalls)
-    quiet = [r for r in run.present_ranks if r.rank not in ranks]
+    # where the time went is looked for on the stalled ranks' own pipelines: another
+    # replica's ranks may be waiting outside any step (a data-parallel all-reduce), unseen
+    replicas = {run.pipelines.replica_of(r) for r in ranks}
+    quiet = [
+        r
+        for r in run.present_ranks
+        if r.rank not in ranks and run.pipelines.replica_of(r.rank) in replicas
+    ]
     where = (
         _longest_step(run, quiet, iterations, since, until)
         or _longest_gap(run, quiet, since, until)

@@ -2,7 +2,7 @@
 pipeline group, recorded with `pipetrace.torch_pipelining.record` (run under torchrun with
 4 processes by test_replica_runs.py). After each step the replicas all-reduce their
 gradients in the script's own collective; ``DP_HANG_RANK=r`` makes global rank r hang in
-its forward at the second step."""
+its forward at the second step, ``DP_PAUSE_RANK=r`` pause there for 3 s once."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from torch.distributed.pipelining import PipelineStage, schedules
 from pipetrace.torch_pipelining import record
 
 HANG_RANK = int(os.environ.get("DP_HANG_RANK", "-1"))
+PAUSE_RANK = int(os.environ.get("DP_PAUSE_RANK", "-1"))
 
 
 def main() -> None:
@@ -34,6 +35,8 @@ def main() -> None:
         for step in range(2):
             if step == 1 and rank == HANG_RANK:
                 module.register_forward_hook(lambda *_: _hang())
+            if step == 1 and rank == PAUSE_RANK:
+                module.register_forward_hook(_pause_once)
             inputs = torch.randn(16, 16, generator=torch.Generator().manual_seed(step))
             schedule.step(
                 *((inputs,) if stage.is_first else ()),
@@ -42,6 +45,15 @@ def main() -> None:
             for parameter in module.parameters():
                 dist.all_reduce(parameter.grad, group=replicas[index])
     dist.destroy_process_group()
+
+
+_paused: list[bool] = []
+
+
+def _pause_once(*_: object) -> None:
+    if not _paused:
+        _paused.append(True)
+        time.sleep(3)
 
 
 def _hang() -> None:

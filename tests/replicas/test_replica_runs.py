@@ -161,3 +161,16 @@ def test_a_hang_in_one_replica_is_the_error_and_the_lost_connections_of_the_othe
     assert errors[0].details["terminal_rank"] == 3
     lost = [f for f in analysis.findings if f.kind == fk.RANK_FAILED and "onnection" in f.message]
     assert lost and all("watchdog" in f.cause for f in lost), [f.cause for f in lost]
+
+
+def test_a_recovered_stall_names_the_paused_rank_not_another_replicas_step(tmp_path):
+    """Global rank 3 pauses 3 s in a forward: replica 0 waits in the script's all-reduce,
+    outside any step (no stall of its own), so where the time went is looked for in
+    replica 1, the stalled ranks' pipeline."""
+    run_dir = tmp_path / "run"
+    done = dp_pipelining(run_dir, DP_PAUSE_RANK="3", PIPETRACE_STALL_TIMEOUT="1.5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    analysis = analyze(load_run(run_dir, workers=0))
+    (recovered,) = [f for f in analysis.findings if f.kind == fk.STALL_RECOVERED]
+    longest = recovered.details["longest"]
+    assert longest["rank"] == 3 and longest["duration_ns"] > 2 * 10**9, longest
