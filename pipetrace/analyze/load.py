@@ -320,6 +320,19 @@ def _notes(raw: RawRank) -> list[tuple[str, str]]:
         )
     if raw.run_start is None:
         notes.append(("warning", "no run_start event; the rank's plan is taken from meta.json"))
+    device = raw.header.get("device")
+    timing = device.get("timing") if isinstance(device, dict) else None
+    if device is not None and not (fmt.is_int64(timing) and timing >= 1):
+        notes.append(("warning", f"header field device is not as documented: {device!r}"))
+    elif device is not None and timing > fmt.DEVICE_TIMING_VERSION:
+        notes.append(
+            (
+                "warning",
+                f"device timing version {timing}, newer than this pipetrace reads "
+                f"({fmt.DEVICE_TIMING_VERSION}): its device fields are read as version "
+                f"{fmt.DEVICE_TIMING_VERSION}'s; upgrade pipetrace",
+            )
+        )
     return notes
 
 

@@ -138,6 +138,14 @@ def test_log_copied_in_from_another_run_is_told_by_its_run_id(run):
     assert not any("rank-00002.ndjson is from another run" in m for m in messages)
 
 
+def test_a_device_header_not_as_documented_or_newer_is_named(run):
+    rewrite_header(run, 1, device="cuda")
+    rewrite_header(run, 2, device={"kind": "cuda", "name": "H200", "timing": 2})
+    messages = problems(run)
+    assert any("rank-00001.ndjson: header field device is not as documented" in m for m in messages)
+    assert any("rank-00002.ndjson: device timing version 2, newer" in m for m in messages)
+
+
 def test_not_a_header(run):
     data = log(run, 0).read_bytes()
     log(run, 0).write_bytes(
