@@ -48,6 +48,7 @@ def diff_runs(a: Analysis, b: Analysis) -> dict[str, Any]:
             "b": len(mb.iteration_time.steady_iterations),
         },
         "first_iteration_only": {"a": _first_only(a), "b": _first_only(b)},
+        "timing": {"a": ma.timing.source, "b": mb.timing.source},
         "stages": _stage_changes(ma.stages, mb.stages),
         "ranks": _rank_changes(ma.ranks, mb.ranks),
         "findings": {"a": counts(a.findings), "b": counts(b.findings)},
@@ -120,6 +121,13 @@ def headline(d: dict[str, Any]) -> list[str]:
                 f"{side.upper()}'s figures come from its first iteration alone (no later one "
                 "completed): start-up is in them, so they are not comparable"
             )
+    timing = d["timing"]
+    if timing["a"] != timing["b"]:
+        lines.append(
+            f"A's figures are {timing['a']} times, B's {timing['b']} times: a step's device "
+            "time is its kernels', its host time the launch's (docs/device-timing.md), so "
+            "they are not comparable"
+        )
     if min(steady["a"], steady["b"]) < 3:
         lines.append(
             "few steady iterations: run-to-run noise can outweigh the difference; "

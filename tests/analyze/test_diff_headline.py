@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipetrace.cli import main
+from pipetrace.testing.device_replay import quick, record_device_run
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 CLEAN, STRAGGLER = str(SAMPLES / "clean-1f1b"), str(SAMPLES / "fault-straggler")
@@ -70,3 +71,12 @@ def test_an_incomplete_iterations_critical_path_is_marked_and_not_compared(tmp_p
     assert span["complete"] is False and span["end_ns"] is None and span["time_ns"] is None
     data = json.loads(diff(capsys, CLEAN, str(cut), "--json"))
     assert data["critical_path_ns"]["b"] is None and data["critical_path_ns"]["change"] is None
+
+
+def test_a_device_timed_run_against_a_host_timed_one_says_they_do_not_compare(tmp_path, capsys):
+    device = tmp_path / "device"
+    record_device_run(device, quick)
+    data = json.loads(diff(capsys, CLEAN, str(device), "--json"))
+    assert data["timing"] == {"a": "host", "b": "device"}
+    assert "A's figures are host times, B's device times" in diff(capsys, CLEAN, str(device))
+    assert "device times" not in diff(capsys, CLEAN, STRAGGLER)
