@@ -22,12 +22,37 @@ from pipetrace.analyze.model import OPEN, RankTimeline, Run
 
 
 def find_divergence(run: Run) -> list[Finding]:
-    out = []
+    differs = {r.rank: _plan_differs(run, r) for r in run.present_ranks}
+    author = _odd_author(run, differs)
+    out = [] if author is None else [author]
     for rank in run.present_ranks:
-        found = _plan_differs(run, rank) or _executed_vs_plan(run, rank)
+        found = (None if author else differs[rank.rank]) or _executed_vs_plan(run, rank)
         if found is not None:
             out.append(found)
     return out
+
+
+def _odd_author(run: Run, differs: dict[int, Finding | None]) -> Finding | None:
+    """meta.json's plan is global rank 0's: when most ranks ran other plans than it and
+    rank 0 ran it, rank 0 is the one given another schedule, not the majority."""
+    others = [r for r in differs if r != 0]
+    against = [r for r in others if differs[r] is not None]
+    if 0 not in differs or differs[0] is not None or len(against) * 2 <= len(differs):
+        return None
+    first = differs[against[0]]
+    assert first is not None
+    return Finding(
+        fk.PLAN_DIVERGENCE,
+        fk.ERROR,
+        f"rank 0 ran a different plan than the other ranks: {len(against)} of the "
+        f"{len(others)} others ran plans that differ from meta.json's, which rank 0 wrote "
+        f"from its own (rank {against[0]}: {first.message.split(': ', 1)[1]})",
+        "rank 0 was given another schedule than the rest of the job (different flags or "
+        "version on that rank?); meta.json, and the plan views, show rank 0's",
+        ranks=[0, *against],
+        steps=first.steps,
+        details={**first.details, "source": "meta", "odd_rank": 0, "differing": against},
+    )
 
 
 def _plan_differs(run: Run, rank: RankTimeline) -> Finding | None:

@@ -165,6 +165,17 @@ def test_rank_given_another_plan_is_a_plan_divergence(tmp_path):
     assert f.ranks == [1] and f.severity == fk.ERROR and f.details["position"] == 1
 
 
+def test_rank_0_given_another_plan_than_the_rest_is_the_one_named(tmp_path):
+    """meta.json holds rank 0's plan: when rank 0 is the odd one, every other rank differs
+    from it, and rank 0 is named, not the three that agree with each other."""
+    other = build_plan("gpipe", num_ranks=4, num_microbatches=4, comms=True)
+    record_with(tmp_path, rank_steps={r: other.steps(r) for r in (1, 2, 3)})
+    divergent = [f for f in analyzed(tmp_path).findings if f.kind == fk.PLAN_DIVERGENCE]
+    (f,) = [f for f in divergent if f.details["source"] == "meta"]
+    assert f.severity == fk.ERROR and f.ranks == [0, 1, 2, 3] and f.details["odd_rank"] == 0
+    assert f.message.startswith("rank 0 ran a different plan than the other ranks: 3 of the 3")
+
+
 def test_the_ranks_endings_are_read_once_per_analysis(hung_run, monkeypatch):
     """Several analyzers (and each stalled chain) ask for every rank's verdict: `analyze`
     reads them once, and the findings are those of reading them at each call."""
