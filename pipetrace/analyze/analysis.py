@@ -38,6 +38,7 @@ from pipetrace.analyze.findings import (
 )
 from pipetrace.analyze.ideal import IdealTimeline, ideal_timeline
 from pipetrace.analyze.interrupts import find_interrupt
+from pipetrace.analyze.losses import find_nonfinite_loss
 from pipetrace.analyze.memory import memory_report
 from pipetrace.analyze.messages import find_message_problems
 from pipetrace.analyze.metrics import Metrics, compute_metrics
@@ -93,6 +94,7 @@ def analyze(run: Run) -> Analysis:
         findings += find_interrupt(run)
         findings += find_recovered_stalls(run)
     findings += _caveat_damage(run, find_message_problems(run) + find_divergence(run))
+    findings += find_nonfinite_loss(run)
     findings += find_stragglers(timed, metrics, ideal)
     findings += find_exposed_comm(timed, metrics)
     findings = replica_findings(run, findings)

@@ -24,6 +24,7 @@ STRAGGLER = "straggler"
 EXPOSED_COMM = "exposed_comm"
 INTERRUPTED = "interrupted"
 STALL_RECOVERED = "stall_recovered"
+NONFINITE_LOSS = "nonfinite_loss"
 KINDS = (
     INTERRUPTED,
     RANK_FAILED,
@@ -34,6 +35,7 @@ KINDS = (
     MESSAGE_MISMATCH,
     ORDER_CROSSING,
     PLAN_DIVERGENCE,
+    NONFINITE_LOSS,
     STRAGGLER,
     STALL_RECOVERED,
     EXPOSED_COMM,

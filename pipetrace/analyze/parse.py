@@ -40,6 +40,8 @@ _END_EVENTS = frozenset({fmt.STEP_END, fmt.P2P_DONE})
 _COLUMN_EVENTS = {fmt.STEP_BEGIN, fmt.P2P_POST, *_END_EVENTS}
 _LIFECYCLE = frozenset(fmt.EVENT_TYPES) - {*_COLUMN_EVENTS, fmt.ITER_BEGIN, fmt.ITER_END}
 """Events kept with their fields (`RawRank.lifecycle`); the others become columns."""
+NONFINITE = ("nan", "inf", "-inf")
+"""The values of ``iter_end.nonfinite``."""
 CLOCK_PHASES = ("start", "end")
 """The values of a clock event's ``phase`` (docs/trace-format.md)."""
 _OPS = {name: code for code, name in enumerate(OPS)}
@@ -405,6 +407,8 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> bool:
         row[2] = (
             float(loss) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else None
         )
+        if d.get("nonfinite") in NONFINITE:  # kept whole: `find_nonfinite_loss` reads it
+            raw.lifecycle.append((e, t, {k: v for k, v in d.items() if k not in ("e", "t")}))
     elif e == fmt.DEVICE:
         db, de, unc = d["db"], d["de"], d.get("unc")
         if db < 0 or de < db:  # times on the rank's clock, as `t`: a span cannot end first

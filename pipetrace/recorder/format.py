@@ -294,6 +294,9 @@ EVENTS: dict[str, Record] = {
             it   | int           | required | iteration number
             loss | float or null | always   | mean loss over the micro-batches on the rank
                                               that holds the last stage; null elsewhere
+            nonfinite | string   | sometimes | only when that loss was not a finite number
+                                              (JSON has none): `"nan"`, `"inf"` or `"-inf"`;
+                                              `loss` is then null
             """,
         ),
         record(

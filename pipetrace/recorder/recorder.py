@@ -19,6 +19,7 @@ path costs one attribute check more in `begin_step` only.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import socket
 import sys
@@ -321,7 +322,10 @@ class Recorder:
 
     def end_iteration(self, iteration: int, loss: float | None) -> None:
         self._in_iteration = False
-        self._other(fmt.ITER_END, it=iteration, loss=loss)
+        if loss is not None and not math.isfinite(loss):  # JSON would write null
+            self._other(fmt.ITER_END, it=iteration, loss=None, nonfinite=str(loss))
+        else:
+            self._other(fmt.ITER_END, it=iteration, loss=loss)
         if self._timer is not None and not self._device_poller:
             self._timer.poll()
         now = time.monotonic_ns()

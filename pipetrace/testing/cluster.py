@@ -122,6 +122,8 @@ class FakeCluster:
     activation_bytes: int = 0
     """Bytes a forward keeps for its micro-batch's backward; above 0 the ranks record
     ``memory`` samples as the runtime does (`pipetrace.testing.replay.MemoryModel`)."""
+    losses: Sequence[float] = ()
+    """The last stage's loss in each iteration (0.5 past the end of this)."""
 
     @classmethod
     def of(
@@ -215,6 +217,7 @@ class FakeCluster:
             self.framework,
             self.record_mode,
             self.activation_bytes,
+            tuple(self.losses),
         )
         meta_plan = None if self.rank_steps.get(0) else self.plan
         return [

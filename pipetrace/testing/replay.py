@@ -111,6 +111,8 @@ class Playback:
     activation_bytes: int = 0
     """Bytes a forward keeps until its micro-batch's last backward step (0: no memory
     samples)."""
+    losses: tuple[float, ...] = ()
+    """The last stage's loss in each iteration (0.5 past its end)."""
 
 
 @dataclass
@@ -208,7 +210,12 @@ class Player:
                 self._stop(script, last)
                 return
             clock.now = last + 20
-            loss = 0.5 if job.rank == self.placement[-1] else None
+            losses = run.losses
+            loss = (
+                (losses[it] if it < len(losses) else 0.5)
+                if job.rank == self.placement[-1]
+                else None
+            )
             rec.end_iteration(it, loss)
         self._clock_event("end", last + 1000)
         clock.now = last + 1010

@@ -203,3 +203,21 @@ def test_per_stage_step_times_leave_out_the_first_iteration_once_a_later_one_com
     FakeCluster.of("1f1b", ranks=4, microbatches=4, iterations=2).record(tmp_path)
     stages = analyzed(tmp_path).to_json()["metrics"]["stages"]
     assert len(stages) == 8 and {s["count"] for s in stages} == {4}
+
+
+def test_a_loss_that_became_nan_is_an_error_from_its_first_iteration(tmp_path):
+    """JSON has no NaN: the recorder writes the loss as null with ``nonfinite``, which
+    without this finding reads as a rank that recorded no loss."""
+    nan, inf = float("nan"), float("inf")
+    FakeCluster.of(iterations=4, losses=[0.5, nan, inf, nan]).record(tmp_path)
+    log = (tmp_path / "rank-00003.ndjson").read_text()
+    assert '"loss":null,"nonfinite":"nan"' in log and '"nonfinite":"inf"' in log
+    result = analyzed(tmp_path)
+    (f,) = [f for f in result.findings if f.kind == fk.NONFINITE_LOSS]
+    assert f.severity == fk.ERROR and f.ranks == [3] and f.iterations == [1, 2, 3]
+    assert (
+        f.message
+        == "the loss was nan in iteration 1 on rank 3 (the last stage), and in 2 later iteration(s)"
+    )
+    FakeCluster.of(iterations=2).record(tmp_path / "clean")
+    assert not [f for f in analyzed(tmp_path / "clean").findings if f.kind == fk.NONFINITE_LOSS]
