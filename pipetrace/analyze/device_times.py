@@ -119,7 +119,7 @@ class DeviceTiming:
 def device_timing(run: Run) -> DeviceTiming:
     ranks = [_rank_timing(run, r) for r in run.present_ranks]
     source = DEVICE if any(r.source == DEVICE for r in ranks) else HOST
-    pending = [p for p in map(_pending, run.present_ranks) if p is not None]
+    pending = [p for p in map(pending_work, run.present_ranks) if p is not None]
     return DeviceTiming(source, ranks, pending)
 
 
@@ -173,7 +173,7 @@ def _uncertainty(rank: RankTimeline) -> int:
     return max((v for v in values if fmt.is_int64(v)), default=0)
 
 
-def _pending(rank: RankTimeline) -> DevicePending | None:
+def pending_work(rank: RankTimeline) -> DevicePending | None:
     """The oldest work the rank's last listing names (None: nothing listed)."""
     listings = [ev for ev in rank.lifecycle if ev.e in _LISTING and "device_pending" in ev.fields]
     items = listings[-1].fields["device_pending"] if listings else None

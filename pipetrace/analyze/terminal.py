@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pipetrace import units
 from pipetrace.analyze import endings as en
 from pipetrace.analyze.blocked import open_rows
+from pipetrace.analyze.device_times import pending_work
 from pipetrace.analyze.model import RankState, RankTimeline, Run
 
 
@@ -142,12 +143,22 @@ def _interrupted(c: _Case) -> Terminal:
 
 
 def _hung(c: _Case) -> Terminal:
-    return Terminal(
-        en.HUNG,
-        _stopped(c, " stalled"),
-        f"rank {c.id} is stuck outside the pipeline's steps (user code between steps, "
-        "a lock, a data loader, a frozen process)",
-    )
+    pending = pending_work(c.rank)
+    if pending is not None:  # its host finished enqueuing: the device never got through it
+        work = pending.work
+        behind = f" ({pending.behind} more after it)" if pending.behind else ""
+        why = (
+            "a transfer whose peer's device never ran its side: follow that peer"
+            if work.stream == "p2p" or "SEND" in work.label or "RECV" in work.label
+            else "a kernel that never ends: the root of the hang if its peers wait on it"
+        )
+        cause = f"rank {c.id} waits on its device: {work.describe()}{behind} ({why})"
+    else:
+        cause = (
+            f"rank {c.id} is stuck outside the pipeline's steps (user code between steps, "
+            "a lock, a data loader, a frozen process)"
+        )
+    return Terminal(en.HUNG, _stopped(c, " stalled"), cause)
 
 
 def _unknown(c: _Case) -> Terminal:

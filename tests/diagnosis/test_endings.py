@@ -424,3 +424,23 @@ def test_the_stall_stack_tells_a_compute_step_stuck_before_its_recv_wait(
     assert_told_right(document)
     states = {f["details"]["terminal_state"] for f in of_kind(document, "rank_stalled")}
     assert terminal in states
+
+
+def test_a_rank_stalled_outside_its_steps_on_device_work_names_that_work(tmp_path):
+    """On a GPU the host enqueues and goes on: a rank whose device never finishes a kernel
+    stalls outside any step, later, where it waits for the device. Its watchdog's
+    `device_pending` names the kernel, and the hang's cause says so."""
+    pending = {"id": 7, "step": "1B0", "stream": "compute", "enqueued_t": 0, "age_s": 41.0}
+    run = (
+        HandRun()
+        .cut(1, at(0, 50))
+        .stall(1, at(0, 2000), device_pending=[pending | {"started": True}])
+    )
+    run.cut(0, at(1, 11)).stall(0, at(1, 2000), abort_ms=at(1, 4000))  # in 0SEND_F0
+    document = analyzed(run, tmp_path)
+    (stall,) = stalls_ending_at(document, 1)
+    assert stall["details"]["terminal_state"] == "hung"
+    assert stall["cause"].startswith(
+        "rank 1 waits on its device: 1B0 enqueued 41 s ago, started on the device but never "
+        "completed (a kernel that never ends"
+    ), stall["cause"]
