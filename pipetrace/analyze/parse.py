@@ -366,6 +366,15 @@ def _always(event: str) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
     return tuple((f.name, f.type.check) for f in fields if f.presence is fmt.Presence.ALWAYS)
 
 
+@cache
+def _sometimes(event: str) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
+    """(field, type check) of the fields the recorder writes on an event type only at times
+    (`device_pending`): checked where present."""
+    record = fmt.EVENTS.get(event)
+    fields = () if record is None else record.fields
+    return tuple((f.name, f.type.check) for f in fields if f.presence is fmt.Presence.SOMETIMES)
+
+
 def _valid(d: Any, checks: Checks) -> bool:
     """An event whose type and time are usable and whose required fields have their types."""
     if type(d) is not dict or type(d.get("e")) is not str or not fmt.is_int64(d.get("t")):
@@ -394,7 +403,9 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> bool:
     if not _valid(d, _checks(raw.header["schema_version"])):
         return False
     e, t = d["e"], d["t"]
-    if not all(name in d and check(d[name]) for name, check in _always(e)):
+    if not all(name in d and check(d[name]) for name, check in _always(e)) or not all(
+        check(d[name]) for name, check in _sometimes(e) if name in d
+    ):
         raw.problems.missing_fields += 1
     elif e == fmt.CLOCK and d["phase"] not in CLOCK_PHASES:
         raw.problems.bad_values += 1

@@ -146,6 +146,20 @@ def test_a_device_header_not_as_documented_or_newer_is_named(run):
     assert any("rank-00002.ndjson: device timing version 2, newer" in m for m in messages)
 
 
+def test_a_field_written_only_at_times_is_checked_where_present(run):
+    """A `dump`'s `device_pending` that is no list of objects: named, not silently dropped."""
+    lines = log(run, 1).read_bytes().splitlines()
+    last = orjson.loads(lines[-1])["t"]
+    dump = {"e": "dump", "t": last, "stacks": {}, "open_steps": [], "inflight": []}
+    dump |= {"reason": "SIGUSR1", "device_pending": {"step": "1F0"}}
+    log(run, 1).write_bytes(b"\n".join([*lines, orjson.dumps(dump)]) + b"\n")
+    assert any(
+        "rank-00001.ndjson: 1 event(s) lacking a field the recorder always writes, or with "
+        "another type" in m
+        for m in problems(run)
+    )
+
+
 def test_not_a_header(run):
     data = log(run, 0).read_bytes()
     log(run, 0).write_bytes(
