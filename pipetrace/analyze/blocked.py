@@ -7,6 +7,8 @@ rank waits for the op's peer, unless the peer already posted the counterpart (th
 transfer itself is stuck: the chain ends there). A rank in an open SEND/RECV step that has
 not posted its op yet, or in a collective over the replicas, waits the same way (a peer that
 sits in the counterpart step, posted or not, is at the message too: the transfer is stuck).
+A rank whose host went on while its device never completed a transfer (device timing: the
+oldest work its last listing names as pending is a SEND or RECV) waits on its device.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pipetrace.analyze.derive import (
     message_identity,
     step_message,
 )
+from pipetrace.analyze.device_times import pending_work
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
 from pipetrace.recorder.watchdog import main_thread_waits
 from pipetrace.schedule.ir import StepKind
@@ -49,6 +52,7 @@ class Blocked:
     waits_for: int | None  # None: the counterpart was posted, the transfer is stuck
     counterpart: str  # the step the peer must run
     counterpart_state: str = ""  # set when the counterpart was already posted
+    on_device: bool = False  # the host went on; the device never completed the op
 
     def describe(self) -> str:
         if self.op == COLLECTIVE:
@@ -58,7 +62,9 @@ class Blocked:
             )
         direction = "to" if self.op == "send" else "from"
         where = (
-            self.step
+            f"{self.step} on its device"
+            if self.on_device
+            else self.step
             if self.blocking_step == self.step
             else f"{self.blocking_step} (waiting for its {self.step})"
         )
@@ -83,7 +89,7 @@ def blocked_ranks(run: Run) -> dict[int, Blocked]:
             continue
         if rank.status.state == RankState.SIGNALED and endings[rank.rank].state == en.CRASHED:
             continue  # killed at work: no stall of its watchdog says it had been waiting
-        b = _blocking_op(run, rank) or _collective_wait(run, rank)
+        b = _blocking_op(run, rank) or _collective_wait(run, rank) or _device_wait(run, rank)
         if b is not None and b.counterpart_state == COMPLETED and rank.rank in dead:
             continue  # the message got through and the rank died after: it waits for nobody
         if b is not None:
@@ -282,6 +288,27 @@ def _collective_wait(run: Run, rank: RankTimeline) -> Blocked | None:
         counterpart=text,
         counterpart_state="" if late else "begun by every replica",
     )
+
+
+def _device_wait(run: Run, rank: RankTimeline) -> Blocked | None:
+    """A rank whose host went on (an NCCL ``wait()`` returns at once) while its device never
+    got through a transfer: the oldest work its last listing names as pending on the device
+    is a SEND or RECV. It waits for the peer, unless the peer's side completed on the
+    device (then the transfer itself is stuck)."""
+    pending = pending_work(rank)
+    code = run.catalog.code(pending.work.label) if pending is not None else -1
+    rows = np.flatnonzero(rank.p2p.code == code) if code >= 0 else ()
+    if not len(rows):
+        return None  # compute: the rank's own kernel, told by `terminal`
+    row = int(rows[-1])
+    b = _blocked_on(run, rank, row, None)
+    src, mb = message_identity(rank, run.catalog)
+    counterpart = _counterpart_row(run, rank, row, int(src[row]), int(mb[row]))
+    done = counterpart is not None and run.ranks[counterpart[0]].p2p.dend[counterpart[1]] != OPEN
+    b.waits_for = None if done else b.peer
+    b.counterpart_state = COMPLETED if done else ""
+    b.on_device = True
+    return b
 
 
 def _began(run: Run, rank: int, code: int, iteration: int) -> bool:

@@ -444,3 +444,23 @@ def test_a_rank_stalled_outside_its_steps_on_device_work_names_that_work(tmp_pat
         "rank 1 waits on its device: 1B0 enqueued 41 s ago, started on the device but never "
         "completed (a kernel that never ends"
     ), stall["cause"]
+
+
+def test_ranks_whose_devices_wait_on_a_transfer_chain_to_the_kernel_that_never_ends(tmp_path):
+    """NCCL's host waits return at once: every rank's host finishes its steps and stalls
+    later, outside them. The device work pending says who waits for whom: rank 0's device
+    on 0RECV_B0 from rank 1, whose device never finishes 1B0. One chain, one error."""
+
+    def pending(step: str, stream: str) -> list[dict]:
+        return [{"id": 1, "step": step, "stream": stream, "enqueued_t": 0, "age_s": 30.0}]
+
+    run = HandRun().cut(0, at(0, 61)).cut(1, at(0, 50))
+    run.stall(0, at(0, 2000), device_pending=pending("0RECV_B0", "p2p"))
+    run.stall(1, at(0, 2000), device_pending=pending("1B0", "compute"))
+    document = analyzed(run, tmp_path)
+    (stall,) = of_kind(document, "rank_stalled")
+    assert stall["severity"] == "error" and stall["details"]["chain"] == [0, 1]
+    assert stall["message"].startswith(
+        "stalled: rank 0 in 0RECV_B0 on its device: recv from rank 1"
+    )
+    assert stall["cause"].startswith("rank 1 waits on its device: 1B0 enqueued 30 s ago")
