@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import subprocess
 import sys
@@ -200,6 +201,8 @@ def test_work_stuck_inside_its_own_kernel_is_reported_as_started():
     (pending,) = session.timer.pending()
     assert pending.started
     assert pending.describe() == "2B4 enqueued 12 s ago, started on the device but never completed"
+    moment = dataclasses.replace(pending, age_ns=300_000)  # a crash lists work a moment old
+    assert moment.describe().startswith("2B4 enqueued 300 µs ago")
 
 
 def test_a_step_whose_kernels_ran_long_after_it_was_enqueued_is_device_bound():

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipetrace import units
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceSpan:
@@ -73,4 +75,6 @@ class PendingWork:
             if self.started
             else "never completed on the device"
         )
-        return f"{self.label} enqueued {self.age_ns / 1e9:.0f} s ago, {state}"
+        # whole seconds for a hang's age; a crash lists work a moment old
+        age = f"{self.age_ns / 1e9:.0f} s" if self.age_ns >= 1e9 else units.duration(self.age_ns)
+        return f"{self.label} enqueued {age} ago, {state}"
