@@ -85,9 +85,9 @@ class RankSelection:
             replica = replica_of_ranks(meta, world_size)
             beyond = sorted(self.replicas - set(replica))
             if beyond:
+                has = "one replica (0)" if max(replica) == 0 else f"replicas 0-{max(replica)}"
                 raise PipetraceError(
-                    f"--replica: the run has replicas 0-{max(replica)}; no replica "
-                    f"{format_rank_list(set(beyond))}"
+                    f"--replica: the run has {has}; no replica {format_rank_list(set(beyond))}"
                 )
             chosen &= {r for r in range(world_size) if replica[r] in self.replicas}
         if not chosen:

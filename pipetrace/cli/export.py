@@ -123,13 +123,14 @@ def export(
     from pipetrace.analyze.load import load_run
     from pipetrace.analyze.source import open_source
     from pipetrace.export import default_output, export_run
-    from pipetrace.export.output import check_output
+    from pipetrace.export.output import check_not_the_run, check_output
 
     if output:
         check_output(Path(output))  # before the run is read: a bad target fails at once
     source = open_source(run_dirs)
     out = Path(output) if output else default_output(source.path, fmt)
     check_output(out)
+    check_not_the_run(out, source.directories)
     progress = _Progress()
     try:
         progress("loading rank logs")

@@ -15,7 +15,7 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -42,6 +42,21 @@ def check_output(out: Path) -> None:
         )
     if not out.parent.is_dir():
         raise PipetraceError(f"cannot write {out}: no directory {out.parent}")
+
+
+def check_not_the_run(out: Path, directories: Sequence[Path]) -> None:
+    """Refuse an output that is one of the run's own files, or would pass for one: a name
+    the trace format gives its files (meta.json, run-id, a rank log) in a run directory."""
+    from pipetrace.recorder import format as fmt
+
+    reserved = out.name in (fmt.META_FILE, fmt.RUN_ID_FILE) or fmt.is_rank_log_name(out.name)
+    parent = out.parent.resolve()
+    if reserved and any(parent == d.resolve() for d in directories):
+        raise PipetraceError(
+            f"cannot write {out}: in the run's directory that name is the run's own "
+            "(meta.json, run-id, rank-*.ndjson), which the export would replace or pass for; "
+            "pass another -o"
+        )
 
 
 def write_file(out: Path, write: Callable[[BinaryIO], int]) -> int:

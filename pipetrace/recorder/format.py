@@ -504,6 +504,11 @@ def is_node_run_id(run_id: str) -> bool:
     return len(parts) == 3 and parts[1].isdigit() and (parts[2].isdigit() or parts[2] == "?")
 
 
+def is_rank_log_name(name: str) -> bool:
+    """Is ``name`` what a reader takes for a rank log (``rank-*.ndjson``)?"""
+    return name.startswith("rank-") and name.endswith(".ndjson")
+
+
 def rank_log_name(rank: int) -> str:
     return f"rank-{rank:05d}.ndjson"
 

@@ -67,7 +67,7 @@ def test_a_replica_loads_its_pipeline_ranks(tmp_path, capsys):
     [
         (["--ranks", "0-x"], "'0-x' is not a number or a range like 0-3"),
         (["--ranks", "2,9"], "--ranks: the run has ranks 0-3; no rank 9"),
-        (["--replica", "1"], "--replica: the run has replicas 0-0; no replica 1"),
+        (["--replica", "1"], "--replica: the run has one replica (0); no replica 1"),
     ],
 )
 def test_a_bad_selection_is_a_usage_error(hung_run, capsys, flags, said):

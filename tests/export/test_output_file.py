@@ -49,3 +49,19 @@ def test_an_existing_regular_file_is_replaced(tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     assert target.read_bytes().startswith(b"{") and not target.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["trace.json"]
+
+
+def test_the_runs_own_files_are_never_an_output(tmp_path, capsys):
+    """A slip of -o would have replaced the recording (meta.json, a rank log) or posed as
+    one more rank's log in its directory."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for f in [SAMPLE / "meta.json", *SAMPLE.glob("rank-*.ndjson")]:
+        (run / f.name).write_bytes(f.read_bytes())
+    before = {f.name: f.read_bytes() for f in run.iterdir()}
+    for name in ("meta.json", "rank-00001.ndjson", "rank-00007.ndjson", "run-id"):
+        code = main(["export", str(run), "-o", str(run / name), "--no-findings"])
+        err = capsys.readouterr().err
+        assert code == 2 and "the run's own" in err and err.count("\n") == 1, (name, err)
+    assert {f.name: f.read_bytes() for f in run.iterdir()} == before
+    assert main(["export", str(run), "-o", str(run / "run.pftrace"), "--no-findings"]) == 0
