@@ -90,6 +90,7 @@ def build_layout(run: Run, findings: list[Finding] | None = None) -> Layout:
         ops[rank.rank] = _p2p(b, run, rank, proc, t_end)
         _iterations(b, rank, proc, t_end)
         _device_steps(b, rank, proc)
+        _device_never(b, rank, proc, t_end)
         _device_ops(b, rank, proc, ops[rank.rank])
         _bubbles(b, run, rank, proc, t_end)
         b.add_counter(
@@ -269,6 +270,32 @@ def _device_steps(b: Builder, rank: RankTimeline, proc: int) -> None:
             rows = sel[mine]
             code = steps.code[rows]
             b.add_slices(track, begin[mine], end[mine], code, SLICE_STEP, rank.rank, rows, False)
+
+
+def _device_never(b: Builder, rank: RankTimeline, proc: int, t_end: int) -> None:
+    """On a rank with device times, the oldest step the host enqueued (and ended) that the
+    device never completed: from its enqueue to the end of the trace, unfinished, on a track
+    of its own. What is queued behind it never completed either."""
+    steps = rank.steps
+    timed = steps.dend != OPEN
+    never = np.flatnonzero((steps.end != OPEN) & ~timed)
+    if not timed.any() or not len(never):
+        return
+    row = never[np.argmin(steps.begin[never])]
+    track = b.track(
+        "device (never completed)", parent=proc, rank=rank.rank, order=TRACK_ORDER["device"] + 2
+    )
+    begin = steps.begin[row : row + 1]
+    b.add_slices(
+        track,
+        begin,
+        np.full(1, max(t_end, int(begin[0]))),
+        steps.code[row],
+        SLICE_STEP,
+        rank.rank,
+        row,
+        True,
+    )
 
 
 def _device_ops(b: Builder, rank: RankTimeline, proc: int, ops: _Ops) -> None:

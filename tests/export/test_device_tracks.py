@@ -10,7 +10,8 @@ import pytest
 from pipetrace.analyze.load import load_run
 from pipetrace.export.layout import build_layout
 from pipetrace.export.perfetto import write_perfetto
-from pipetrace.testing.device_replay import record_device_run, slow_forward_on_rank_1
+from pipetrace.testing.device_replay import quick, record_device_run, slow_forward_on_rank_1
+from pipetrace.testing.fake_device import NEVER
 
 from .decode import decode_perfetto
 
@@ -46,3 +47,23 @@ def test_device_slices_are_at_device_times(exported):
     host = [s for s in dec.on(1, "compute") if s.name.startswith("1F")]
     assert all(s.end - s.begin < 2 * MS for s in host)
     assert dec.on(0, "device (device-bound)") == []
+
+
+def test_work_the_device_never_completed_is_drawn_unfinished(tmp_path):
+    """Rank 1's device never finishes 1B1 of iteration 1 (everything after it waits behind
+    it): the step is drawn from its enqueue to the end of the trace on a track of its own,
+    which is what a device hang looks like; no other rank has that track."""
+
+    def hangs_in_1b1(rank: int, iteration: int, text: str) -> float:
+        return NEVER if (rank, iteration, text) == (1, 1, "1B1") else quick(rank, iteration, text)
+
+    record_device_run(tmp_path, hangs_in_1b1)
+    run = load_run(tmp_path, workers=0)
+    out = io.BytesIO()
+    write_perfetto(build_layout(run), out)
+    dec = decode_perfetto(out.getvalue())
+    (never,) = dec.on(1, "device (never completed)")
+    assert never.name == "1B1" and never.args.get("unfinished") is True
+    (host,) = [s for s in dec.on(1, "compute") if s.name == "1B1" and s.args["iteration"] == 1]
+    assert never.begin == host.begin and never.end >= max(s.end for s in dec.on(1, "compute"))
+    assert dec.on(0, "device (never completed)") == []
