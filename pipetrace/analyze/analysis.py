@@ -22,6 +22,7 @@ import numpy as np
 from pipetrace import __version__
 from pipetrace.analyze.critical import critical_path
 from pipetrace.analyze.deadlock import find_hangs
+from pipetrace.analyze.device_hang import find_device_hangs
 from pipetrace.analyze.device_times import device_timing, timed_run
 from pipetrace.analyze.divergence import find_divergence
 from pipetrace.analyze.endings import endings_kept
@@ -94,7 +95,7 @@ def analyze(run: Run) -> Analysis:
         findings += find_interrupt(run)
         findings += find_recovered_stalls(run)
     findings += _caveat_damage(run, find_message_problems(run) + find_divergence(run))
-    findings += find_nonfinite_loss(run)
+    findings += find_nonfinite_loss(run) + find_device_hangs(run)
     findings += find_stragglers(timed, metrics, ideal)
     findings += find_exposed_comm(timed, metrics)
     findings = replica_findings(run, findings)

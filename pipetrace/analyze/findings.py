@@ -25,11 +25,13 @@ EXPOSED_COMM = "exposed_comm"
 INTERRUPTED = "interrupted"
 STALL_RECOVERED = "stall_recovered"
 NONFINITE_LOSS = "nonfinite_loss"
+DEVICE_HANG = "device_hang"
 KINDS = (
     INTERRUPTED,
     RANK_FAILED,
     DEADLOCK,
     RANK_STALLED,
+    DEVICE_HANG,
     UNMATCHED_SEND,
     UNMATCHED_RECV,
     MESSAGE_MISMATCH,

@@ -149,3 +149,19 @@ def test_impossible_device_times_are_damage_not_metrics(tmp_path):
         timed = table.dbegin != OPEN
         assert (table.dbegin[timed] >= launched[timed] - 1_000).all()  # none an hour early
         assert (table.dend - table.dbegin)[timed].max() < 10**9  # the first span of an id
+
+
+def test_a_run_that_ended_with_device_work_never_completed_is_a_device_hang(tmp_path):
+    """Every host finished and closed the recording, but rank 1's device never got through
+    1B1: the drain gave up and listed it in run_end. Without this finding the run read as
+    clean (exit 0)."""
+
+    def hangs_in_1b1(rank: int, iteration: int, text: str) -> float:
+        return NEVER if (rank, iteration, text) == (1, 1, "1B1") else quick(rank, iteration, text)
+
+    record_device_run(tmp_path, hangs_in_1b1)
+    analysis = analyze(load_run(tmp_path, workers=0))
+    assert {r.status.state for r in analysis.run.ranks} == {"finished"}
+    (hang,) = [f for f in analysis.findings if f.severity == "error"]
+    assert hang.kind == "device_hang" and hang.ranks == [1]
+    assert "rank 1: 1B1 enqueued" in hang.message and hang.steps[0].step == "1B1"
