@@ -157,7 +157,7 @@ def _op_rows(session: Session, rank_id: int, row: int) -> list[tuple[str, str]]:
     post, done = int(p.post[row]), int(p.done[row])
     direction = "to" if op == "send" else "from"
     rows = [
-        (op, f"{direction} rank {int(p.peer[row])}, channel {ch}, seq {int(p.seq[row])}"),
+        (op, f"{direction} {run.rank_name(int(p.peer[row]))}, channel {ch}, seq {int(p.seq[row])}"),
         ("message", f"{units.size(int(p.nbytes[row]))} {dtype}{list(shape)}"),
         (
             "posted → done",
@@ -176,7 +176,7 @@ def _op_rows(session: Session, rank_id: int, row: int) -> list[tuple[str, str]]:
         rows.append(
             (
                 "matched",
-                f"rank {other} {run.catalog.texts[int(o.code[j])]}, "
+                f"{run.rank_name(other)} {run.catalog.texts[int(o.code[j])]}, "
                 f"posted {units.duration(int(o.post[j]))}"
                 + (f", done {units.duration(odone)}" if odone != OPEN else ", never done"),
             )
@@ -189,7 +189,7 @@ def _describe_op(session: Session, rank_id: int, row: int) -> Description:
     p = run.ranks[rank_id].p2p
     code = int(p.code[row])
     d = Description(
-        f"rank {rank_id} · {OPS[int(p.op[row])]} of {run.catalog.texts[code]} "
+        f"{run.rank_name(rank_id)} · {OPS[int(p.op[row])]} of {run.catalog.texts[code]} "
         f"· iteration {int(p.it[row])}"
     )
     d.rows += _op_rows(session, rank_id, row)
@@ -209,7 +209,7 @@ def _describe_sample(session: Session, lane_id: int, item: int) -> Description:
     memory, row = rank.memory, int(lane.rows[item])
     code = int(lane.code[item])
     after = session.run.catalog.texts[code] if code >= 0 else "-"
-    d = Description(f"rank {lane.rank} · memory after {after}")
+    d = Description(f"{session.run.rank_name(lane.rank)} · memory after {after}")
     d.rows.append(
         (
             "from",
