@@ -97,7 +97,8 @@ def load_run(
         )
         run = entry.load() if entry else None
         if run is None:
-            with _Parsing([source.logs[r] for r in wanted], progress, workers, cache) as parsing:
+            logs = [source.logs[r] for r in sorted(wanted)]  # in rank order, as assembled
+            with _Parsing(logs, progress, workers, cache) as parsing:
                 run, planned = _assemble(source, wanted, problems, select, parsing)
             if entry and not entry.store(run, len(source.problems), [c for _, c in planned]):
                 entry = None  # the logs moved: ``run`` is not the model of its key

@@ -13,6 +13,7 @@ from pipetrace.analyze.selection import (
 )
 from pipetrace.cli import main
 from pipetrace.testing.cluster import FakeCluster
+from pipetrace.testing.synthetic import write_synthetic_run
 from pipetrace.tui.session import open_session
 
 
@@ -91,3 +92,14 @@ def test_replicas_follow_the_pipelines_meta_json_names():
     assert replica_of_ranks({"config": {"data_parallel": 3}}, 4) == [0, 0, 0, 0]
     only_replica_0 = {"config": {"data_parallel": 2, "ranks": 4}}
     assert replica_of_ranks(only_replica_0, 4) == [0, 0, 0, 0]
+
+
+def test_ranks_in_no_particular_order_are_each_read_from_their_own_log(tmp_path, capsys):
+    """A set of ranks iterates in hash order ({21, 53, 85} as 53, 85, 21): each rank's log
+    was handed to another rank, which set it aside as from another run."""
+    write_synthetic_run(tmp_path, schedule="gpipe", num_ranks=96, num_microbatches=2)
+    code, data = _json(capsys, str(tmp_path), "--ranks", "21,53,85")
+    assert code == 0, data["input_problems"]
+    loaded = [r["rank"] for r in data["ranks"] if r["state"] != "not_loaded"]
+    assert loaded == [21, 53, 85]
+    assert not [p for p in data["input_problems"] if "another run" in p["message"]]
