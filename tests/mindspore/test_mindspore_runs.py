@@ -45,7 +45,8 @@ def test_schedules_match_single_process_and_record_clean_runs(tmp_path):
 
     cases = [
         BASE,
-        dataclasses.replace(BASE, schedule="interleaved-1f1b", stages_per_rank=2),
+        # 6 micro-batches: a loss scale of 1/6, which a float32 multiplier would round
+        dataclasses.replace(BASE, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=6),
         dataclasses.replace(BASE, schedule="zb1p"),
         dataclasses.replace(
             BASE, schedule="dualpipev", overlap_p2p=True
