@@ -51,8 +51,9 @@ that ends at a message both sides posted. NOT_LOADED: left out of the analysis (
 
 CLOSED_WORDS = ("connection closed", "connection reset", "broken pipe")
 """An error with these words is a lost connection: the peer at the other end went away."""
-TIMED_OUT_WORDS = ("timed out", "timeout")
-"""An error with these words is a wait that gave up: the peer never came."""
+TIMED_OUT_WORDS = ("timed out", "timeout", "recv failed", "send failed")
+"""An error with these words is a wait that gave up: the peer never came (MindSpore's CPU
+collectives say "Recv failed." when `MS_CPU_COMM_OP_TIMEOUT` runs out)."""
 
 
 @dataclass(frozen=True)

@@ -464,3 +464,16 @@ def test_ranks_whose_devices_wait_on_a_transfer_chain_to_the_kernel_that_never_e
         "stalled: rank 0 in 0RECV_B0 on its device: recv from rank 1"
     )
     assert stall["cause"].startswith("rank 1 waits on its device: 1B0 enqueued 30 s ago")
+
+
+def test_mindspores_recv_failed_is_a_wait_that_gave_up_not_a_root_cause(tmp_path):
+    """MindSpore's CPU collectives end a P2P wait past MS_CPU_COMM_OP_TIMEOUT with "Recv
+    failed.": rank 0's error is the hang's symptom, and the frozen rank 1 is named."""
+    run = HandRun().cut(1, at(1, 30))  # rank 1 frozen inside 1B0 of iteration 1
+    run.cut(0, at(1, 25)).raises(0, at(1, 8000), "Recv failed.")  # in 0RECV_B0
+    document = analyzed(run, tmp_path)
+    errors = [f for f in document["findings"] if f["severity"] == "error"]
+    assert [f["kind"] for f in errors] == ["rank_stalled"], errors
+    assert errors[0]["details"]["terminal_rank"] == 1
+    (failed,) = of_kind(document, "rank_failed")
+    assert failed["severity"] == "warning" and "a P2P wait gave up" in failed["cause"]
