@@ -152,7 +152,9 @@ class RunConfig:
         check_settings(self)
         # before anything builds the plan (``-p 99999999999999999999``)
         check_plan_size(self.ranks, self.microbatches, max(self.stages_per_rank or 1, 2))
-        if self.data_parallel > 1 and not self.fsdp:
+        # on MindSpore both flags are refused (`mindspore.support.check_run`): no advice to
+        # add one
+        if self.data_parallel > 1 and not self.fsdp and self.backend != "mindspore":
             raise SettingsError(
                 RunConfig,
                 "{data_parallel} > 1 needs {fsdp} (replicas keep in sync through FSDP's "

@@ -142,6 +142,7 @@ def test_numpy_2_with_mindspore_2_10_is_refused_with_the_fix(monkeypatch):
     "fields, message",
     [
         (dict(data_parallel=2, fsdp=True), "does not support --data-parallel/--fsdp"),
+        (dict(data_parallel=2), "does not support --data-parallel/--fsdp"),  # not "needs --fsdp"
         (dict(torch_profiler=True, out="x"), "does not support --torch-profiler"),
     ],
 )
