@@ -12,6 +12,7 @@ import click
 
 from pipetrace.cli.run_options import run_options
 from pipetrace.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_PROBLEMS, EXIT_TERMINATED
+from pipetrace.recorder import format as fmt
 from pipetrace.recorder import run_dir
 from pipetrace.runtime.config import RunConfig
 from pipetrace.runtime.fault_spec import FAULT_HELP
@@ -134,8 +135,10 @@ def _claim_run_dir(config: RunConfig) -> None:
 
 
 def _holds_a_recording(out: Path) -> bool:
-    """Whether ``out`` holds something `pipetrace analyze` can read (a rank log)."""
-    return any(path.name != run_dir.RUN_ID_FILE for path in run_dir.previous_run_files(out))
+    """Whether ``out`` holds something `pipetrace analyze` can read: meta.json (rank 0
+    writes it as it starts recording) and a rank log."""
+    names = {path.name for path in run_dir.previous_run_files(out)}
+    return fmt.META_FILE in names and any(map(fmt.is_rank_log_name, names))
 
 
 def _default_run_dir(schedule: str) -> str:

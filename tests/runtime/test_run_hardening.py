@@ -77,6 +77,21 @@ def test_no_analyze_hint_for_a_run_that_recorded_nothing(capsys, monkeypatch, tm
     assert "pipetrace analyze" not in capsys.readouterr().err
 
 
+def test_an_interrupt_before_rank_0_recorded_claims_no_recording(capsys, monkeypatch, tmp_path):
+    """Ctrl-C during start-up: one rank's header, no meta.json, which analyze cannot read."""
+    out = tmp_path / "run"
+
+    def interrupted(*args, **kwargs) -> LaunchResult:
+        (out / fmt.rank_log_name(1)).write_text('{"format": "pipetrace-events"}\n')
+        result = LaunchResult(2)
+        result.interrupted = 2
+        return result
+
+    monkeypatch.setattr(pipetrace.runtime.launch, "launch", interrupted)
+    assert main(["run", "-s", "1f1b", "--out", str(out)]) == 130
+    assert capsys.readouterr().err == "interrupted: 2 ranks stopped\n"
+
+
 def test_the_help_examples_do_not_chain_analyze_after_a_hang():
     from pipetrace.cli.run import run
 

@@ -85,7 +85,9 @@ def run_workers(
             watch.stop()
             stop(ranks)
             _stop_process(scheduler)
-        if watch.failed_with is not None:
+        # a Ctrl-C or SIGTERM to the job's process group ends the scheduler too: that is the
+        # interrupt, which the launch reports, not a failure of the scheduler
+        if watch.failed_with is not None and result.interrupted is None:
             raise PipetraceError(
                 f"MindSpore's scheduler exited with code {watch.failed_with} while workers were "
                 f"running: {_tail(log_path)}",
