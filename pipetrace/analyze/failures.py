@@ -17,6 +17,7 @@ from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import OPEN, RankState, RankTimeline, Run
+from pipetrace.analyze.selection import format_rank_list
 from pipetrace.recorder import format as fmt
 
 
@@ -46,6 +47,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
     hanging = {r for r, e in endings.items() if e.state in (en.COMPUTING, en.HUNG)}
     together = _signaled_together(run, first)
     findings = []
+    ended_alike: dict[tuple[object, ...], list[Finding]] = {}
     for rank in run.ranks:
         state = rank.status.state
         if endings[rank.rank].state in _NOT_FAILED:
@@ -53,15 +55,54 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
         if state == RankState.FAILED:
             findings.append(_raised(run, rank, endings[rank.rank], first, rank.rank in hung))
         elif state == RankState.SIGNALED:
-            findings.append(_signaled(run, rank, endings[rank.rank], first, hanging, together))
+            found, alike = _signaled(run, rank, endings[rank.rank], first, hanging, together)
+            findings.append(found)
+            if alike is not None:
+                ended_alike.setdefault(alike, []).append(found)
         elif state == RankState.MISSING:
             findings.append(_missing(rank, endings[rank.rank]))
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
             findings.append(_died_silently(run, rank, endings[rank.rank]))
+    for alike, members in ended_alike.items():
+        if len(members) > 1:
+            at = findings.index(members[0])
+            findings = [f for f in findings if f not in members]
+            findings.insert(at, _ended_alike(alike, members, first))
     stopped = None if hung else _stopped_together(run, endings)  # else the hang's says it
     if stopped is not None:
         findings.append(stopped)
     return findings
+
+
+def _ended_alike(
+    alike: tuple[object, ...], members: list[Finding], first: _FirstFailure | None
+) -> Finding:
+    """One warning for the ranks a signal ended for one reason (the launcher ending the
+    ranks left behind): a job of a thousand ranks gets one line, not a thousand."""
+    ranks = [r for f in members for r in f.ranks]
+    signal = str(alike[-1])
+    cause = members[0].cause
+    times = [f.time_ns[0] for f in members if f.time_ns is not None]
+    if alike[0] == "follows" and first is not None and times:
+        cause = (
+            f"follows rank {first.rank}'s failure {units.duration(min(times) - first.t)} to "
+            f"{units.duration(max(times) - first.t)} earlier: the launcher ended the ranks "
+            "left behind"
+        )
+    return Finding(
+        fk.RANK_FAILED,
+        fk.WARNING,
+        f"{len(ranks)} ranks were ended by {signal}: ranks {format_rank_list(set(ranks))}",
+        cause,
+        ranks=ranks,
+        steps=[s for f in members for s in f.steps],
+        iterations=sorted({i for f in members for i in f.iterations}),
+        time_ns=(min(times), max(times)) if times else None,
+        details={
+            "signal": signal,
+            "ended": [{"rank": f.ranks[0], **f.details} for f in members],
+        },
+    )
 
 
 _AT_ONCE_NS = 1_000_000_000
@@ -238,7 +279,7 @@ def _signaled(
     first: _FirstFailure | None,
     hanging: set[int],
     together: _Together | None,
-) -> Finding:
+) -> tuple[Finding, tuple[object, ...] | None]:
     st = rank.status
     sig = rank.last_of(fmt.SIGNAL)
     at = en.where(run, rank)
@@ -247,22 +288,36 @@ def _signaled(
         "killed from outside (job scheduler timeout, a user's Ctrl-C, "
         "or a peer's failure tearing the job down)"
     )
+    alike: tuple[object, ...] | None = None  # the reason shared with other ranks ended alike
     if hanging - {rank.rank}:  # a time limit or the launcher ended the job around a hang
         severity = fk.WARNING
         cause = (
-            f"the job was ended while rank(s) {', '.join(map(str, sorted(hanging)))} hung "
-            "(see rank_stalled / deadlock): a time limit or the launcher ending the ranks "
-            "left behind"
+            f"the job was ended while {_ranks(hanging)} hung (see rank_stalled / deadlock): "
+            "a time limit or the launcher ending the ranks left behind"
         )
+        alike = ("hang", st.error)
     elif first and together and rank.rank in together.ranks:
         severity = fk.ERROR if rank.rank == first.rank else fk.WARNING
         cause = together.cause(first.rank, rank.rank)
+        alike = None if rank.rank == first.rank else ("together", st.error)
     elif sig and first and first.explains(rank.rank, sig.t):
         severity = fk.WARNING
         cause = first.follows(sig.t, "the launcher ended the ranks left behind")
+        alike = ("follows", st.error)
     message = f"rank {rank.rank} was ended by {st.error} {at.phrase}"
     details = {"signal": st.error}
-    return _told(rank, ending, at, sig.t if sig else None, severity, message, cause, details)
+    found = _told(rank, ending, at, sig.t if sig else None, severity, message, cause, details)
+    return found, alike
+
+
+def _ranks(ranks: set[int]) -> str:
+    """``rank 3``, ``rank(s) 1, 3`` (each named where there are replicas), or past a few a
+    compact ``ranks 0-52,54-127``."""
+    if len(ranks) == 1:
+        return f"rank {next(iter(ranks))}"
+    if len(ranks) <= 4:
+        return f"rank(s) {', '.join(map(str, sorted(ranks)))}"
+    return f"ranks {format_rank_list(ranks)}"
 
 
 def _missing(rank: RankTimeline, ending: en.Ending) -> Finding:

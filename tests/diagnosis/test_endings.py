@@ -393,7 +393,7 @@ def test_a_sigterm_on_a_rank_that_was_not_watched_is_the_end_of_the_job_not_a_ca
     assert_told_right(document)
     (failed,) = of_kind(document, "rank_failed")
     assert failed["ranks"] == [0] and failed["severity"] == "warning"
-    assert "the job was ended while rank(s) 1 hung" in failed["cause"]
+    assert "the job was ended while rank 1 hung" in failed["cause"]
     (stall,) = of_kind(document, "rank_stalled")
     assert stall["details"]["terminal_state"] == "computing"
 
