@@ -24,6 +24,7 @@ from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.ideal import IdealTimeline, ideal_timeline
 from pipetrace.analyze.metrics import OVERLAPPED, Metrics, reduce_groups
 from pipetrace.analyze.model import Run
+from pipetrace.analyze.selection import format_rank_list
 
 STRAGGLER_FACTOR = 2.0
 STRAGGLER_MIN_EFFECT = 0.10
@@ -111,7 +112,7 @@ def _straggler(
         if rank is not None
         else []
     )
-    named = f" ({'ranks' if len(ranks) > 1 else 'rank'} {', '.join(map(str, ranks))})"
+    named = f" (rank {ranks[0]})" if len(ranks) == 1 else f" (ranks {format_rank_list(set(ranks))})"
     worst_kind, _ = max(kinds.items(), key=lambda kv: kv[1][0] / kv[1][1])
     share = effect / base if effect is not None and base else None
     severity = fk.WARNING if share is not None and share >= STRAGGLER_MIN_EFFECT else fk.INFO
@@ -129,8 +130,13 @@ def _straggler(
         fk.STRAGGLER,
         severity,
         f"stage {stage}" + (named if ranks else "") + f" is slow: {what}{effect_text}",
-        f"{named[2:-1]} {'compute' if len(ranks) > 1 else 'computes'} stage {stage} slower "
-        "than its peers (a heavier layer split, a slower or busier host, CPU contention)"
+        (
+            f"rank {ranks[0]} computes stage {stage}"
+            if len(ranks) == 1
+            else f"the {len(ranks)} ranks holding stage {stage} compute it"
+        )
+        + " slower than its peers (a heavier layer split, a slower or busier host, CPU "
+        "contention)"
         if ranks
         else "one stage is slower than its peers",
         ranks=ranks,

@@ -117,13 +117,14 @@ def _one_meta(
         raise TraceFormatError(f"none of {names} holds a {fmt.META_FILE}: not a pipetrace run")
     _check_one_run(directories, metas)
     meta_dir = next(iter(metas))
-    for directory in directories:
-        if directory not in metas:
-            problems.append(
-                InputProblem(
-                    "info", f"{directory}: no {fmt.META_FILE} (the run's is read from {meta_dir})"
-                )
-            )
+    without = [d for d in directories if d not in metas]
+    if without:  # one line, however many nodes: the usual layout of a multi-node job
+        named = ", ".join(map(str, without[:3])) + (
+            f" and {len(without) - 3} more" if len(without) > 3 else ""
+        )
+        problems.append(
+            InputProblem("info", f"{named}: no {fmt.META_FILE} (the run's is read from {meta_dir})")
+        )
     return meta_dir, metas[meta_dir]
 
 

@@ -12,7 +12,7 @@ from pipetrace.analyze.source import open_source
 from pipetrace.cli import main
 from pipetrace.testing.cluster import FakeCluster
 from pipetrace.tui.session import open_session
-from tests.multidir.conftest import SAMPLES
+from tests.multidir.conftest import SAMPLES, split_run
 
 
 def analysis_json(capsys, *args: str) -> tuple[int, dict]:
@@ -171,3 +171,14 @@ def test_tui_and_export_refuse_two_runs_before_anything_else(two_runs, capsys):
 def test_export_writes_beside_the_directory_holding_meta_json(split_sample, capsys):
     assert main(["export", str(split_sample[1]), str(split_sample[0]), "--workers", "0"]) == 0
     assert (split_sample[0].parent / "node0.pftrace").stat().st_size > 0
+
+
+def test_the_nodes_without_meta_json_are_one_line(tmp_path, capsys):
+    node0, node1 = split_run(SAMPLES / "clean-1f1b", tmp_path, [1, 2])
+    node2 = tmp_path / "node2"
+    node2.mkdir()
+    (node1 / "rank-00002.ndjson").rename(node2 / "rank-00002.ndjson")
+    code, split = analysis_json(capsys, str(node0), str(node1), str(node2))
+    assert code == 0
+    [problem] = split["input_problems"]
+    assert problem["message"] == f"{node1}, {node2}: no meta.json (the run's is read from {node0})"
