@@ -60,7 +60,9 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
             if alike is not None:
                 ended_alike.setdefault(alike, []).append(found)
         elif state == RankState.MISSING:
-            findings.append(_missing(rank, endings[rank.rank]))
+            found = _missing(rank, endings[rank.rank])
+            findings.append(found)
+            ended_alike.setdefault(("missing", found.cause), []).append(found)
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
             findings.append(_died_silently(run, rank, endings[rank.rank]))
     for alike, members in ended_alike.items():
@@ -78,8 +80,18 @@ def _ended_alike(
     alike: tuple[object, ...], members: list[Finding], first: _FirstFailure | None
 ) -> Finding:
     """One warning for the ranks a signal ended for one reason (the launcher ending the
-    ranks left behind): a job of a thousand ranks gets one line, not a thousand."""
+    ranks left behind), or without a usable log: a job of a thousand ranks gets one line,
+    not a thousand."""
     ranks = [r for f in members for r in f.ranks]
+    if alike[0] == "missing":
+        return Finding(
+            fk.RANK_FAILED,
+            fk.WARNING,
+            f"{len(ranks)} ranks have no usable log: ranks {format_rank_list(set(ranks))}",
+            members[0].cause,
+            ranks=ranks,
+            details={"ended": [{"rank": f.ranks[0], **f.details} for f in members]},
+        )
     signal = str(alike[-1])
     cause = members[0].cause
     times = [f.time_ns[0] for f in members if f.time_ns is not None]

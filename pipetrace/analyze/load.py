@@ -443,6 +443,9 @@ class _Assembly:
         if directory not in self.run_ids:
             self.run_ids[directory] = read_run_id(directory)
         run_id = self.run_ids[directory]
+        if self.directories > 1 and _absent_log(raw):  # `source` named every such rank at once
+            self.ranks.append(_missing(rank, raw, self.directories))
+            return
         if not _check_raw(raw, rank, self.meta, self.world_size, self.problems, run_id):
             self.ranks.append(_missing(rank, raw, self.directories))
             return
@@ -658,6 +661,10 @@ def _iteration_table(iterations: dict[int, list]) -> IterationTable:
         np.array([r[1] for r in rows], np.int64),
         np.array([np.nan if r[2] is None else r[2] for r in rows], np.float64),
     )
+
+
+def _absent_log(raw: RawRank) -> bool:
+    return (raw.error or "").endswith(": missing event log") and not os.path.lexists(raw.path)
 
 
 def _missing(rank: int, raw: RawRank, directories: int = 1) -> RankTimeline:

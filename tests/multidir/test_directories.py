@@ -182,3 +182,21 @@ def test_the_nodes_without_meta_json_are_one_line(tmp_path, capsys):
     assert code == 0
     [problem] = split["input_problems"]
     assert problem["message"] == f"{node1}, {node2}: no meta.json (the run's is read from {node0})"
+
+
+def test_ranks_no_directory_holds_are_one_warning_and_one_finding(split_sample, capsys):
+    """A node not copied back: its ranks are named once among the input problems and once
+    among the findings, not once per rank in each."""
+    for log in split_sample[1].glob("rank-*.ndjson"):
+        log.unlink()
+    code, split = analysis_json(capsys, *map(str, split_sample))
+    assert code == 1
+    messages = [p["message"] for p in split["input_problems"]]
+    assert [m for m in messages if "1, 2" in m or "1-2" in m] == [
+        "no log of rank(s) 1-2 in any of the 2 directories (a node not copied back?)"
+    ]
+    assert not [m for m in messages if "missing event log" in m]
+    (missing,) = [f for f in split["findings"] if f["kind"] == "rank_failed"]
+    assert missing["ranks"] == [1, 2] and missing["message"] == (
+        "2 ranks have no usable log: ranks 1-2"
+    )
