@@ -13,6 +13,7 @@ names what moved the wall clock.
 
 from __future__ import annotations
 
+import shlex
 from typing import IO, Any
 
 from pipetrace.analyze.analysis import Analysis, run_summary
@@ -112,9 +113,10 @@ def headline(d: dict[str, Any]) -> list[str]:
     for side in ("a", "b"):
         errors = d["findings"][side].get("error", 0)
         if errors:
+            where = " ".join(shlex.quote(p) for p in d[side]["directories"])
             lines.append(
                 f"{side.upper()} did not run cleanly: {errors} error finding(s) (pipetrace "
-                f"analyze {d[side]['path']})"
+                f"analyze {where})"
             )
         if d["first_iteration_only"][side]:
             lines.append(

@@ -9,6 +9,7 @@ import pytest
 
 from pipetrace.cli import main
 from pipetrace.testing.device_replay import quick, record_device_run
+from tests.multidir.conftest import split_run
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 CLEAN, STRAGGLER = str(SAMPLES / "clean-1f1b"), str(SAMPLES / "fault-straggler")
@@ -80,3 +81,9 @@ def test_a_device_timed_run_against_a_host_timed_one_says_they_do_not_compare(tm
     assert data["timing"] == {"a": "host", "b": "device"}
     assert "A's figures are host times, B's device times" in diff(capsys, CLEAN, str(device))
     assert "device times" not in diff(capsys, CLEAN, STRAGGLER)
+
+
+def test_a_run_of_several_directories_is_named_by_all_of_them(tmp_path, capsys):
+    crash = split_run(SAMPLES / "fault-crash", tmp_path, [2])
+    text = diff(capsys, CLEAN, str(tmp_path / "node*"))  # B: a glob of its two directories
+    assert f"(pipetrace analyze {crash[0]} {crash[1]})" in text
