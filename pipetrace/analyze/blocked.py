@@ -85,8 +85,8 @@ def blocked_ranks(run: Run) -> dict[int, Blocked]:
     for rank in run.present_ranks:
         if rank.status.state == RankState.FINISHED or rank.rank in crashed:
             continue
-        if endings[rank.rank].state == en.INTERRUPTED:  # where it was, not a hang
-            continue
+        if endings[rank.rank].state in (en.INTERRUPTED, en.EXITED):  # where it was, not a
+            continue  # hang; or it ran to the end (its log cut short: `endings`)
         if rank.status.state == RankState.SIGNALED and endings[rank.rank].state == en.CRASHED:
             continue  # killed at work: no stall of its watchdog says it had been waiting
         b = _blocking_op(run, rank) or _collective_wait(run, rank) or _device_wait(run, rank)

@@ -23,7 +23,7 @@ step (between steps or iterations), or before its first step; never a placeholde
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -33,6 +33,7 @@ from pipetrace import units
 from pipetrace.analyze.derive import counterpart_rows, step_message
 from pipetrace.analyze.findings import StepRef
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, RankState, RankTimeline, Run
+from pipetrace.analyze.selection import format_rank_list
 from pipetrace.recorder import format as fmt
 
 EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING, NOT_LOADED, INTERRUPTED = (
@@ -54,6 +55,29 @@ CLOSED_WORDS = ("connection closed", "connection reset", "broken pipe")
 TIMED_OUT_WORDS = ("timed out", "timeout", "recv failed", "send failed")
 """An error with these words is a wait that gave up: the peer never came (MindSpore's CPU
 collectives say "Recv failed." when `MS_CPU_COMM_OP_TIMEOUT` runs out)."""
+
+
+def _through_the_end(run: Run, rank: int) -> int | None:
+    """A rank whose completed end-of-run clock exchange proves that ``rank`` took part in it:
+    rank 0 exchanges with ranks 1, 2, ... in turn, so rank 0 completing it, or a rank after
+    ``rank`` (any rank, for rank 0), means ``rank`` did too (None: no such rank)."""
+    for other in run.present_ranks:
+        if other.rank == rank or not (other.rank == 0 or rank == 0 or other.rank > rank):
+            continue
+        if any(ev.fields.get("phase") == "end" for ev in other.events_of(fmt.CLOCK)):
+            return other.rank
+    return None
+
+
+def said_ranks(ranks: Iterable[int]) -> str:
+    """``rank 3``, ``rank(s) 1, 3`` (each named where there are replicas), or past four a
+    compact ``ranks 0-52,54-127``: a cause that names the rest of a big job stays a line."""
+    ranks = sorted(set(ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) <= 4:
+        return f"rank(s) {', '.join(map(str, ranks))}"
+    return f"ranks {format_rank_list(ranks)}"
 
 
 @dataclass(frozen=True)
@@ -319,13 +343,21 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
         if waited:
             return verdict(
                 HUNG,
-                f"nothing after it moved until {st.error} ended it, while rank(s) "
-                f"{', '.join(map(str, waited))} stalled (watchdog) waiting",
+                f"nothing after it moved until {st.error} ended it, while {said_ranks(waited)} "
+                "stalled (watchdog) waiting",
             )
     if st.state in (RankState.FAILED, RankState.SIGNALED):
         return verdict(CRASHED, st.detail)
     if st.state in (RankState.STALLED, RankState.ABORTED):
         return _watched(rank, peers, verdict)
+    through = _through_the_end(run, rank.rank)
+    if through is not None:
+        return verdict(
+            EXITED,
+            f"its log stops early, but rank {through} completed the end-of-run clock exchange, "
+            "which waits for it: it ran to the end, and its last records were lost (a full "
+            "disk, or the file cut)",
+        )
     closed = peers.closed_after(rank.rank, alive)
     if closed is not None:
         return verdict(
@@ -336,9 +368,8 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
     if idle and peers.waiting:
         return verdict(
             UNKNOWN,
-            "it never reached the end of the run that rank(s) "
-            f"{', '.join(map(str, sorted(peers.waiting)))} waited in: hung or slow between "
-            "iterations, or died (the logs cannot tell which)",
+            f"it never reached the end of the run that {said_ranks(peers.waiting)} waited in: "
+            "hung or slow between iterations, or died (the logs cannot tell which)",
             keeps_peers_waiting=True,
         )
     if idle:
@@ -346,23 +377,22 @@ def _ending(run: Run, rank: RankTimeline, peers: _PeerEvidence) -> Ending:
         if waited:  # a live process stuck between steps, not a dead one: see the docstring
             return verdict(
                 HUNG,
-                f"nothing after it moved while rank(s) {', '.join(map(str, waited))} stalled "
-                "(watchdog) waiting, and no peer's connection to it closed (a dead process's "
-                "closes on gloo; NCCL may not notice)",
+                f"nothing after it moved while {said_ranks(waited)} stalled (watchdog) waiting, "
+                "and no peer's connection to it closed (a dead process's closes on gloo; NCCL "
+                "may not notice)",
             )
     went_on = peers.went_on(rank.rank, alive)
     if idle and went_on:
         return verdict(
             CRASHED,
-            f"it stopped between steps while rank(s) {', '.join(map(str, went_on))} went on "
-            "to end later",
+            f"it stopped between steps while {said_ranks(went_on)} went on to end later",
         )
     through = _got_through(run, rank) if went_on else None
     if through is not None:
         return verdict(
             CRASHED,
             f"its log stops inside {through[0]}, whose message rank {through[1]} completed, "
-            f"while rank(s) {', '.join(map(str, went_on))} went on to end later: it went on "
+            f"while {said_ranks(went_on)} went on to end later: it went on "
             "too, and its last records were lost (killed before they were written, or the "
             "file cut)",
         )

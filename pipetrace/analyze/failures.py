@@ -304,7 +304,7 @@ def _signaled(
     if hanging - {rank.rank}:  # a time limit or the launcher ended the job around a hang
         severity = fk.WARNING
         cause = (
-            f"the job was ended while {_ranks(hanging)} hung (see rank_stalled / deadlock): "
+            f"the job was ended while {en.said_ranks(hanging)} hung (see rank_stalled / deadlock): "
             "a time limit or the launcher ending the ranks left behind"
         )
         alike = ("hang", st.error)
@@ -320,16 +320,6 @@ def _signaled(
     details = {"signal": st.error}
     found = _told(rank, ending, at, sig.t if sig else None, severity, message, cause, details)
     return found, alike
-
-
-def _ranks(ranks: set[int]) -> str:
-    """``rank 3``, ``rank(s) 1, 3`` (each named where there are replicas), or past a few a
-    compact ``ranks 0-52,54-127``."""
-    if len(ranks) == 1:
-        return f"rank {next(iter(ranks))}"
-    if len(ranks) <= 4:
-        return f"rank(s) {', '.join(map(str, sorted(ranks)))}"
-    return f"ranks {format_rank_list(ranks)}"
 
 
 def _missing(rank: RankTimeline, ending: en.Ending) -> Finding:

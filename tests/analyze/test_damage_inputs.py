@@ -203,21 +203,19 @@ def _cut_after_post(run: Path, torn: bool) -> None:
 
 
 @pytest.mark.parametrize("torn", [False, True], ids=["post-kept", "post-torn"])
-def test_a_log_cut_after_a_message_got_through_is_a_failed_rank(tmp_path, capsys, torn):
-    # The peer completed the message and finished the run: rank 1 went on past where its log
-    # stops, so the transfer is not stuck and nobody waits for anybody.
+def test_a_log_cut_after_a_message_got_through_is_damage_not_a_failure(tmp_path, capsys, torn):
+    # The peer completed the message and finished the run, end-of-run clock exchange with
+    # rank 1 included: rank 1 ran to the end, so the transfer is not stuck, nobody waits for
+    # anybody, and nothing failed; only its log lost its last part, which is an input warning.
     run = copy_run(tmp_path)
     _cut_after_post(run, torn)
     code, doc = analyze_cli(run, capsys)
     assert code == 1
-    above_info = [f for f in doc["findings"] if f["severity"] != "info"]
-    assert [(f["kind"], f["severity"], f["ranks"]) for f in above_info] == [
-        ("rank_failed", "error", [RANK])
-    ]
-    (failed,) = above_info
-    assert failed["steps"][0]["step"] == "1SEND_B3"
-    assert "whose message rank 0 completed" in failed["cause"]
-    assert "last records were lost" in failed["cause"]
+    assert [f for f in doc["findings"] if f["severity"] != "info"] == []
+    assert any(
+        p["rank"] == RANK and "without run_end or a recorded failure" in p["message"]
+        for p in doc["input_problems"]
+    )
 
 
 def _recv_post_without_seq(events):

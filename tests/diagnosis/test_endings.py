@@ -350,7 +350,7 @@ def test_a_rank_idle_while_its_peer_stalled_waiting_hung_before_the_sigterm(tmp_
     (stall,) = of_kind(document, "rank_stalled")
     assert stall["details"]["chain"] == [1, 0]
     assert stall["details"]["terminal_state"] == "hung"
-    assert "rank(s) 1 stalled (watchdog) waiting" in stall["message"]
+    assert "rank 1 stalled (watchdog) waiting" in stall["message"]
 
 
 def test_a_log_that_stops_before_a_peer_records_sigterm_is_the_rank_that_died(tmp_path):
@@ -477,3 +477,24 @@ def test_mindspores_recv_failed_is_a_wait_that_gave_up_not_a_root_cause(tmp_path
     assert errors[0]["details"]["terminal_rank"] == 1
     (failed,) = of_kind(document, "rank_failed")
     assert failed["severity"] == "warning" and "a P2P wait gave up" in failed["cause"]
+
+
+def test_a_log_cut_short_of_a_rank_that_ran_to_the_end_is_no_death(tmp_path):
+    """Its peers completed the end-of-run clock exchange, which waits for every rank: the
+    rank ran to the end and only its log lost its last part (a full disk, a cut file). It
+    read as a rank that died without a trace, an error, with the rest of the job named."""
+    from pipetrace.analyze import endings
+    from pipetrace.testing.cluster import FakeCluster
+
+    FakeCluster.of(ranks=4, iterations=3).record(tmp_path)
+    log = tmp_path / "rank-00002.ndjson"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(b"".join(lines[: len(lines) // 2]))
+    run = load_run(tmp_path, workers=0)
+    document = analyze(run).to_json()
+    assert not [f for f in document["findings"] if f["severity"] != "info"], document["findings"]
+    assert any("rank-00002.ndjson ends at" in p["message"] for p in document["input_problems"])
+    verdict = endings.rank_endings(run)[2]
+    assert verdict.state == endings.EXITED and "rank 0 completed the end-of-run clock" in (
+        verdict.evidence
+    )
