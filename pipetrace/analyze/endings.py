@@ -69,6 +69,25 @@ def _through_the_end(run: Run, rank: int) -> int | None:
     return None
 
 
+def missing_cause(run: Run, rank: int) -> str:
+    """Why a rank has no usable log, as far as its peers' logs tell: it never started, or
+    it ran (a peer completed messages with it) and its log was lost."""
+    seen = [
+        (int(p.it[row]), peer.rank)
+        for peer in run.present_ranks
+        if len(p := peer.p2p)
+        for row in np.flatnonzero((p.peer == rank) & (p.done != OPEN) & (p.match_rank == -1))[-1:]
+    ]
+    if not seen:
+        return "the rank never started recording (it crashed at start) or its file was lost"
+    it, peer = max(seen)
+    return (
+        f"the rank ran (rank {peer} completed messages with it until iteration {it}) but left "
+        "no usable log: killed before its log was written (kill -9, the OOM killer) or the "
+        "file was lost"
+    )
+
+
 def said_ranks(ranks: Iterable[int]) -> str:
     """``rank 3``, ``rank(s) 1, 3`` (each named where there are replicas), or past four a
     compact ``ranks 0-52,54-127``: a cause that names the rest of a big job stays a line."""

@@ -60,7 +60,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
             if alike is not None:
                 ended_alike.setdefault(alike, []).append(found)
         elif state == RankState.MISSING:
-            found = _missing(rank, endings[rank.rank])
+            found = _missing(run, rank, endings[rank.rank])
             findings.append(found)
             ended_alike.setdefault(("missing", found.cause), []).append(found)
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
@@ -322,12 +322,12 @@ def _signaled(
     return found, alike
 
 
-def _missing(rank: RankTimeline, ending: en.Ending) -> Finding:
+def _missing(run: Run, rank: RankTimeline, ending: en.Ending) -> Finding:
     return Finding(
         fk.RANK_FAILED,
         fk.WARNING,
         f"rank {rank.rank} has no usable log ({rank.status.detail})",
-        "the rank never started recording (it crashed at start) or its file was lost",
+        en.missing_cause(run, rank.rank),
         ranks=[rank.rank],
         details={"last_step": None, "ending": ending.state},
     )

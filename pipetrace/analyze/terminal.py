@@ -72,7 +72,7 @@ def _missing(c: _Case) -> Terminal:
     return Terminal(
         en.MISSING,
         f"rank {c.id} has no log",
-        "the rank never started recording (crashed at start?)",
+        en.missing_cause(c.run, c.id),
     )
 
 

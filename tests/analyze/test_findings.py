@@ -221,3 +221,15 @@ def test_a_loss_that_became_nan_is_an_error_from_its_first_iteration(tmp_path):
     )
     FakeCluster.of(iterations=2).record(tmp_path / "clean")
     assert not [f for f in analyzed(tmp_path / "clean").findings if f.kind == fk.NONFINITE_LOSS]
+
+
+def test_a_rank_without_a_log_that_its_peers_exchanged_messages_with_ran(tmp_path):
+    """An empty log (kill -9 before the first flush) is no rank that never started: its
+    peers completed messages with it."""
+    FakeCluster.of(ranks=4, iterations=2).record(tmp_path)
+    (tmp_path / "rank-00002.ndjson").write_bytes(b"")
+    (missing,) = [f for f in analyzed(tmp_path).findings if f.kind == fk.RANK_FAILED]
+    assert missing.ranks == [2]
+    assert missing.cause.startswith(
+        "the rank ran (rank 3 completed messages with it until iteration 1)"
+    )
