@@ -27,7 +27,7 @@ from pipetrace.analyze.derive import (
 )
 from pipetrace.analyze.device_times import pending_work
 from pipetrace.analyze.model import COMPUTE_CODES, OP_SEND, OPEN, OPS, RankState, RankTimeline, Run
-from pipetrace.recorder.watchdog import main_thread_waits
+from pipetrace.recorder.watchdog import UNSHARD_WAIT_FRAME, main_thread_in, main_thread_waits
 from pipetrace.schedule.ir import StepKind
 
 COLLECTIVE = "collective"
@@ -267,7 +267,7 @@ def _collective_wait(run: Run, rank: RankTimeline) -> Blocked | None:
     row = int(steps[-1])
     code = int(rank.steps.code[row])
     step = run.catalog.step(code)
-    if step is None or step.kind not in JOINING:
+    if step is None or (step.kind not in JOINING and not _waits_on_unshard(rank)):
         return None
     iteration = int(rank.steps.it[row])
     pipelines = run.pipelines
@@ -309,6 +309,13 @@ def _device_wait(run: Run, rank: RankTimeline) -> Blocked | None:
     b.counterpart_state = COMPLETED if done else ""
     b.on_device = True
     return b
+
+
+def _waits_on_unshard(rank: RankTimeline) -> bool:
+    """The watchdog's last stall shows the main thread waiting for FSDP's all-gather over
+    the replicas, inside a compute step (FSDP2 waits its prefetched unshard there)."""
+    stall = rank.final_stall()
+    return stall is not None and main_thread_in(stall.fields.get("stacks"), UNSHARD_WAIT_FRAME)
 
 
 def _began(run: Run, rank: int, code: int, iteration: int) -> bool:

@@ -24,12 +24,25 @@ from pipetrace.analyze.blocked import COLLECTIVE
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import KIND_CODE, OPEN, RankState, RankTimeline, Run
 from pipetrace.analyze.pipelines import Pipelines
+from pipetrace.analyze.selection import format_rank_list
 from pipetrace.records import JsonRecord, record_json
-from pipetrace.schedule.ir import StepKind
+from pipetrace.schedule.ir import Step, StepKind
 
 _REDUCE = KIND_CODE[StepKind.REDUCE_GRAD]
 _RANK = re.compile(r"(?<![\w-])(?:rank\(s\) (?P<many>\d+(?:, \d+)*)|rank (?P<one>\d+))")
-_WAITING_IN = {StepKind.REDUCE_GRAD.value: "gradient reduction", "UNSHARD": "parameter all-gather"}
+
+
+def _waiting_in(step: Step | None) -> str:
+    """The collective a rank of another replica waits in, by the step it sits in: FSDP's
+    gradient reduction, or its parameter all-gather (its own step, or waited inside a
+    forward or backward)."""
+    if step is None:
+        return "collective"
+    if step.kind is StepKind.REDUCE_GRAD:
+        return "gradient reduction"
+    return (
+        "parameter all-gather" if step.kind is StepKind.UNSHARD or step.is_compute else "collective"
+    )
 
 
 @dataclass(frozen=True)
@@ -198,13 +211,19 @@ def _confined(run: Run, finding: Finding) -> Finding:
         return finding
     (replica,) = hung
     others = sorted({run.pipelines.replica_of(r) for r in waiting})
-    steps = sorted(set(waiting.values()))
-    what = sorted({_WAITING_IN.get(s.lstrip("0123456789"), "collective") for s in steps})
-    words = ", ".join(f"replica {r}" for r in others)
+    parsed = {text: run.catalog.step(run.catalog.code(text)) for text in set(waiting.values())}
+    steps = sorted(parsed, key=lambda t: (getattr(parsed[t], "stage", -1), t))
+    what = sorted({_waiting_in(parsed[text]) for text in steps})
+    words = (
+        ", ".join(f"replica {r}" for r in others)
+        if len(others) <= 3
+        else f"replicas {format_rank_list(others)}"
+    )
+    shown = ", ".join(steps[:3]) + (f" and {len(steps) - 3} more" if len(steps) > 3 else "")
     finding.message += (
         f"; the hang is confined to replica {replica}: {words} "
         f"{'was' if len(others) == 1 else 'were'} waiting for it in the {' and '.join(what)} "
-        f"({', '.join(steps)})"
+        f"({shown})"
     )
     details["replicas"] = {
         "hung": replica,

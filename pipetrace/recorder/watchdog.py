@@ -57,6 +57,22 @@ torch_pipelining adapter's (its wrapper of torch's ``_wait_batch_p2p`` waits eac
 function named for waiting."""
 
 
+UNSHARD_WAIT_FRAME = re.compile(r" in (wait_for_unshard|wait_unshard): ")
+"""A frame of a wait for FSDP's parameter all-gather over the replicas (torch's own, or
+pipetrace's runtime waiting it inside a forward or backward)."""
+
+
+def main_thread_in(stacks: object, frame: re.Pattern[str]) -> bool:
+    """Whether any frame of the main thread in ``stacks`` (as `thread_stacks` records them
+    in a `stall`) matches ``frame``."""
+    main = (
+        next((v for k, v in stacks.items() if str(k).startswith("MainThread")), None)
+        if isinstance(stacks, dict)
+        else None
+    )
+    return isinstance(main, list) and any(isinstance(f, str) and frame.search(f) for f in main)
+
+
 def main_thread_waits(stacks: object) -> bool | None:
     """Whether the main thread's innermost frame in ``stacks`` (as `thread_stacks` records
     them in a `stall`) is a P2P wait; None when they do not show the main thread. A rank whose

@@ -174,3 +174,20 @@ def test_a_recovered_stall_names_the_paused_rank_not_another_replicas_step(tmp_p
     (recovered,) = [f for f in analysis.findings if f.kind == fk.STALL_RECOVERED]
     longest = recovered.details["longest"]
     assert longest["rank"] == 3 and longest["duration_ns"] > 2 * 10**9, longest
+
+
+def test_a_deadlock_in_one_replica_is_confined_while_the_other_waits_in_fsdps_all_gather(
+    tmp_path,
+):
+    """Replica 0's stage-1 rank waits inside 1F0 for FSDP's parameter all-gather, which
+    replica 1's rank never joins: a collective wait, not a step that never returns."""
+    out = tmp_path / "run"
+    done = pipetrace_cli(
+        "run", *JOB[:-2], "--steps", "3", "--inject", "deadlock:replica=1", "--out", str(out)
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = pipetrace_cli("analyze", "--json", str(out))
+    errors = [f for f in json.loads(report.stdout)["findings"] if f["severity"] == fk.ERROR]
+    assert [f["kind"] for f in errors] == [fk.DEADLOCK], [f["message"] for f in errors]
+    confined = "the hang is confined to replica 1: replica 0 was waiting for it in the"
+    assert f"{confined} parameter all-gather (1F0)" in errors[0]["message"]
