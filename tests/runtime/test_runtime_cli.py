@@ -52,6 +52,7 @@ def test_a_failed_rank_is_named_and_exits_1(capsys, monkeypatch, tmp_path):
     recorded = fake_launch(LaunchResult(4, failures=failures))
 
     def launch_that_records(cases, **kwargs):
+        (tmp_path / "run-dir" / "meta.json").write_text("{}")  # rank 0 wrote it at start
         (tmp_path / "run-dir" / "rank-00002.ndjson").write_text("")
         return recorded(cases, **kwargs)
 
