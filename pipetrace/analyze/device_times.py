@@ -185,12 +185,11 @@ def pending_work(rank: RankTimeline) -> DevicePending | None:
 
 
 def _work(item: Any) -> PendingWork | None:
-    """One ``device_pending`` entry, None when it lacks what the message needs."""
-    if not isinstance(item, dict) or not isinstance(item.get("step"), str):
+    """One ``device_pending`` entry, None when it lacks what the message needs (the loader
+    counted such an entry as damage)."""
+    if not fmt.is_pending_entry(item):
         return None
-    age = item.get("age_s")
-    if type(age) not in (int, float):
-        return None
+    age = item["age_s"]
     stream = item.get("stream") if isinstance(item.get("stream"), str) else "compute"
     key = item["id"] if fmt.is_int64(item.get("id")) else -1
     enqueued = item["enqueued_t"] if fmt.is_int64(item.get("enqueued_t")) else 0

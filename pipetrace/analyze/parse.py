@@ -375,6 +375,15 @@ def _sometimes(event: str) -> tuple[tuple[str, Callable[[Any], bool]], ...]:
     return tuple((f.name, f.type.check) for f in fields if f.presence is fmt.Presence.SOMETIMES)
 
 
+def _outside_its_set(e: str, d: dict[str, Any]) -> bool:
+    """A lifecycle event with a value its field does not allow (its types are right)."""
+    return (
+        (e == fmt.CLOCK and d["phase"] not in CLOCK_PHASES)
+        or ("nonfinite" in d and d["nonfinite"] not in NONFINITE)
+        or not all(map(fmt.is_pending_entry, d.get("device_pending", ())))
+    )
+
+
 def _valid(d: Any, checks: Checks) -> bool:
     """An event whose type and time are usable and whose required fields have their types."""
     if type(d) is not dict or type(d.get("e")) is not str or not fmt.is_int64(d.get("t")):
@@ -407,7 +416,7 @@ def _lifecycle(d: dict[str, Any], raw: RawRank) -> bool:
         check(d[name]) for name, check in _sometimes(e) if name in d
     ):
         raw.problems.missing_fields += 1
-    elif e == fmt.CLOCK and d["phase"] not in CLOCK_PHASES:
+    elif _outside_its_set(e, d):
         raw.problems.bad_values += 1
     if e == fmt.ITER_BEGIN:
         raw.iterations.setdefault(d["it"], [t, OPEN, None])[0] = t

@@ -504,6 +504,19 @@ def is_node_run_id(run_id: str) -> bool:
     return len(parts) == 3 and parts[1].isdigit() and (parts[2].isdigit() or parts[2] == "?")
 
 
+MAX_PENDING_AGE_S = 1e9
+"""A `device_pending` entry's ``age_s`` beyond this (31 years) is no age: a damaged value."""
+
+
+def is_pending_entry(item: Any) -> bool:
+    """Is ``item`` a `device_pending` entry readers can use: an object with its ``step`` text
+    and an ``age_s`` that is a number of seconds from 0 up to `MAX_PENDING_AGE_S`?"""
+    if not isinstance(item, dict) or not isinstance(item.get("step"), str):
+        return False
+    age = item.get("age_s")
+    return type(age) in (int, float) and 0 <= age < MAX_PENDING_AGE_S
+
+
 def is_rank_log_name(name: str) -> bool:
     """Is ``name`` what a reader takes for a rank log (``rank-*.ndjson``)?"""
     return name.startswith("rank-") and name.endswith(".ndjson")

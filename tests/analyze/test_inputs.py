@@ -160,6 +160,27 @@ def test_a_field_written_only_at_times_is_checked_where_present(run):
     )
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [{"step": "1F0", "age_s": 1e300}, {"step": "1F0", "age_s": -5}, {"age_s": 3}],
+    ids=["age-past-any-run", "negative-age", "no-step"],
+)
+def test_a_device_pending_entry_no_reader_can_use_is_damage(run, capsys, entry):
+    """An age of 1e300 s crashed the device timing (an int of an infinite float)."""
+    lines = log(run, 1).read_bytes().splitlines()
+    last = orjson.loads(lines[-1])["t"]
+    dump = {"e": "dump", "t": last, "stacks": {}, "open_steps": [], "inflight": []}
+    dump |= {"reason": "SIGUSR1", "device_pending": [entry]}
+    log(run, 1).write_bytes(b"\n".join([*lines, orjson.dumps(dump)]) + b"\n")
+    assert main(["analyze", str(run), "--json", "--no-cache"]) == 1
+    data = orjson.loads(capsys.readouterr().out)
+    assert any(
+        "rank-00001.ndjson: 1 event(s) with a value outside its documented set" in p["message"]
+        for p in data["input_problems"]
+    )
+    assert data["metrics"]["timing"]["device_pending"] == []
+
+
 def test_not_a_header(run):
     data = log(run, 0).read_bytes()
     log(run, 0).write_bytes(
