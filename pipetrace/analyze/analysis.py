@@ -111,7 +111,9 @@ def _caveat_damage(run: Run, findings: list[Finding]) -> list[Finding]:
     """Findings read from the records of a rank whose log has input warnings (lines skipped as
     corrupt, ids that do not pair, a log cut short) say so: a lost or damaged record reads
     the same as a message that was never sent or a step run out of order."""
-    warned = {p.rank for p in run.problems if p.rank is not None and p.severity == "warning"}
+    warned = {
+        p.rank for p in run.problems if p.rank is not None and p.severity == "warning" and p.damage
+    }
     for f in findings:
         # an op without counterpart (ranks: its own rank, then the peer) lacks the peer's
         # record: only damage there reads the same

@@ -69,22 +69,33 @@ def _through_the_end(run: Run, rank: int) -> int | None:
     return None
 
 
-def missing_cause(run: Run, rank: int) -> str:
-    """Why a rank has no usable log, as far as its peers' logs tell: it never started, or
-    it ran (a peer completed messages with it) and its log was lost."""
+def ran_without_log(run: Run, rank: int) -> tuple[int, int] | None:
+    """(iteration, peer) of the last message a peer completed with ``rank``, which has no
+    usable log: it ran, and its log was lost (None: no peer saw it run)."""
     seen = [
         (int(p.it[row]), peer.rank)
         for peer in run.present_ranks
         if len(p := peer.p2p)
         for row in np.flatnonzero((p.peer == rank) & (p.done != OPEN) & (p.match_rank == -1))[-1:]
     ]
-    if not seen:
+    return max(seen) if seen else None
+
+
+LOST_LOG = "killed before its log was written (kill -9, the OOM killer) or the file was lost"
+
+
+def missing_cause(run: Run, rank: int) -> str:
+    """Why a rank has no usable log, as far as its peers' logs tell: it never started, or
+    it ran (a peer completed messages with it) and its log was lost."""
+    if "from another run" in run.ranks[rank].status.detail:
+        return "its log is another run's (set aside: see the input warnings)"
+    seen = ran_without_log(run, rank)
+    if seen is None:
         return "the rank never started recording (it crashed at start) or its file was lost"
-    it, peer = max(seen)
+    it, peer = seen
     return (
         f"the rank ran (rank {peer} completed messages with it until iteration {it}) but left "
-        "no usable log: killed before its log was written (kill -9, the OOM killer) or the "
-        "file was lost"
+        f"no usable log: {LOST_LOG}"
     )
 
 

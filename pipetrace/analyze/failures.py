@@ -62,22 +62,35 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
         elif state == RankState.MISSING:
             found = _missing(run, rank, endings[rank.rank])
             findings.append(found)
-            ended_alike.setdefault(("missing", found.cause), []).append(found)
+            foreign = "from another run" in rank.status.detail
+            ended_alike.setdefault(("missing", foreign), []).append(found)
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
             findings.append(_died_silently(run, rank, endings[rank.rank]))
     for alike, members in ended_alike.items():
         if len(members) > 1:
             at = findings.index(members[0])
             findings = [f for f in findings if f not in members]
-            findings.insert(at, _ended_alike(alike, members, first))
+            findings.insert(at, _ended_alike(run, alike, members, first))
     stopped = None if hung else _stopped_together(run, endings)  # else the hang's says it
     if stopped is not None:
         findings.append(stopped)
     return findings
 
 
+def _lost_logs(run: Run, ranks: list[int]) -> str:
+    """Why these ranks have no usable log: how many of them ran (their peers completed
+    messages with them) and lost it."""
+    ran = [r for r in ranks if en.ran_without_log(run, r) is not None]
+    if not ran:
+        return "the ranks never started recording (they crashed at start) or their files were lost"
+    return (
+        f"{'all' if len(ran) == len(ranks) else len(ran)} of them ran (their peers completed "
+        f"messages with them) but left no usable log: {en.LOST_LOG}"
+    )
+
+
 def _ended_alike(
-    alike: tuple[object, ...], members: list[Finding], first: _FirstFailure | None
+    run: Run, alike: tuple[object, ...], members: list[Finding], first: _FirstFailure | None
 ) -> Finding:
     """One warning for the ranks a signal ended for one reason (the launcher ending the
     ranks left behind), or without a usable log: a job of a thousand ranks gets one line,
@@ -88,7 +101,7 @@ def _ended_alike(
             fk.RANK_FAILED,
             fk.WARNING,
             f"{len(ranks)} ranks have no usable log: ranks {format_rank_list(set(ranks))}",
-            members[0].cause,
+            members[0].cause if alike[1] else _lost_logs(run, ranks),
             ranks=ranks,
             details={"ended": [{"rank": f.ranks[0], **f.details} for f in members]},
         )

@@ -269,6 +269,17 @@ def _check_raw(
         )
         return False
     problems += [InputProblem(severity, f"{name}: {text}", rank) for severity, text in _notes(raw)]
+    config = (raw.run_start or {}).get("config")
+    if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
+        problems.append(  # one run by its id, so the rank was started with other settings
+            InputProblem(
+                "warning",
+                f"{name}: its run configuration differs from meta.json's (rank 0's): this rank "
+                "was started with other settings",
+                rank,
+                damage=False,
+            )
+        )
     return True
 
 
@@ -293,6 +304,8 @@ def _from_another_run(
     t0, created = header.get("t0"), meta.get("created")
     if isinstance(t0, int) and isinstance(created, int) and abs(t0 - created) > SAME_RUN_WINDOW_NS:
         reasons.append(f"it started {abs(t0 - created) / 1e9:.0f} s away from meta.json's creation")
+    if isinstance(run_id, str) and run_id == directory_run_id:
+        return reasons  # this run's, by its id: another configuration is a divergence, told
     config = (raw.run_start or {}).get("config")
     if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
         reasons.append("its run configuration differs from meta.json's")

@@ -516,6 +516,8 @@ class InputProblem:
     severity: str  # "warning" or "info"
     message: str
     rank: int | None = None
+    damage: bool = True
+    """Whether the log's records may be wrong or missing (a finding read from them says so)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"severity": self.severity, "rank": self.rank, "message": self.message}

@@ -203,7 +203,9 @@ def store(
         "t0_ns": run.t0_ns,
         "clock_quality": run.clock_quality,
         "pipelines": run.pipelines.groups,
-        "problems": [[p.severity, p.message, p.rank] for p in run.problems[problems_from:]],
+        "problems": [
+            [p.severity, p.message, p.rank, p.damage] for p in run.problems[problems_from:]
+        ],
         "texts": catalog.texts,
         "threads": run.threads,
         "shapes": run.shapes,

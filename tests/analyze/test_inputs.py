@@ -181,6 +181,29 @@ def test_a_device_pending_entry_no_reader_can_use_is_damage(run, capsys, entry):
     assert data["metrics"]["timing"]["device_pending"] == []
 
 
+def _with_config(path, rank, **changes):
+    lines = log(path, rank).read_bytes().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        event = orjson.loads(line)
+        if event.get("e") == fmt.RUN_START:
+            event["config"] = {**event["config"], **changes}
+            lines[i] = orjson.dumps(event) + b"\n"
+    log(path, rank).write_bytes(b"".join(lines))
+
+
+def test_a_rank_of_this_run_started_with_other_settings_is_kept_and_named(run):
+    """One run by its id (torch.distributed.pipelining ranks given another schedule class
+    than rank 0): the log is this run's, so its plan divergence can be told, not a rank
+    set aside as missing."""
+    _with_config(run, 1, schedule_class="ScheduleGPipe")
+    loaded = load_run(run, workers=0)
+    assert loaded.ranks[1].present
+    (told,) = [p for p in loaded.problems if p.rank == 1]
+    assert "its run configuration differs from meta.json's" in told.message and not told.damage
+    rewrite_header(run, 1, run_id=None)  # no id to tell: a log of another run, as before
+    assert any("is from another run" in m for m in problems(run))
+
+
 def test_not_a_header(run):
     data = log(run, 0).read_bytes()
     log(run, 0).write_bytes(

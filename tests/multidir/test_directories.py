@@ -200,3 +200,5 @@ def test_ranks_no_directory_holds_are_one_warning_and_one_finding(split_sample, 
     assert missing["ranks"] == [1, 2] and missing["message"] == (
         "2 ranks have no usable log: ranks 1-2"
     )
+    # rank 0 completed messages with rank 1; rank 2's only peer is rank 1
+    assert missing["cause"].startswith("1 of them ran (their peers completed messages with them)")
