@@ -181,6 +181,7 @@ def _move_into_place(staging: Path, output: Path) -> None:
 def _copy_run(source: RunSource, staging: Path, output: Path) -> MergeSummary:
     """Copy meta.json, the run id and every readable rank log present into STAGING; a rank
     whose log is absent or unreadable is missing, and named."""
+    from pipetrace.analyze.model import InputProblem
     from pipetrace.analyze.reader import read_run_id
     from pipetrace.recorder import format as fmt
 
@@ -199,7 +200,18 @@ def _copy_run(source: RunSource, staging: Path, output: Path) -> MergeSummary:
         problems.append(_absent_problem(absent, source.directories[0]))
     missing, skip = list(absent), set(absent)
     for rank, log in enumerate(source.logs):
-        if rank not in skip:
+        foreign = None if rank in skip else _foreign_run_id(log)
+        if foreign is not None:  # analyze sets it aside: nothing in OUT could tell it then
+            problems.append(
+                InputProblem(
+                    "warning",
+                    f"{log} is from another run (its run id {foreign[0]!r} is not its "
+                    f"directory's, {foreign[1]!r}); not copied",
+                    rank,
+                )
+            )
+            missing.append(rank)
+        elif rank not in skip:
             copied = _copy_or_note(log, rank, staging, output, problems)
             if copied is None:
                 missing.append(rank)
@@ -213,6 +225,23 @@ def _copy_run(source: RunSource, staging: Path, output: Path) -> MergeSummary:
         size,
         [p.to_json() for p in problems],
     )
+
+
+def _foreign_run_id(log: Path) -> tuple[str, str] | None:
+    """(its run id, its directory's) when the log's header names another run than the
+    directory it lies in was claimed by; None when they agree or either is unknown."""
+    from pipetrace.analyze.reader import TraceFormatError, read_log, read_run_id
+
+    claimed = read_run_id(log.parent)
+    if claimed is None:
+        return None
+    try:
+        header, events, _ = read_log(log)
+    except (OSError, TraceFormatError):
+        return None  # the copy names an unreadable log
+    getattr(events, "close", lambda: None)()
+    run_id = header.get("run_id")
+    return (run_id, claimed) if isinstance(run_id, str) and run_id != claimed else None
 
 
 def _copy_or_note(

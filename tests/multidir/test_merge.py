@@ -208,3 +208,18 @@ def test_merge_of_one_named_run_keeps_its_id(split_sample, tmp_path, capsys):
     capsys.readouterr()
     assert reader.read_run_id(out) == "torchrun:job-7"
     assert analysis(capsys, out) == analysis(capsys, SAMPLES / "clean-1f1b")
+
+
+def test_merge_leaves_out_a_log_of_another_run(split_sample, tmp_path, capsys):
+    """analyze sets a log whose run id is not its directory's aside; copied into OUT (one
+    id per node: OUT has none) nothing could tell it any more."""
+    _claimed_by(split_sample[0], "node0:100:5")
+    _claimed_by(split_sample[1], "node1:200:6")
+    log = split_sample[1] / "rank-00002.ndjson"
+    header, rest = log.read_bytes().split(b"\n", 1)
+    log.write_bytes(orjson.dumps({**orjson.loads(header), "run_id": "node1:999:9"}) + b"\n" + rest)
+    out = tmp_path / "job"
+    assert main(["merge", *map(str, split_sample), "-o", str(out), "--json"]) == 1
+    summary = orjson.loads(capsys.readouterr().out)
+    assert summary["ranks_missing"] == [2] and not (out / "rank-00002.ndjson").exists()
+    assert any("is from another run" in p["message"] for p in summary["problems"])
