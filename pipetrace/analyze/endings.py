@@ -33,7 +33,7 @@ from pipetrace import units
 from pipetrace.analyze.derive import counterpart_rows, step_message
 from pipetrace.analyze.findings import StepRef
 from pipetrace.analyze.model import MAIN_THREAD, OPEN, RankState, RankTimeline, Run
-from pipetrace.analyze.selection import format_rank_list
+from pipetrace.analyze.selection import short_rank_list
 from pipetrace.recorder import format as fmt
 
 EXITED, CRASHED, COMPUTING, HUNG, UNKNOWN, MISSING, NOT_LOADED, INTERRUPTED = (
@@ -107,7 +107,7 @@ def said_ranks(ranks: Iterable[int]) -> str:
         return f"rank {ranks[0]}"
     if len(ranks) <= 4:
         return f"rank(s) {', '.join(map(str, ranks))}"
-    return f"ranks {format_rank_list(ranks)}"
+    return f"ranks {short_rank_list(ranks)}"
 
 
 @dataclass(frozen=True)

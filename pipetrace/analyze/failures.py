@@ -17,7 +17,7 @@ from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import OPEN, RankState, RankTimeline, Run
-from pipetrace.analyze.selection import format_rank_list
+from pipetrace.analyze.selection import short_rank_list
 from pipetrace.recorder import format as fmt
 
 
@@ -100,7 +100,7 @@ def _ended_alike(
         return Finding(
             fk.RANK_FAILED,
             fk.WARNING,
-            f"{len(ranks)} ranks have no usable log: ranks {format_rank_list(set(ranks))}",
+            f"{len(ranks)} ranks have no usable log: ranks {short_rank_list(ranks)}",
             members[0].cause if alike[1] else _lost_logs(run, ranks),
             ranks=ranks,
             details={"ended": [{"rank": f.ranks[0], **f.details} for f in members]},
@@ -109,15 +109,16 @@ def _ended_alike(
     cause = members[0].cause
     times = [f.time_ns[0] for f in members if f.time_ns is not None]
     if alike[0] == "follows" and first is not None and times:
+        early, late = (units.duration(t - first.t) for t in (min(times), max(times)))
+        after = early if early == late else f"{early} to {late}"
         cause = (
-            f"follows rank {first.rank}'s failure {units.duration(min(times) - first.t)} to "
-            f"{units.duration(max(times) - first.t)} earlier: the launcher ended the ranks "
-            "left behind"
+            f"follows rank {first.rank}'s failure {after} earlier: the launcher ended the "
+            "ranks left behind"
         )
     return Finding(
         fk.RANK_FAILED,
         fk.WARNING,
-        f"{len(ranks)} ranks were ended by {signal}: ranks {format_rank_list(set(ranks))}",
+        f"{len(ranks)} ranks were ended by {signal}: ranks {short_rank_list(ranks)}",
         cause,
         ranks=ranks,
         steps=[s for f in members for s in f.steps],

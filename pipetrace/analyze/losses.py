@@ -32,7 +32,7 @@ def find_nonfinite_loss(run: Run) -> list[Finding]:
         Finding(
             fk.NONFINITE_LOSS,
             fk.ERROR,
-            f"the loss was {value} in iteration {first} on {said} (the last stage)"
+            f"the loss was {value} in iteration {first} on {said}{_last_stage(run, ranks)}"
             + (f", and in {later} later iteration(s)" if later else ""),
             "the training diverged or met a bad value (a learning rate too high, a bad batch, "
             "an overflow in a forward or backward): every update from then on is wrong",
@@ -46,3 +46,10 @@ def find_nonfinite_loss(run: Run) -> list[Finding]:
             },
         )
     ]
+
+
+def _last_stage(run: Run, ranks: list[int]) -> str:
+    """`` (the last stage)`` when every one of ``ranks`` holds it, as the loss's rank does."""
+    last = run.plan.num_stages - 1 if run.plan is not None else None
+    holds = last is not None and all(last in run.stages_of(r) for r in ranks)
+    return " (the last stage)" if holds else ""

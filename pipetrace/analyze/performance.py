@@ -24,7 +24,7 @@ from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.ideal import IdealTimeline, ideal_timeline
 from pipetrace.analyze.metrics import OVERLAPPED, Metrics, reduce_groups
 from pipetrace.analyze.model import Run
-from pipetrace.analyze.selection import format_rank_list
+from pipetrace.analyze.selection import short_rank_list
 
 STRAGGLER_FACTOR = 2.0
 STRAGGLER_MIN_EFFECT = 0.10
@@ -112,7 +112,7 @@ def _straggler(
         if rank is not None
         else []
     )
-    named = f" (rank {ranks[0]})" if len(ranks) == 1 else f" (ranks {format_rank_list(set(ranks))})"
+    named = f" (rank {ranks[0]})" if len(ranks) == 1 else f" (ranks {short_rank_list(ranks)})"
     worst_kind, _ = max(kinds.items(), key=lambda kv: kv[1][0] / kv[1][1])
     share = effect / base if effect is not None and base else None
     severity = fk.WARNING if share is not None and share >= STRAGGLER_MIN_EFFECT else fk.INFO

@@ -24,7 +24,7 @@ from pipetrace.analyze.blocked import COLLECTIVE
 from pipetrace.analyze.findings import Finding
 from pipetrace.analyze.model import KIND_CODE, OPEN, RankState, RankTimeline, Run
 from pipetrace.analyze.pipelines import Pipelines
-from pipetrace.analyze.selection import format_rank_list
+from pipetrace.analyze.selection import short_rank_list
 from pipetrace.records import JsonRecord, record_json
 from pipetrace.schedule.ir import Step, StepKind
 
@@ -217,7 +217,7 @@ def _confined(run: Run, finding: Finding) -> Finding:
     words = (
         ", ".join(f"replica {r}" for r in others)
         if len(others) <= 3
-        else f"replicas {format_rank_list(others)}"
+        else f"replicas {short_rank_list(others)}"
     )
     shown = ", ".join(steps[:3]) + (f" and {len(steps) - 3} more" if len(steps) > 3 else "")
     finding.message += (

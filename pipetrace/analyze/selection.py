@@ -42,6 +42,16 @@ def format_rank_list(numbers: Iterable[int], sep: str = ",") -> str:
     return sep.join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
+def short_rank_list(numbers: Iterable[int], limit: int = 48) -> str:
+    """`format_rank_list`, or past ``limit`` characters (ranks strided over replicas do not
+    make ranges) the first and last ones: ``9,19,29,...,319 (32 ranks)``."""
+    ordered = sorted(set(numbers))
+    text = format_rank_list(ordered)
+    if len(text) <= limit or len(ordered) <= 6:
+        return text
+    return f"{','.join(map(str, ordered[:3]))},...,{ordered[-1]} ({len(ordered)} ranks)"
+
+
 def replica_of_ranks(meta: dict[str, Any], world_size: int) -> list[int]:
     """The data-parallel replica of each global rank: from meta.json's ``pipelines``
     (``pipelines[replica]`` lists that replica's global ranks) when it has them, else

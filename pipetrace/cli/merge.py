@@ -104,7 +104,7 @@ def merge(run_dirs: tuple[str, ...], output: Path, overwrite: bool, as_json: boo
             click.echo(f"pipetrace merge: {problem['severity']}: {problem['message']}", err=True)
         click.echo(
             f"wrote {output}: meta.json from {summary.meta_from}, {summary.ranks_copied} rank "
-            f"log(s) from {len(summary.directories)} directories ({summary.bytes:,} bytes)"
+            f"log(s) from {_directories(len(summary.directories))} ({summary.bytes:,} bytes)"
         )
     damaged = any(p["severity"] == "warning" for p in summary.problems)
     return EXIT_PROBLEMS if summary.ranks_missing or damaged else EXIT_OK
@@ -319,3 +319,7 @@ def _read(src: BinaryIO, path: Path) -> bytes:
         return src.read(CHUNK)
     except OSError as exc:
         raise UnreadableLog(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _directories(n: int) -> str:
+    return "1 directory" if n == 1 else f"{n} directories"

@@ -10,6 +10,7 @@ from pipetrace.analyze.selection import (
     format_rank_list,
     parse_rank_list,
     replica_of_ranks,
+    short_rank_list,
 )
 from pipetrace.cli import main
 from pipetrace.testing.cluster import FakeCluster
@@ -24,6 +25,13 @@ def test_rank_lists_read_and_write_back():
     for bad in ("", "a", "3-1", "-2", "1-", "1,,2"):
         with pytest.raises(ValueError):
             parse_rank_list(bad)
+
+
+def test_a_long_rank_list_without_ranges_is_cut_to_its_ends():
+    strided = range(9, 320, 10)  # stage 9 of 32 replicas laid out rank = replica * 10 + stage
+    assert short_rank_list(strided) == "9,19,29,...,319 (32 ranks)"
+    assert short_rank_list(range(288, 320)) == "288-319"
+    assert short_rank_list([1, 3, 5]) == "1,3,5"
 
 
 def _json(capsys, *args: str) -> tuple[int, dict]:
