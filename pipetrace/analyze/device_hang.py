@@ -42,9 +42,7 @@ def find_device_hangs(run: Run) -> list[Finding]:
             "whose peer never ran its side): the job's exit or next synchronization waits "
             f"on it; start from rank {oldest.rank}'s {oldest.work.label}",
             ranks=[p.rank for p in pending],
-            steps=[
-                StepRef(p.rank, p.work.label, note="never completed on the device") for p in pending
-            ],
+            steps=[StepRef(p.rank, p.work.label, note=NOTE) for p in pending],
             details={"device_pending": [p.to_json() for p in pending]},
         )
     ]

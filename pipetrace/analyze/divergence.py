@@ -36,22 +36,28 @@ def _odd_author(run: Run, differs: dict[int, Finding | None]) -> Finding | None:
     """meta.json's plan is global rank 0's: when most ranks ran other plans than it and
     rank 0 ran it, rank 0 is the one given another schedule, not the majority."""
     others = [r for r in differs if r != 0]
-    against = [r for r in others if differs[r] is not None]
+    against = [(r, found) for r in others if (found := differs[r]) is not None]
     if 0 not in differs or differs[0] is not None or len(against) * 2 <= len(differs):
         return None
-    first = differs[against[0]]
-    assert first is not None
+    rank, first = against[0]
+    where = first.details
     return Finding(
         fk.PLAN_DIVERGENCE,
         fk.ERROR,
         f"rank 0 ran a different plan than the other ranks: {len(against)} of the "
         f"{len(others)} others ran plans that differ from meta.json's, which rank 0 wrote "
-        f"from its own (rank {against[0]}: {first.message.split(': ', 1)[1]})",
+        f"from its own (rank {rank}: position {where['position']} is {where['ran_plan']}, "
+        f"meta.json says {where['planned']})",
         "rank 0 was given another schedule than the rest of the job (different flags or "
         "version on that rank?); meta.json, and the plan views, show rank 0's",
-        ranks=[0, *against],
+        ranks=[0, *(r for r, _ in against)],
         steps=first.steps,
-        details={**first.details, "source": "meta", "odd_rank": 0, "differing": against},
+        details={
+            **where,
+            "source": "meta",
+            "odd_rank": 0,
+            "differing": [r for r, _ in against],
+        },
     )
 
 
