@@ -62,26 +62,27 @@ UNSHARD_WAIT_FRAME = re.compile(r" in (wait_for_unshard|wait_unshard): ")
 pipetrace's runtime waiting it inside a forward or backward)."""
 
 
-def main_thread_in(stacks: object, frame: re.Pattern[str]) -> bool:
-    """Whether any frame of the main thread in ``stacks`` (as `thread_stacks` records them
-    in a `stall`) matches ``frame``."""
-    main = (
-        next((v for k, v in stacks.items() if str(k).startswith("MainThread")), None)
-        if isinstance(stacks, dict)
-        else None
-    )
-    return isinstance(main, list) and any(isinstance(f, str) and frame.search(f) for f in main)
-
-
-def main_thread_waits(stacks: object) -> bool | None:
-    """Whether the main thread's innermost frame in ``stacks`` (as `thread_stacks` records
-    them in a `stall`) is a P2P wait; None when they do not show the main thread. A rank whose
-    step waits its recv inside the step (overlap mode) is stuck in its own code, not in the
-    transfer, when this is False."""
+def _main_frames(stacks: object) -> list[Any] | None:
+    """The main thread's frames in ``stacks`` (as `thread_stacks` records them in a
+    `stall`), innermost last; None when they do not show the main thread."""
     if not isinstance(stacks, dict):
         return None
     main = next((v for k, v in stacks.items() if str(k).startswith("MainThread")), None)
-    if not isinstance(main, list) or not main or not isinstance(main[-1], str):
+    return main if isinstance(main, list) and main else None
+
+
+def main_thread_in(stacks: object, frame: re.Pattern[str]) -> bool:
+    """Whether any frame of the main thread in ``stacks`` matches ``frame``."""
+    main = _main_frames(stacks) or []
+    return any(isinstance(f, str) and frame.search(f) for f in main)
+
+
+def main_thread_waits(stacks: object) -> bool | None:
+    """Whether the main thread's innermost frame in ``stacks`` is a P2P wait; None when they
+    do not show the main thread. A rank whose step waits its recv inside the step (overlap
+    mode) is stuck in its own code, not in the transfer, when this is False."""
+    main = _main_frames(stacks)
+    if main is None or not isinstance(main[-1], str):
         return None
     return P2P_WAIT_FRAME.search(main[-1]) is not None
 
