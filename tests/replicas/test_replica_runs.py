@@ -20,6 +20,8 @@ from pipetrace.analyze.load import load_run
 from pipetrace.export.layout import process_name
 from pipetrace.recorder import format as fmt
 from pipetrace.runtime.launch import free_port
+from pipetrace.tui.describe import describe
+from pipetrace.tui.lanes import COMM
 from pipetrace.tui.session import open_session
 from tests.analyze.conftest import untimed_problems
 
@@ -101,7 +103,11 @@ def test_two_nodes_clean_then_a_hang_confined_to_replica_1(tmp_path):
     assert clean.replicas is not None and len(clean.replicas.skew) == 2
     names = [process_name(run, rank) for rank in run.ranks]  # the export's process tracks
     assert names[3] == "replica 1, stage 1, global rank 3"
-    assert open_session(nodes, workers=0).run.rank_name(2) == "replica 1, stage 0, global rank 2"
+    session = open_session(nodes, workers=0)
+    assert session.run.rank_name(2) == "replica 1, stage 0, global rank 2"
+    op = describe(session, session.index.lane_of(3, COMM), 0)  # the TUI's details of an op
+    assert op.title.startswith("replica 1, stage 1, global rank 3 · recv of 1RECV_F0")
+    assert dict(op.rows)["recv"].startswith("from replica 1, stage 0, global rank 2, channel F")
 
     nodes = two_node_job(tmp_path / "hang", "--inject", "hang:rank=1,replica=1")
     report = pipetrace_cli("analyze", "--json", *map(str, nodes))
