@@ -81,7 +81,7 @@ def ran_without_log(run: Run, rank: int) -> tuple[int, int] | None:
     return max(seen) if seen else None
 
 
-LOST_LOG = "killed before its log was written (kill -9, the OOM killer) or the file was lost"
+LOST_LOG = "killed before the log was written (kill -9, the OOM killer) or the file was lost"
 
 
 def missing_cause(run: Run, rank: int) -> str:
