@@ -154,8 +154,8 @@ def test_a_hang_in_one_replica_is_the_error_and_the_lost_connections_of_the_othe
     tmp_path,
 ):
     """Global rank 3 hangs; its pipeline's watchdogs end replica 1, and replica 0's ranks,
-    waiting in the script's own all-reduce with them, raise "Connection closed": those
-    are the hang's consequences, not a root cause listed before it."""
+    waiting in the script's own all-reduce with them, raise "Connection closed" (or get
+    torchrun's SIGTERM first): the hang's consequences, not a root cause listed before it."""
     run_dir = tmp_path / "run"
     done = dp_pipelining(
         run_dir, DP_HANG_RANK="3", PIPETRACE_STALL_TIMEOUT="2", PIPETRACE_ABORT_TIMEOUT="1"
@@ -165,8 +165,10 @@ def test_a_hang_in_one_replica_is_the_error_and_the_lost_connections_of_the_othe
     errors = [f for f in analysis.findings if f.severity == fk.ERROR]
     assert [f.kind for f in errors] == [fk.RANK_STALLED], [f.message for f in errors]
     assert errors[0].details["terminal_rank"] == 3
+    # replica 0's ranks lose their connection in the all-reduce, unless torchrun's SIGTERM
+    # reaches them first (as the hung replica's ranks exit): either way no error of theirs
     lost = [f for f in analysis.findings if f.kind == fk.RANK_FAILED and "onnection" in f.message]
-    assert lost and all("watchdog" in f.cause for f in lost), [f.cause for f in lost]
+    assert all("watchdog" in f.cause for f in lost), [f.cause for f in lost]
 
 
 def test_a_recovered_stall_names_the_paused_rank_not_another_replicas_step(tmp_path):
