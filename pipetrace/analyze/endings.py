@@ -87,7 +87,7 @@ LOST_LOG = "killed before the log was written (kill -9, the OOM killer) or the f
 def missing_cause(run: Run, rank: int) -> str:
     """Why a rank has no usable log, as far as its peers' logs tell: it never started, or
     it ran (a peer completed messages with it) and its log was lost."""
-    if "from another run" in run.ranks[rank].status.detail:
+    if run.ranks[rank].status.from_another_run:
         return "its log is another run's (set aside: see the input warnings)"
     seen = ran_without_log(run, rank)
     if seen is None:

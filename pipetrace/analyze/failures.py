@@ -62,7 +62,7 @@ def find_failures(run: Run, hung: set[int] = frozenset()) -> list[Finding]:  # t
         elif state == RankState.MISSING:
             found = _missing(run, rank, endings[rank.rank])
             findings.append(found)
-            foreign = "from another run" in rank.status.detail
+            foreign = rank.status.from_another_run
             ended_alike.setdefault(("missing", foreign), []).append(found)
         elif state == RankState.ENDED and _stopped_for_good(endings[rank.rank]):
             findings.append(_died_silently(run, rank, endings[rank.rank]))

@@ -34,6 +34,7 @@ from pipetrace.analyze.host_clocks import align_hosts, host_groups, one_host
 from pipetrace.analyze.live import still_recording
 from pipetrace.analyze.matching import match_messages
 from pipetrace.analyze.model import (
+    FROM_ANOTHER_RUN,
     OPEN,
     ClockInfo,
     InputProblem,
@@ -259,7 +260,7 @@ def _check_raw(
         return False
     reasons = _from_another_run(raw, rank, meta, world_size, directory_run_id)
     if reasons:
-        raw.error = f"from another run: {'; '.join(reasons)}"  # the rank's status says why
+        raw.error = f"{FROM_ANOTHER_RUN}: {'; '.join(reasons)}"  # the rank's status says why
         problems.append(
             InputProblem(
                 "warning",

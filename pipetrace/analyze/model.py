@@ -434,6 +434,9 @@ class LifecycleEvent:
     fields: dict[str, Any]
 
 
+FROM_ANOTHER_RUN = "from another run"  # how a set-aside log's status detail begins
+
+
 @dataclass
 class RankStatus:
     state: str  # a RankState value
@@ -441,6 +444,11 @@ class RankStatus:
     last_step: str | None = None  # text of the last step begun
     last_iteration: int | None = None
     error: str | None = None  # exception "Type: message", signal name or abort message
+
+    @property
+    def from_another_run(self) -> bool:
+        """The rank's log was set aside as another run's (the rank is MISSING)."""
+        return self.detail.startswith(FROM_ANOTHER_RUN)
 
 
 @dataclass
