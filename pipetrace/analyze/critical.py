@@ -111,6 +111,7 @@ class _RankView:
         r = run.ranks[rank]
         self.rank = rank
         self.texts = run.catalog.texts
+        self.kinds = run.catalog.kind
         top = top_level(r, run.catalog)
         top = top[r.steps.it[top] == iteration]
         self.begin = r.steps.begin[top]
@@ -123,6 +124,7 @@ class _RankView:
         self.op_post = p.post[sel]
         self.op_peer = p.match_rank[sel]
         self.op_partner_post = partner_post[sel]
+        self.op_code = p.code[sel]
         self.op_holder = containing_rows(self.begin, self.end, self.op_done, ending=True)
 
     def label(self, i: int) -> _Label:
@@ -147,6 +149,30 @@ class _RankView:
             if partner > wait_from and partner < t:
                 return int(self.op_peer[j]), partner, int(self.op_done[j])
         return None
+
+    def gap_wait(self, e: int, t: int) -> tuple[list[Segment], tuple[int, int] | None] | None:
+        """The gap (e, t] between two steps when a message was waited for in it, outside
+        every step (torch's GPipe and 1F1B wait a recv between its RECV step and the
+        compute): its segments, latest first (idle after the wait, the wait on P2P), and
+        (peer, its post time) when the peer posted its side after the wait began, to jump
+        to as `jump` does. None: no message was waited for in the gap."""
+        ops = np.flatnonzero((self.op_holder < 0) & (self.op_done > e) & (self.op_done <= t))
+        if not len(ops):
+            return None
+        ops = ops[np.argsort(-self.op_done[ops])]
+        chosen, to = ops[0], None
+        for j in ops:
+            partner = int(self.op_partner_post[j])
+            if self.op_peer[j] >= 0 and max(e, int(self.op_post[j])) < partner < self.op_done[j]:
+                chosen, to = j, (int(self.op_peer[j]), partner)
+                break
+        done = int(self.op_done[chosen])
+        code = int(self.op_code[chosen])
+        k = int(self.kinds[code])
+        label = (self.texts[code], KINDS[k].value if k >= 0 else None)
+        segments = [Segment(self.rank, done, t, "idle", None, None)] if done < t else []
+        wait_from = e if to is None else to[1]
+        return [*segments, Segment(self.rank, wait_from, done, "p2p", *label)], to
 
     def own_time(self, i: int, b: int, t: int, label: _Label) -> list[Segment]:
         """Step ``i``'s own time [b, t], latest first. A compute step that first waited for
@@ -211,7 +237,14 @@ def _walk(view: _Views, rank: int, t: int, begin_t: int, max_segments: int) -> l
         b = int(v.begin[i])
         e = int(v.end[i]) if v.end[i] != OPEN and v.end[i] < t else t
         if e < t:
-            segments.append(Segment(rank, e, t, "idle", None, None))
+            gap = v.gap_wait(e, t)
+            if gap is None:
+                segments.append(Segment(rank, e, t, "idle", None, None))
+            else:
+                segments += gap[0]
+                if gap[1] is not None:
+                    rank, t = gap[1]
+                    continue
             t = e
         label = v.label(i)
         jump = v.jump(i, b, t)

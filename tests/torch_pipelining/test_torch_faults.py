@@ -69,3 +69,21 @@ def test_a_csv_plan_with_two_recvs_swapped_is_an_order_crossing(tmp_path):
     found = errors(report)
     assert [f["kind"] for f in found] == ["order_crossing"], found
     assert found[0]["details"]["recv_order"] == ["1RECV_F3", "1RECV_F2"]
+
+
+def test_the_critical_path_follows_messages_waited_for_between_steps(tmp_path):
+    """torch's 1F1B waits a recv between its RECV step and the compute, outside every step:
+    the path must still follow that message to its sender, here through the straggler's
+    every forward, not stay on rank 0 as idle time."""
+    run_dir = tmp_path / "run"
+    done = pipetrace(
+        "run", "--runtime", "torch", "-s", "1f1b", "-p", "2", "-m", "4", "-n", "2",
+        "--out", str(run_dir), "--inject", "straggler:rank=1,factor=20",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    _, report = analyze_json(run_dir)
+    path = report["metrics"]["critical_path"]
+    on_path = {s["step"] for s in path["segments"] if s["what"] == "compute"}
+    assert {"1F0", "1F1", "1F2", "1F3"} <= on_path, path["segments"]
+    assert path["rank_hops"] > 0
+    assert path["by_what_ns"]["idle"] < path["by_what_ns"]["compute"]
