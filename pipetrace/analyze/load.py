@@ -302,11 +302,11 @@ def _from_another_run(
         reasons.append(f"its header says rank {header['rank']!r}")
     if "world_size" in header and header["world_size"] != world_size:
         reasons.append(f"world size {header['world_size']!r}, not {world_size}")
+    if isinstance(run_id, str) and run_id == directory_run_id:
+        return reasons  # this run's by its id: a late start or other settings are its own
     t0, created = header.get("t0"), meta.get("created")
     if isinstance(t0, int) and isinstance(created, int) and abs(t0 - created) > SAME_RUN_WINDOW_NS:
         reasons.append(f"it started {abs(t0 - created) / 1e9:.0f} s away from meta.json's creation")
-    if isinstance(run_id, str) and run_id == directory_run_id:
-        return reasons  # this run's, by its id: another configuration is a divergence, told
     config = (raw.run_start or {}).get("config")
     if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
         reasons.append("its run configuration differs from meta.json's")

@@ -112,6 +112,8 @@ def test_newer_schema_on_one_rank_is_set_aside(run):
 def test_log_from_another_run_is_set_aside(run):
     header = orjson.loads(log(run, 1).read_bytes().split(b"\n", 1)[0])
     rewrite_header(run, 1, t0=header["t0"] - 2 * SAME_RUN_WINDOW_NS)
+    assert load_run(run, workers=0).ranks[1].present  # its run id proves it this run's
+    rewrite_header(run, 1, run_id=None)  # without one, a start that far away tells
     rewrite_header(run, 2, world_size=8)
     messages = problems(run)
     assert any(
