@@ -50,7 +50,7 @@ def offset_models(clock_events: list[LifecycleEvent]) -> tuple[ClockInfo, dict[s
         offset = ev.fields.get("offset_ns")
         if not isinstance(offset, int) or isinstance(offset, bool):
             continue
-        if phase == "start" and start is None:
+        if phase in ("start", None) and start is None:  # without its phase: the first one
             start = ev
         elif phase == "end":
             end = ev
@@ -82,9 +82,15 @@ def offset_models(clock_events: list[LifecycleEvent]) -> tuple[ClockInfo, dict[s
             o_start + (t - t_start).astype(np.float64) * slope
         ).astype(np.int64)
     for ev in constants:  # the more certain measurement first
-        models[str(ev.fields.get("phase"))] = ConstantOffset(int(ev.fields["offset_ns"]))
+        phase = "start" if ev is start else "end"
+        models[phase] = ConstantOffset(int(ev.fields["offset_ns"]))
     models["none"] = ConstantOffset(0)
     return info, models
+
+
+def offsets_recorded(models: dict[int, dict[str, OffsetFn]]) -> bool:
+    """Did any rank record a clock offset (a model besides "none")?"""
+    return any(len(m) > 1 for m in models.values())
 
 
 # Alignment models tried in turn: the first that lets every matched message arrive after it
@@ -215,6 +221,7 @@ def align(
     quality["model"] = (
         labels[len(attempts) - 1] if feasible else "recorded (no consistent alignment)"
     )
+    quality["offsets_recorded"] = offsets_recorded(models)
     if all(name == "none" for name in names.values()):  # no rank recorded an offset
         quality["model"] = "messages only" if feasible else "none (no consistent alignment)"
     quality["feasible"] = feasible

@@ -30,6 +30,7 @@ from pipetrace.analyze.clocks import (
     OffsetFn,
     apply_offsets,
     message_pairs,
+    offsets_recorded,
     preference,
     tightest_bounds,
 )
@@ -97,6 +98,7 @@ def align_hosts(
     if model == "recorded" and all(name == "none" for name in names.values()):
         model = "messages only"  # no host recorded an offset: the messages did it all
     quality = _quality(slack[across], bounds, corrections, model)
+    quality["offsets_recorded"] = offsets_recorded(models)
     quality["hosts"] = hosts
     return fns, quality
 

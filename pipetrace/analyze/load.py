@@ -829,13 +829,12 @@ def _note_clock_problems(
             )
         )
     elif quality.get("model") not in (None, "recorded"):
-        problems.append(
-            InputProblem(
-                "info",
-                f"clocks: the recorded offsets are inconsistent with the "
-                f"messages; aligned with {quality['model']} instead",
-            )
+        why = (
+            "the recorded offsets are inconsistent with the messages"
+            if quality.get("offsets_recorded", True)
+            else "no rank recorded a clock offset"
         )
+        problems.append(InputProblem("info", f"clocks: {why}; aligned with {quality['model']}"))
     if quality.get("refined") and len(quality["hosts"]) > 1:
         _note_moved_hosts(ranks, quality["hosts"], problems)
     elif quality.get("refined"):

@@ -303,7 +303,10 @@ def _clock_line(cl: dict[str, Any]) -> Line:
         + ("host" if len(cl.get("hosts", ())) > 1 else "rank")
         + f" pairs checked (each direction), {cl.get('early_receives_before', 0)} received "
         "before sent with "
-        "recorded offsets" + refined + slack + _hosts_text(cl.get("hosts")),
+        + ("recorded offsets" if cl.get("offsets_recorded", True) else "no offsets recorded")
+        + refined
+        + slack
+        + _hosts_text(cl.get("hosts")),
         None,
     )
 

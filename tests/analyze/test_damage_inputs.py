@@ -248,3 +248,25 @@ def test_a_corrupt_lifecycle_line_is_said_with_its_line_number(tmp_path):
     lines = fmt.rank_log_path(run, RANK).read_bytes().splitlines()
     number = next(n for n, line in enumerate(lines, 1) if b'"clock"' in line)
     assert any(f"1 corrupt line(s) skipped, first at line {number}" in w for w in warnings_of(run))
+
+
+def test_a_clock_without_its_phase_still_gives_its_offset(tmp_path):
+    """`phase` is written always, and readers do without it: the offset is not dropped."""
+    run = copy_run(tmp_path)
+    lines = fmt.rank_log_path(run, RANK).read_bytes().splitlines()[1:]
+    first = next(e for e in map(orjson.loads, lines) if e["e"] == fmt.CLOCK)
+    edit_log(run, _clock_without_phase)
+    clock = load_run(run, workers=0).ranks[RANK].clock
+    assert clock.offset_start_ns == first["offset_ns"] and clock.applied != "none"
+
+
+def test_logs_without_clock_events_are_aligned_by_the_messages_and_say_so(tmp_path, capsys):
+    run = copy_run(tmp_path)
+    for log in run.glob("rank-*.ndjson"):
+        header, *lines = log.read_bytes().splitlines()
+        kept = [line for line in lines if orjson.loads(line)["e"] != fmt.CLOCK]
+        log.write_bytes(b"\n".join([header, *kept]) + b"\n")
+    _, doc = analyze_cli(run, capsys)
+    assert doc["metrics"]["clocks"]["offsets_recorded"] is False
+    notes = [p["message"] for p in doc["input_problems"]]
+    assert not any("recorded offsets are inconsistent" in n for n in notes), notes
