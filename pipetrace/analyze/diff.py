@@ -20,6 +20,7 @@ from pipetrace.analyze.analysis import Analysis, run_summary
 from pipetrace.analyze.findings import counts
 from pipetrace.analyze.report import ms, ratio
 from pipetrace.analyze.summary import MetricsSummary, RankBubble, StageCost
+from pipetrace.printable import printable
 
 DIFF_FORMAT = "pipetrace-diff"
 
@@ -230,4 +231,4 @@ def render(d: dict[str, Any], out: IO[str]) -> None:
         lines.append(
             f"  rank {r['rank']:>4}{'':<12}{ms(p['a']):>{w}}{ms(p['b']):>{w}}  {_change(p)}"
         )
-    out.write("\n".join(lines) + "\n")
+    out.write(printable("\n".join(lines)) + "\n")

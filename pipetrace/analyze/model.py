@@ -76,7 +76,7 @@ _SIMPLE_KINDS = frozenset(COMPUTE_KINDS) | {
 }
 _KIND_TEXT_CODE = {k.value: KIND_CODE[k] for k in _SIMPLE_KINDS}
 _SIMPLE = re.compile(
-    r"(\d+)(" + "|".join(sorted(_KIND_TEXT_CODE, key=len, reverse=True)) + r")(\d+)"
+    r"([0-9]{1,18})(" + "|".join(sorted(_KIND_TEXT_CODE, key=len, reverse=True)) + r")([0-9]{1,18})"
 )
 
 OP_SEND, OP_RECV = 0, 1

@@ -71,7 +71,9 @@ class LogProblems:
         )
         messages = [f"{n} {what}" for n, what in counts if n]
         if self.bad_step_texts:
-            shown = ", ".join(repr(t) for t in self.bad_step_texts[:3])
+            shown = ", ".join(
+                repr(t if len(t) <= 40 else t[:40] + "...") for t in self.bad_step_texts[:3]
+            )
             messages.append(f"{len(self.bad_step_texts)} unparsable step text(s): {shown}")
         return messages
 

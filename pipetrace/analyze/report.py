@@ -17,6 +17,7 @@ from pipetrace.analyze.model import Run
 from pipetrace.analyze.replicas import ReplicaSummary
 from pipetrace.analyze.selection import format_rank_list
 from pipetrace.analyze.summary import Bubble, MetricsSummary, RankBubble, StageCost
+from pipetrace.printable import printable
 
 Line = tuple[str, str | None]
 """One report line and its rich style (None: plain)."""
@@ -325,7 +326,7 @@ def _hosts_text(hosts: list[dict[str, Any]] | None) -> str:
 
 
 def render(analysis: Analysis, out: IO[str], *, color: bool = False) -> None:
-    lines = report_lines(analysis)
+    lines = [(printable(text), style) for text, style in report_lines(analysis)]
     if not color:
         out.write("\n".join(text for text, _ in lines) + "\n")
         return

@@ -10,6 +10,7 @@ import click
 
 from pipetrace import __version__
 from pipetrace.errors import EXIT_INTERRUPTED, PipetraceError
+from pipetrace.printable import printable
 from pipetrace.schedule.ir import ScheduleError
 
 # verb -> (module, attribute, one-line help shown by `pipetrace --help`)
@@ -92,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         exc.show()
         return exc.exit_code
     except PipetraceError as exc:
-        click.echo(f"pipetrace: error: {exc}", err=True)
+        click.echo(f"pipetrace: error: {printable(str(exc))}", err=True)
         return exc.exit_code
     except ScheduleError as exc:
-        click.echo(f"pipetrace: error: {exc}", err=True)
+        click.echo(f"pipetrace: error: {printable(str(exc))}", err=True)
         return 2
     except BrokenPipeError:
         return 0

@@ -12,6 +12,7 @@ import click
 from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, NamedPath, run_dirs
 from pipetrace.errors import EXIT_OK
+from pipetrace.printable import printable
 
 if TYPE_CHECKING:
     from pipetrace.analyze.findings import Finding
@@ -145,7 +146,9 @@ def export(
     finally:
         progress.close()
     for problem in run.problems:
-        click.echo(f"pipetrace export: input {problem.severity}: {problem.message}", err=True)
+        click.echo(
+            f"pipetrace export: input {problem.severity}: {printable(problem.message)}", err=True
+        )
     found = (
         "" if findings is None else f", {len(findings)} finding{'s' if len(findings) != 1 else ''}"
     )

@@ -27,6 +27,7 @@ import click
 
 from pipetrace.cli.run_args import RUN_DIRS_HELP, NamedPath, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS, PipetraceError
+from pipetrace.printable import printable
 from pipetrace.records import JsonRecord
 
 if TYPE_CHECKING:
@@ -101,7 +102,10 @@ def merge(run_dirs: tuple[str, ...], output: Path, overwrite: bool, as_json: boo
         echo_json(summary.to_json())
     else:
         for problem in summary.problems:
-            click.echo(f"pipetrace merge: {problem['severity']}: {problem['message']}", err=True)
+            click.echo(
+                f"pipetrace merge: {problem['severity']}: {printable(problem['message'])}",
+                err=True,
+            )
         click.echo(
             f"wrote {output}: meta.json from {summary.meta_from}, {summary.ranks_copied} rank "
             f"log(s) from {_directories(len(summary.directories))} ({summary.bytes:,} bytes)"

@@ -9,6 +9,7 @@ import click
 from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_USAGE, PipetraceError
+from pipetrace.printable import printable
 
 
 @click.command(epilog=RUN_DIRS_HELP)
@@ -43,6 +44,6 @@ def tui(run_dirs: tuple[str, ...], loading: Loading) -> int:
     app = PipetraceApp(source, load=loading.kwargs())
     app.run()
     if app.load_error:
-        click.echo(f"pipetrace: error: {app.load_error}", err=True)
+        click.echo(f"pipetrace: error: {printable(app.load_error)}", err=True)
         return EXIT_USAGE
     return app.return_code or EXIT_OK  # non-zero when the app itself failed

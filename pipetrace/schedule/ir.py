@@ -210,7 +210,10 @@ def thread_parts(step: Step) -> tuple[tuple[Step, ...], ...]:
 _KIND_ALTERNATION = "|".join(
     sorted((k.value for k in StepKind if k not in COMPOSITE_KINDS), key=len, reverse=True)
 )
-_SIMPLE_RE = re.compile(rf"^\s*(\d+)\s*({_KIND_ALTERNATION})\s*(\d*)\s*$")
+# ASCII digits, at most 18 (an int64): int() of thousands of digits raises, and of other
+# scripts' digits would accept a text no recorder writes.
+_NUMBER = "[0-9]{1,18}"
+_SIMPLE_RE = re.compile(rf"^\s*({_NUMBER})\s*({_KIND_ALTERNATION})\s*({_NUMBER})?\s*$")
 _COMPOSITE_RE = re.compile(r"^\s*\((.*)\)\s*(OVERLAP_F_B|OVERLAP_B_F)\s*$")
 
 
@@ -246,6 +249,7 @@ def parse_step(text: str) -> Step | None:
         )
     stage, kind_text, mb_text = match.groups()
     kind = StepKind(kind_text)
+    mb_text = mb_text or ""
     if kind in COLLECTIVE_KINDS:
         if mb_text:
             raise ScheduleError(f"bad action {text!r}: {kind} takes no micro-batch")

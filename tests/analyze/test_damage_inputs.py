@@ -130,6 +130,17 @@ def _bad_step_text(events):
     return events
 
 
+def _step_of_5000_digits(events):
+    """int() of a number this long raises; the text is unparsable like any other."""
+    next(e for e in events if e["e"] == fmt.STEP_BEGIN)["step"] = "1F" + "5" * 5000
+    return events
+
+
+def _step_of_other_digits(events):
+    next(e for e in events if e["e"] == fmt.STEP_BEGIN)["step"] = "1F\u0665"  # Arabic-Indic 5
+    return events
+
+
 def _dangling_completion(events):
     next(e for e in events if e["e"] == fmt.STEP_END)["id"] = 99999
     return events
@@ -155,6 +166,8 @@ def _cut_in_half(events):
     [
         (_time_back, "whose time goes back"),
         (_bad_step_text, "unparsable step text(s): '1SEND_B&'"),
+        (_step_of_5000_digits, "unparsable step text(s): '1F555"),
+        (_step_of_other_digits, "unparsable step text(s): '1F\u0665'"),
         (_dangling_completion, "completion(s) of an id the log never began"),
         (_clock_without_phase, "lacking a field the recorder always writes"),
         (_reused_id, "begun or completed more than once"),
