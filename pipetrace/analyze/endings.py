@@ -219,7 +219,7 @@ def where(run: Run, rank: RankTimeline) -> Where:
 
 def _listed_open_step(rank: RankTimeline) -> StepRef | None:
     for ev in (rank.last_of(fmt.EXCEPTION), rank.last_of(fmt.SIGNAL), rank.final_stall()):
-        listed = ev.fields.get("open_steps") if ev else None
+        listed = fmt.listed(ev.fields, "open_steps") if ev else None
         if listed and isinstance(listed[-1], dict) and isinstance(listed[-1].get("step"), str):
             item = listed[-1]
             pos = item.get("pos") if isinstance(item.get("pos"), int) else None

@@ -601,7 +601,7 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
     known_steps = set(sb["id"].tolist())
     texts, threads = Interner(raw.texts), Interner(raw.threads)
     add_steps = []
-    for item in fields.get("open_steps") or ():
+    for item in fmt.listed(fields, "open_steps"):
         if (
             isinstance(item, dict)
             and fmt.is_int64(item.get("id"))
@@ -621,7 +621,7 @@ def _add_listed_open(raw: RawRank, sb: dict[str, np.ndarray], pp: dict[str, np.n
     shapes, dtypes = Interner(raw.shapes), Interner(raw.dtypes)
     checks = _checks(raw.header["schema_version"])
     add_ops = []
-    for item in fields.get("inflight") or ():
+    for item in fmt.listed(fields, "inflight"):
         if (
             isinstance(item, dict)
             and item.get("e") == fmt.P2P_POST

@@ -517,6 +517,13 @@ def is_pending_entry(item: Any) -> bool:
     return type(age) in (int, float) and 0 <= age < MAX_PENDING_AGE_S
 
 
+def listed(fields: dict[str, Any], name: str) -> list[Any]:
+    """A list field of a lifecycle event (``open_steps``, ``inflight``) as a list; empty
+    when a damaged line has another type there (it is kept, and counted as damage)."""
+    value = fields.get(name)
+    return value if isinstance(value, list) else []
+
+
 def is_rank_log_name(name: str) -> bool:
     """Is ``name`` what a reader takes for a rank log (``rank-*.ndjson``)?"""
     return name.startswith("rank-") and name.endswith(".ndjson")

@@ -141,6 +141,12 @@ def _step_of_other_digits(events):
     return events
 
 
+def _stall_listing_an_int(events):
+    """A list field holding an int crashed every reading verb (iterating it)."""
+    stall = {"e": fmt.STALL, "t": events[-1]["t"], "stacks": {}, "idle_s": 1.0}
+    return [*events, stall | {"open_steps": 5, "inflight": 7}]
+
+
 def _dangling_completion(events):
     next(e for e in events if e["e"] == fmt.STEP_END)["id"] = 99999
     return events
@@ -169,6 +175,7 @@ def _cut_in_half(events):
         (_step_of_5000_digits, "unparsable step text(s): '1F555"),
         (_step_of_other_digits, "unparsable step text(s): '1F\u0665'"),
         (_dangling_completion, "completion(s) of an id the log never began"),
+        (_stall_listing_an_int, "lacking a field the recorder always writes, or with another"),
         (_clock_without_phase, "lacking a field the recorder always writes"),
         (_reused_id, "begun or completed more than once"),
         (_cut_in_half, "while its peers record until"),
