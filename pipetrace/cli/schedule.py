@@ -148,6 +148,7 @@ def schedule() -> None:
       pipetrace schedule verify --csv my_schedule.csv --json
       pipetrace schedule simulate 1f1b -p 4 -m 8 --costs F=1,B=2
       pipetrace schedule simulate 1f1b -p 4 -m 8 --swap all --costs swap_bytes=1,swap_bandwidth=2
+      pipetrace schedule simulate zbv -p 2 -m 4 --json --timeline
     """
 
 
@@ -288,8 +289,11 @@ def verify(plan: Plan, semantics: str, as_json: bool) -> int:
     default="eager",
     show_default=True,
 )
-@click.option("--json", "as_json", is_flag=True, help="Timeline and metrics as JSON.")
-def simulate(plan: Plan, costs: str, semantics: str, as_json: bool) -> None:
+@click.option(
+    "--json", "as_json", is_flag=True, help="Makespan, bubbles and per-rank figures as JSON."
+)
+@click.option("--timeline", is_flag=True, help="With --json: every step's rank, start and end too.")
+def simulate(plan: Plan, costs: str, semantics: str, as_json: bool, timeline: bool) -> None:
     """Predict the timeline, makespan, bubbles and peak activations of a plan.
 
     \b
@@ -302,8 +306,10 @@ def simulate(plan: Plan, costs: str, semantics: str, as_json: bool) -> None:
     from pipetrace.schedule.simulate import simulate as run_simulation
 
     result = run_simulation(plan, Costs.parse(costs) if costs else Costs(), semantics=semantics)
+    if timeline and not as_json:
+        raise click.UsageError("--timeline goes with --json")
     if as_json:
-        echo_json(result.to_json())
+        echo_json(result.to_json(timeline=timeline))
         return
     click.echo(_title(plan))
     click.echo(

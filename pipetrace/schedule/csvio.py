@@ -17,24 +17,31 @@ from .ir import Plan, ScheduleError, Step, format_step, infer_placement, parse_s
 def parse_csv_text(text: str, *, source: str = "<csv>") -> list[list[Step | None]]:
     """Parse CSV text into per-rank rows; errors name the row, column and cell text."""
     rows: list[list[Step | None]] = []
-    for row_index, cells in enumerate(csv.reader(io.StringIO(text))):
-        row: list[Step | None] = []
-        for col_index, cell in enumerate(cells):
-            try:
-                row.append(parse_step(cell))
-            except ScheduleError as exc:
-                raise ScheduleError(
-                    f"{source}: row {row_index + 1} (rank {row_index}), "
-                    f"column {col_index + 1}: {exc}"
-                ) from None
-        while row and row[-1] is None:  # trailing empty cells are padding, not bubbles
-            row.pop()
-        rows.append(row)
+    reader = csv.reader(io.StringIO(text))
+    try:
+        for row_index, cells in enumerate(reader):
+            rows.append(_parse_row(cells, row_index, source))
+    except csv.Error as exc:  # e.g. a cell longer than the csv module's field limit
+        raise ScheduleError(f"{source}: row {reader.line_num}: not CSV ({exc})") from None
     while rows and not rows[-1]:
         rows.pop()
     if not rows:
         raise ScheduleError(f"{source}: no schedule rows found")
     return rows
+
+
+def _parse_row(cells: list[str], row_index: int, source: str) -> list[Step | None]:
+    row: list[Step | None] = []
+    for col_index, cell in enumerate(cells):
+        try:
+            row.append(parse_step(cell))
+        except ScheduleError as exc:
+            raise ScheduleError(
+                f"{source}: row {row_index + 1} (rank {row_index}), column {col_index + 1}: {exc}"
+            ) from None
+    while row and row[-1] is None:  # trailing empty cells are padding, not bubbles
+        row.pop()
+    return row
 
 
 def load_csv(path: str | Path, *, num_microbatches: int | None = None) -> Plan:

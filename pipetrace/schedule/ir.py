@@ -243,8 +243,9 @@ def parse_step(text: str) -> Step | None:
         return _parse_composite(text, composite.group(1), StepKind(composite.group(2)))
     match = _SIMPLE_RE.match(stripped)
     if not match:
+        shown = text if len(text) <= 40 else text[:40] + "..."
         raise ScheduleError(
-            f"bad action {text!r}: expected STAGE KIND MICROBATCH such as '2F0', '1SEND_B3', "
+            f"bad action {shown!r}: expected STAGE KIND MICROBATCH such as '2F0', '1SEND_B3', "
             "'0UNSHARD' or '(0F7;7B3)OVERLAP_F_B'"
         )
     stage, kind_text, mb_text = match.groups()

@@ -132,11 +132,35 @@ def test_malformed_csv_names_row_and_column(capsys, tmp_path):
     assert "row 2" in err and "column 2" in err and "1Q0" in err
 
 
+@pytest.mark.parametrize(
+    "cell, said",
+    [("9" * 200_000 + "F0", "row 1: not CSV (field larger"), ("9" * 5000 + "F0", "'999")],
+    ids=["over-the-csv-field-limit", "a-long-bad-action"],
+)
+def test_an_overlong_csv_cell_is_one_short_line(capsys, tmp_path, cell, said):
+    path = tmp_path / "long.csv"
+    path.write_text(f"0F0,{cell}\n")
+    code, _, err = run(capsys, "schedule", "verify", "--csv", str(path))
+    assert code == 2 and said in err
+    assert len(err.splitlines()) == 1 and len(err) < 300
+
+
 def test_simulate_json_reproduces_1f1b_idle_fraction(capsys):
     p, m = 4, 8
     code, out, _ = run(capsys, "schedule", "simulate", "1f1b", "-p", str(p), "-m", str(m), "--json")
     assert code == 0
     assert json.loads(out)["idle_fraction"] == pytest.approx((p - 1) / (m + p - 1))
+
+
+def test_simulate_json_has_the_timeline_when_asked(capsys):
+    code, out, _ = run(capsys, "schedule", "simulate", "1f1b", "-p", "2", "-m", "2", "--json")
+    assert code == 0 and "timeline" not in json.loads(out)
+    args = ("schedule", "simulate", "1f1b", "-p", "2", "-m", "2", "--json", "--timeline")
+    code, out, _ = run(capsys, *args)
+    steps = json.loads(out)["timeline"]
+    compute = [s for s in steps if s["kind"] in ("F", "B")]
+    assert code == 0 and len(compute) == 2 * 2 * 2  # ranks x micro-batches x (F, B)
+    assert all(s["end"] > s["start"] for s in compute)
 
 
 def test_schedule_commands_do_not_import_torch():
