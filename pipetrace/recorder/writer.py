@@ -2,7 +2,8 @@
 
 Events wait in a queue (`pipetrace.recorder.queue`: the hot path only appends to it). A
 background thread writes everything pending every ``flush_interval`` seconds, and callers
-flush at iteration ends and before the process dies, so a SIGKILL loses at most one interval.
+flush at iteration ends and before the process dies (a signal, an exit without closing the
+recording), so a SIGKILL loses at most one interval.
 Writes go straight to the file descriptor (no userspace buffer), so what was flushed is in
 the kernel's hands even if the interpreter dies a moment later. A write cut short by a kill
 can leave a torn last line; readers tolerate it.
@@ -16,6 +17,7 @@ its path is refused, never truncated or followed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -62,6 +64,9 @@ class EventWriter:
             daemon=True,
         )
         self._thread.start()
+        # A script that ends without closing its recording: what waits is written at exit
+        # (the flush thread, a daemon, would die with it).
+        atexit.register(self.flush)
 
     @property
     def pending(self) -> int:
@@ -116,6 +121,7 @@ class EventWriter:
         self.write_error = error
 
     def close(self) -> None:
+        atexit.unregister(self.flush)
         self._stop.set()
         self._wake.set()
         if self._thread is not threading.current_thread():

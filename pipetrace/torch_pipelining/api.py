@@ -90,11 +90,14 @@ class Recording:
     ) -> None:
         """An exception raised in the block outside ``step`` (a data loader, the user's own
         collectives) is recorded as a step's is: without it the rank's log would just stop,
-        read as a process killed from outside."""
+        read as a process killed from outside. ``sys.exit(0)`` (or with no code) in the
+        block ends the run cleanly, as leaving it does."""
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            exc = None
         instrumentation = self._instrumentation
         if exc is not None and instrumentation is not None and exc is not instrumentation.failure:
             self._recorder.exception(exc)
-        self.close(clean=exc_type is None)
+        self.close(clean=exc is None)
 
 
 def record(

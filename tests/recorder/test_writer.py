@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import orjson
 import pytest
@@ -72,3 +75,24 @@ def test_a_full_disk_loses_events_but_never_the_run(tmp_path, compiled, capfd):
     written = [orjson.loads(line)["n"] for line in lines[1:] if line]
     assert written[:100] == list(range(100)) and written[-99:] == list(range(301, 400))
     assert set(range(100, 300)) - set(written)  # lost, not kept in memory
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_process_that_exits_without_closing_writes_what_waits(tmp_path, compiled):
+    """A script that ends without closing its recording: the flush thread is a daemon and
+    dies with the interpreter, so what waits is written at exit instead."""
+    path = tmp_path / "log.ndjson"
+    script = f"""
+import sys
+sys.path[:0] = {[str(Path(__file__).parent), *sys.path]!r}
+from test_writer import EventWriter, _open, queue_module
+queue = queue_module.new_queue(int, compiled={compiled}, step_token=None, close_token=None)
+writer = EventWriter({str(path)!r}, {{"h": 1}}, queue, flush_interval=3600)
+_open(queue, writer, capacity=1000)
+for n in range(250):
+    queue.append((n,))
+sys.exit(0)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    lines = path.read_bytes().splitlines()
+    assert [orjson.loads(line)["n"] for line in lines[1:]] == list(range(250))
