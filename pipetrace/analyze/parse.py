@@ -467,8 +467,8 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
         idx_c = np.minimum(idx, len(end_ids) - 1)
         return np.where(end_ids[idx_c] == ids, end_t[idx_c], OPEN)
 
-    steps = {**sb, "begin": sb["t"], "end": end_of(sb["id"])}
-    p2p = {**pp, "post": pp["t"], "done": end_of(pp["id"])}
+    steps = {**sb, "begin": sb["t"], "end": _not_before(raw, sb["t"], end_of(sb["id"]))}
+    p2p = {**pp, "post": pp["t"], "done": _not_before(raw, pp["t"], end_of(pp["id"]))}
     device = _device_columns(
         raw, np.concatenate([sb["id"], pp["id"]]), np.concatenate([sb["t"], pp["t"]])
     )
@@ -479,6 +479,16 @@ def _finish(raw: RawRank, steps: _Columns, p2p: _Columns, ends: _Columns) -> Non
     }
     raw.p2p = {name: p2p[name].astype(dtype, copy=False) for name, dtype in P2P_COLUMNS.items()}
     raw.memory = _memory_columns(raw, sb["id"])
+
+
+def _not_before(raw: RawRank, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """``end``, where a row ends before it began (one clock never goes back: a damaged time)
+    counted as damage and taken as ending where it began, so no view draws it backwards."""
+    early = (end != OPEN) & (end < begin)
+    if early.any():
+        raw.problems.ended_before_begun += int(np.count_nonzero(early))
+        end = np.where(early, begin, end)
+    return end
 
 
 def _rows_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:

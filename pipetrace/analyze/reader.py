@@ -49,6 +49,7 @@ class LogProblems:
     bad_values: int = 0
     dangling_ids: int = 0
     duplicate_ids: int = 0
+    ended_before_begun: int = 0
     bad_step_texts: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -68,6 +69,10 @@ class LogProblems:
             (self.bad_values, "event(s) with a value outside its documented set"),
             (self.dangling_ids, "completion(s) of an id the log never began"),
             (self.duplicate_ids, "id(s) begun or completed more than once"),
+            (
+                self.ended_before_begun,
+                "step(s) or op(s) completed before they began (taken as ending there)",
+            ),
         )
         messages = [f"{n} {what}" for n, what in counts if n]
         if self.bad_step_texts:

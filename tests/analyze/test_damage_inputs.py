@@ -147,6 +147,14 @@ def _stall_listing_an_int(events):
     return [*events, stall | {"open_steps": 5, "inflight": 7}]
 
 
+def _ended_before_begun(events):
+    """Under the 1 s a preempted thread's line may lag, yet no step ends before it begins."""
+    end = next(e for e in events[5:] if e["e"] == fmt.STEP_END)
+    begin = next(e for e in events if e["e"] == fmt.STEP_BEGIN and e["id"] == end["id"])
+    end["t"] = begin["t"] - 100_000
+    return events
+
+
 def _dangling_completion(events):
     next(e for e in events if e["e"] == fmt.STEP_END)["id"] = 99999
     return events
@@ -175,6 +183,7 @@ def _cut_in_half(events):
         (_step_of_5000_digits, "unparsable step text(s): '1F555"),
         (_step_of_other_digits, "unparsable step text(s): '1F\u0665'"),
         (_dangling_completion, "completion(s) of an id the log never began"),
+        (_ended_before_begun, "1 step(s) or op(s) completed before they began"),
         (_stall_listing_an_int, "lacking a field the recorder always writes, or with another"),
         (_clock_without_phase, "lacking a field the recorder always writes"),
         (_reused_id, "begun or completed more than once"),
@@ -290,3 +299,12 @@ def test_logs_without_clock_events_are_aligned_by_the_messages_and_say_so(tmp_pa
     assert doc["metrics"]["clocks"]["offsets_recorded"] is False
     notes = [p["message"] for p in doc["input_problems"]]
     assert not any("recorded offsets are inconsistent" in n for n in notes), notes
+
+
+def test_a_step_ending_before_it_began_is_drawn_forwards(tmp_path, capsys):
+    run = copy_run(tmp_path)
+    edit_log(run, _ended_before_begun)
+    out = tmp_path / "run.json"
+    assert main(["export", str(run), "--format", "chrome-json", "-o", str(out)]) == 0
+    events = orjson.loads(out.read_bytes())["traceEvents"]
+    assert min(e.get("dur", 0) for e in events) >= 0
