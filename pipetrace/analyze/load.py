@@ -269,6 +269,10 @@ def _check_raw(
             )
         )
         return False
+    if not raw.events:  # a rank that recorded nothing is told as a missing one
+        raw.error = f"{name}: no events after its header (nothing recorded)"
+        problems.append(InputProblem("warning", raw.error, rank))
+        return False
     problems += [InputProblem(severity, f"{name}: {text}", rank) for severity, text in _notes(raw)]
     config = (raw.run_start or {}).get("config")
     if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
@@ -323,8 +327,6 @@ def _notes(raw: RawRank) -> list[tuple[str, str]]:
         where = f", first at line {p.first_corrupt_line}" if p.first_corrupt_line else ""
         notes.append(("warning", f"{p.corrupt_lines} corrupt line(s) skipped{where}"))
     notes += [("warning", note) for note in [*p.damage(), *p.notes]]
-    if not raw.events:
-        notes.append(("warning", "no events after its header (nothing recorded)"))
     if raw.unknown_events:
         notes.append(
             (

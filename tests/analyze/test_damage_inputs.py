@@ -117,6 +117,9 @@ def test_header_only_logs_are_reported(tmp_path, capsys):
     code, doc = analyze_cli(run, capsys)
     assert code == 1
     assert any("no events after its header" in p["message"] for p in doc["input_problems"])
+    assert doc["ranks"][RANK]["state"] == "missing"  # told as a rank that left no log
+    (failed,) = [f for f in doc["findings"] if f["kind"] == "rank_failed"]
+    assert failed["ranks"] == [RANK] and "completed messages with it" in failed["cause"]
 
 
 def _time_back(events):

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from pipetrace.analyze.analysis import analyze
 from pipetrace.analyze.load import load_run
+from pipetrace.analyze.reader import TraceFormatError
 from pipetrace.testing.synthetic import write_synthetic_run
 
 from .handwritten import HandRun
@@ -48,8 +49,9 @@ def stories(document: dict) -> dict[int, set[str]]:
         details = f["details"]
         if f["kind"] == "rank_stalled" and details.get("terminal_state") != "transfer":
             told.setdefault(details["terminal_rank"], set()).add(details["terminal_state"])
-        if f["kind"] == "rank_failed":
-            told.setdefault(f["ranks"][0], set()).add(details["ending"])
+        if f["kind"] == "rank_failed":  # one rank's, or several that ended alike
+            for member in details.get("ended", [details]):
+                told.setdefault(member.get("rank", f["ranks"][0]), set()).add(member["ending"])
     return told
 
 
@@ -104,7 +106,12 @@ def test_every_ending_is_told_right(sources, tmp_path_factory, name, rank, keep,
     cut_log(run, rank % logs, keep, torn)
     if peer_keep is not None:
         cut_log(run, (rank + 1) % logs, peer_keep, False)
-    assert_told_right(analyze(load_run(run, workers=0)).to_json())
+    try:
+        loaded = load_run(run, workers=0)
+    except TraceFormatError as exc:  # every log cut to its header: an input error, said
+        assert "no events after its header" in str(exc)
+        return
+    assert_told_right(analyze(loaded).to_json())
 
 
 @pytest.mark.parametrize("name", SAMPLE_NAMES)
