@@ -313,16 +313,24 @@ def _merge_ops(parts: list[Op], composite: Step) -> tuple[tuple[int, ...], tuple
     return tuple(needs), tuple(op[2] for op in parts), max(op[3] for op in parts)
 
 
+class CannotFinish(ScheduleError):
+    """The compute steps' order cannot run to the end: ranks wait on each other forever."""
+
+    def __init__(self, message: str, ranks: list[int]) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
 def _simulate(plan: Plan, costs: dict[StepKind, int]) -> _Run:
     """Run every rank's steps in order as early as their inputs allow (`_run_ops`).
 
-    Raises ScheduleError naming every rank that can never finish.
+    Raises CannotFinish naming every rank that can never finish.
     """
     compiled = _compile(plan, costs)
     position, done, starts = _run_ops(compiled)
     stuck = [r for r, ops in enumerate(compiled.ops) if position[r] < len(ops)]
     if stuck:
-        raise ScheduleError(_stuck_message(compiled, position, done, stuck))
+        raise CannotFinish(_stuck_message(compiled, position, done, stuck), stuck)
     start = np.fromiter(chain.from_iterable(starts), np.int64, sum(map(len, starts)))
     if compiled.main is not None:
         start = start[compiled.main]

@@ -45,6 +45,7 @@ from .execution import (
     with_messages,
 )
 from .ir import COMPUTE_KINDS, Plan, ScheduleError, StepKind, format_step, thread_parts
+from .lowering import CannotFinish
 
 __all__ = [
     "FINDING_KINDS",
@@ -222,6 +223,9 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
         else:
             try:
                 report.lowered = with_messages(plan)
+            except CannotFinish as exc:
+                findings.append(_cannot_finish(exc, findings))
+                return report
             except ScheduleError as exc:
                 findings.append(
                     Finding(
@@ -235,6 +239,20 @@ def verify(plan: Plan, *, semantics: str = "eager") -> VerifyReport:
             program = compile_plan(report.lowered)
         _check_execution(report, execute(program, semantics))
         return report
+
+
+def _cannot_finish(exc: CannotFinish, findings: list[Finding]) -> Finding:
+    """A compute order whose ranks wait on each other forever is a deadlock under any
+    semantics (no message is involved yet); where the plan has errors already (a step
+    missing, say), they may be why, so the lowering's verdict stays a warning."""
+    if any(f.severity == "error" for f in findings):
+        return Finding(
+            "deadlock_unchecked",
+            "warning",
+            f"the compute-only plan could not be lowered to comms ({exc}); "
+            "the deadlock check was skipped",
+        )
+    return Finding("deadlock", "error", str(exc), tuple(exc.ranks))
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,6 +13,11 @@ with the old implementation on the path, and say so in the commit) with:
 
     PYTHONPATH=<old tree> python tests/schedule/test_differential.py
 
+Regenerated once since, on purpose (commit "verify: a compute-only plan whose ranks wait on
+each other forever is a deadlock error"): 33 plans changed only in that verdict and in the
+error class simulate raises for them (`CannotFinish`, a `ScheduleError`), checked by mapping
+both back and matching every old digest.
+
 The plans are built-in schedules, compute-only or with messages and FSDP steps, broken by
 a few random edits: steps swapped, dropped, duplicated, moved to another rank, renumbered
 (indices out of range too), bubbles added, placements permuted. Some plans are also edited

@@ -336,3 +336,22 @@ def test_a_duplicated_message_is_reported_without_crashing_the_order_check() -> 
 def test_every_finding_kind_is_documented() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "schedules.md").read_text()
     assert [k for k in FINDING_KINDS if f"| `{k}` |" not in docs] == []
+
+
+@pytest.mark.parametrize("semantics", SEMANTICS)
+def test_a_compute_order_whose_ranks_wait_on_each_other_is_a_deadlock(semantics: str) -> None:
+    """Rank 0 wants 1B0 before 0F1, rank 1 wants 0F1 before 1B0: no message order can run
+    it, so it is an error under every semantics, not a check skipped."""
+    plan = plan_of("0F0 0B0 0F1 0B1", "1F0 1F1 1B0 1B1", num_microbatches=2)
+    report = verify(plan, semantics=semantics)
+    finding = only(report, "deadlock")
+    assert finding.severity == "error" and finding.ranks == (0, 1)
+    assert "0B0" in finding.message and "1F1" in finding.message
+    assert not report.ok
+
+
+def test_a_broken_plan_that_cannot_be_lowered_keeps_the_check_skipped() -> None:
+    """With a step missing the lowering's failure may be the missing step's doing."""
+    plan = plan_of("0F0 0B0 0F1 0B1", "1F0 1F1 1B0", num_microbatches=2)
+    report = verify(plan)
+    assert kinds(report) == {"missing_step", "deadlock_unchecked"}
