@@ -44,7 +44,7 @@ from .execution import (
     stalls,
     with_messages,
 )
-from .ir import COMPUTE_KINDS, Plan, ScheduleError, StepKind, format_step, thread_parts
+from .ir import COMM_KINDS, COMPUTE_KINDS, Plan, ScheduleError, StepKind, format_step, thread_parts
 from .lowering import CannotFinish
 
 __all__ = [
@@ -659,6 +659,16 @@ def _check_tied(program: Program) -> list[Finding]:
             problems.append((f"stage {stage} needs one {stage}TIED_REDUCE on rank {owner}", where))
         elif _later_step_of(program, owner, stage, where[0][1]):
             problems.append((f"{stage}TIED_REDUCE comes before stage {stage}'s last step", where))
+        elif len(set(map(plan.placement.__getitem__, tied))) > 1 and _later_message(
+            program, owner, where[0][1]
+        ):  # an exchange with the other rank: a message after it may be what that one awaits
+            problems.append(
+                (
+                    f"{stage}TIED_REDUCE comes before a message of rank {owner} (it exchanges "
+                    "gradients with the other tied stage's rank, which may wait for that message)",
+                    where,
+                )
+            )
     return [
         Finding(
             "tied_reduce",
@@ -694,6 +704,11 @@ def _later_step_of(program: Program, rank: int, stage: int, index: int) -> bool:
         for step in program.steps[rank][index + 1 :]
         for leaf in step.leaves()
     )
+
+
+def _later_message(program: Program, rank: int, index: int) -> bool:
+    """Whether a SEND or RECV follows position ``index`` on ``rank``."""
+    return any(step.kind in COMM_KINDS for step in program.steps[rank][index + 1 :])
 
 
 def _covered_once(program: Program, checked: Checked) -> bool:

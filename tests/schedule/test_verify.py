@@ -248,6 +248,26 @@ def test_tied_reductions_are_found_wherever_they_are() -> None:
     assert finding.message == "stage 0 needs one 0TIED_REDUCE on rank 0" and finding.steps == ()
 
 
+@pytest.mark.parametrize("semantics", SEMANTICS)
+def test_a_tied_reduction_before_a_message_of_its_rank_is_refused(semantics: str) -> None:
+    """The reduction is an exchange between the two ranks: rank 1 reducing before it sends
+    1SEND_B0 waits for rank 0, which waits in 0RECV_B0 for that send (it hung when run)."""
+    stuck = plan_of(
+        "0F0 0SEND_F0 0RECV_B0 0B0 0TIED_REDUCE",
+        "1RECV_F0 1F0 1B0 1TIED_REDUCE 1SEND_B0",
+        num_microbatches=1,
+    )
+    finding = only(verify(stuck, semantics=semantics), "tied_reduce")
+    assert "1TIED_REDUCE comes before a message of rank 1" in finding.message
+    assert [(s.rank, s.text) for s in finding.steps] == [(1, "1TIED_REDUCE")]
+    fine = plan_of(
+        "0F0 0SEND_F0 0RECV_B0 0B0 0TIED_REDUCE",
+        "1RECV_F0 1F0 1B0 1SEND_B0 1TIED_REDUCE",
+        num_microbatches=1,
+    )
+    assert verify(fine, semantics=semantics).findings == []
+
+
 def test_removing_any_comm_step_of_a_built_plan_is_caught() -> None:
     plan = build_plan("interleaved-1f1b", num_ranks=2, num_microbatches=2, comms=True)
     for rank, row in enumerate(plan.ranks):
