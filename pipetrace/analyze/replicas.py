@@ -74,9 +74,9 @@ class ReplicaSummary:
     count: int
     reduction: str  # what the arrival is: "REDUCE_GRAD" or "iteration end"
     replicas: list[ReplicaTime]
-    slowest: int | None
-    slowest_by_ns: float | None  # its mean time minus the fastest replica's
-    slowest_by_fraction: float | None  # ... relative to the fastest
+    slowest: int | None  # the replica the others wait for most, on average
+    slowest_by_ns: float | None  # its mean lateness: after the first replica, where latest
+    slowest_by_fraction: float | None  # ... relative to the fastest replica's mean time
     skew: list[ReplicaSkew] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -155,11 +155,16 @@ def _summarize(
         for r, w in zip(loaded, work):
             means[r] = float(w.mean())
     times = [ReplicaTime(r, list(pipelines.members(r)), m) for r, m in enumerate(means)]
-    known = [(m, r) for r, m in enumerate(means) if m is not None]
     slowest = by = fraction = None
-    if known:
-        (slow_ns, slowest), (fast_ns, _) = max(known), min(known)
-        by = slow_ns - fast_ns
+    if loaded and done:
+        # how late each replica arrives after the first, at the pipeline rank where it is
+        # latest: with FSDP the replicas meet at every all-gather, so their last ranks arrive
+        # together and only the per-rank lateness tells which one the others wait for
+        late = arrival[loaded] - arrival[loaded].min(axis=0)
+        behind = late.max(axis=1).mean(axis=1)
+        slowest = loaded[int(np.argmax(behind))]
+        by = float(behind.max())
+        fast_ns = min(m for m in means if m is not None)
         fraction = by / fast_ns if fast_ns else None
     skew = []
     for col, it in enumerate(done):

@@ -73,12 +73,16 @@ def two_node_job(root: Path, *worker_args: str) -> list[Path]:
 
 
 def test_pipetrace_run_records_every_replica(tmp_path):
+    """Replica 1's stage 0 is slow: with FSDP the replicas meet at every all-gather, so their
+    last ranks arrive together at the end; the one the others wait for is still named."""
     out = tmp_path / "run"
-    done = pipetrace_cli("run", *JOB, "--out", str(out))
+    slow = "straggler:rank=0,replica=1,factor=8"
+    done = pipetrace_cli("run", *JOB, "--inject", slow, "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in out.glob("rank-*")) == [fmt.rank_log_name(r) for r in range(4)]
     report = pipetrace_cli("analyze", str(out))
-    assert report.returncode == 0, report.stdout + report.stderr
+    assert "ERROR" not in report.stdout, report.stdout + report.stderr
+    assert "slowest: replica 1" in report.stdout, report.stdout
     assert "Replicas (2 pipelines)" in report.stdout
     assert "replica 0 (global ranks 0-1)" in report.stdout
     assert "replica 1 (global ranks 2-3)" in report.stdout
