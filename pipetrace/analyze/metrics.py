@@ -297,6 +297,13 @@ def _overlap_waits(
     on_main = steps.thread[rows] == MAIN_THREAD
     np.add.at(busy, op_it[late][on_main], -w[on_main].astype(np.float64))
     np.add.at(wait, op_it[late][on_main], w[on_main].astype(np.float64))
+    # torch's GPipe and 1F1B wait a recv between its RECV step and the compute, outside
+    # every step: the wait is the gap's, from the step before the consumer on
+    gap_from = np.maximum(_last_end_before(t, steps.begin[rows]), p2p.post[late])
+    in_gap = ~inside & (done[late] < steps.begin[rows]) & (done[late] > gap_from)
+    wait_from = np.where(in_gap, gap_from, wait_from)
+    inside |= in_gap
+    np.add.at(wait, op_it[late][in_gap], (done[late][in_gap] - gap_from[in_gap]).astype(float))
     hidden_from = np.maximum(wait_from, partner[late])
     ended = t.ended
     last_end = _max_per_bin(t.it_idx[ended], t.end[ended], n)
@@ -315,6 +322,13 @@ def _overlap_waits(
         np.concatenate((done[late][late_ok], done[drain_ok])),
         n,
     )
+
+
+def _last_end_before(t: _TopSteps, times: np.ndarray) -> np.ndarray:
+    """For each time, the latest end of a top-level step at or before it (-1: none)."""
+    ends = np.sort(t.end[t.ended])
+    at = np.searchsorted(ends, times, side="right") - 1
+    return np.where(at >= 0, ends[np.maximum(at, 0)], -1) if len(ends) else np.full_like(times, -1)
 
 
 def _union_per_bin(index: np.ndarray, lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:

@@ -74,7 +74,7 @@ def test_a_csv_plan_with_two_recvs_swapped_is_an_order_crossing(tmp_path):
 def test_the_critical_path_follows_messages_waited_for_between_steps(tmp_path):
     """torch's 1F1B waits a recv between its RECV step and the compute, outside every step:
     the path must still follow that message to its sender, here through the straggler's
-    every forward, not stay on rank 0 as idle time."""
+    every forward, not stay on rank 0 as idle time; and rank 0's wait is P2P wait."""
     run_dir = tmp_path / "run"
     done = pipetrace(
         "run", "--runtime", "torch", "-s", "1f1b", "-p", "2", "-m", "4", "-n", "2",
@@ -87,3 +87,5 @@ def test_the_critical_path_follows_messages_waited_for_between_steps(tmp_path):
     assert {"1F0", "1F1", "1F2", "1F3"} <= on_path, path["segments"]
     assert path["rank_hops"] > 0
     assert path["by_what_ns"]["idle"] < path["by_what_ns"]["compute"]
+    waiting = report["metrics"]["ranks"][0]
+    assert waiting["p2p_wait_ns"] > waiting["busy_ns"]
