@@ -81,6 +81,25 @@ def ran_without_log(run: Run, rank: int) -> tuple[int, int] | None:
     return max(seen) if seen else None
 
 
+def ran_past_log(run: Run, rank: RankTimeline) -> tuple[int, int, str] | None:
+    """(iteration, peer, the peer's step) of the latest message a peer completed with
+    ``rank`` after the rank's last record, of which the rank's log has no side: the rank ran
+    on, and its last records were lost (a kill before its flush). None: no peer saw that."""
+    last = rank.last_time()
+    seen = []
+    for peer in run.present_ranks:
+        p = peer.p2p
+        if peer.rank == rank.rank or not len(p):
+            continue
+        rows = np.flatnonzero(
+            (p.peer == rank.rank) & (p.done != OPEN) & (p.match_rank == -1) & (p.done > last)
+        )
+        if len(rows):
+            row = int(rows[np.lexsort((p.done[rows], p.it[rows]))[-1]])  # latest of all
+            seen.append((int(p.it[row]), peer.rank, run.catalog.texts[int(p.code[row])]))
+    return max(seen) if seen else None
+
+
 LOST_LOG = "killed before the log was written (kill -9, the OOM killer) or the file was lost"
 
 

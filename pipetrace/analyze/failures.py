@@ -10,7 +10,7 @@ are warnings.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipetrace import units
 from pipetrace.analyze import endings as en
@@ -361,7 +361,18 @@ def _died_silently(run: Run, rank: RankTimeline, ending: en.Ending) -> Finding:
         cause = f"the process died without a trace (SIGKILL, the OOM killer, a segfault): {cause}"
     stops = f"inside {at.step}" if at.open else at.phrase
     message = f"rank {rank.rank}'s log stops {stops} with no run_end and no error"
-    return _told(rank, ending, at, ending.last_alive_ns, fk.ERROR, message, cause, {})
+    found = _told(rank, ending, at, ending.last_alive_ns, fk.ERROR, message, cause, {})
+    ran_on = en.ran_past_log(run, rank)
+    if ran_on is None or (at.iterations and ran_on[0] < at.iterations[0]):
+        return found
+    it, peer, step = ran_on
+    return replace(
+        found,
+        message=f"{message}; its last records were lost: it ran on into iteration {it}",
+        cause=f"{cause}; rank {peer} completed {step} with it (iteration {it}) after its log ends",
+        iterations=[it],
+        details={**found.details, "ran_on_iteration": it},
+    )
 
 
 def _told(

@@ -498,3 +498,16 @@ def test_a_log_cut_short_of_a_rank_that_ran_to_the_end_is_no_death(tmp_path):
     assert verdict.state == endings.EXITED and "rank 0 completed the end-of-run clock" in (
         verdict.evidence
     )
+
+
+def test_a_death_whose_last_records_were_lost_is_placed_where_the_peer_saw_it(tmp_path):
+    """Rank 1's log ends in iteration 0 (a kill before its flush), yet rank 0 completed both
+    messages of iteration 1 with it: it is said to have run on, in iteration 1."""
+    run = HandRun(iterations=3).cut(1, at(0, 39))
+    run.cut(0, at(1, 45)).raises(0, at(1, 80), CLOSED)
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (died,) = [f for f in of_kind(document, "rank_failed") if f["ranks"] == [1]]
+    assert "its last records were lost: it ran on into iteration 1" in died["message"]
+    assert "rank 0 completed 0RECV_B0 with it (iteration 1)" in died["cause"]
+    assert died["iterations"] == [1]
