@@ -184,15 +184,17 @@ def _torch_rank_env(rank: int, world_size: int) -> dict[str, str]:
 
 # Errors a rank gets because a peer died: they say little about the cause, so a rank that
 # failed any other way is named first even if its failure was noticed a moment later. So are
-# ranks killed while still running, or stalled waiting for a peer (how their error begins).
+# ranks killed while still running. A rank stalled waiting for a peer (how its error begins)
+# comes between: in a hang its watchdog ended it first, and the others lost it.
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer")
 _KILLED = "killed: still running"
 
 
-def _is_consequence(failure: RankFailure) -> bool:
-    return failure.error.startswith((_KILLED, WAITING)) or any(
-        marker in failure.error for marker in _PEER_LOST
-    )
+def _consequence(failure: RankFailure) -> int:
+    """0: a failure of its own; 1: stalled waiting for a peer; 2: lost its peer, or killed."""
+    if failure.error.startswith(_KILLED) or any(m in failure.error for m in _PEER_LOST):
+        return 2
+    return 1 if failure.error.startswith(WAITING) else 0
 
 
 class RankProcess:
@@ -370,8 +372,8 @@ def _sigterm_raises() -> Iterator[None]:
 
 
 def _order(failures: list[RankFailure]) -> None:
-    """Earliest first, those that follow from another rank's failure or hang last."""
-    failures.sort(key=lambda failure: (_is_consequence(failure), failure.at))
+    """Earliest first; a stalled rank after those, the ranks that lost a peer last."""
+    failures.sort(key=lambda failure: (_consequence(failure), failure.at))
 
 
 def describe_exit(code: int) -> str:

@@ -491,3 +491,17 @@ def test_a_stage_returning_a_tuple_and_a_step_without_autograd_are_named():
         assert "torch.no_grad()" in backend.cannot_train()
     with torch.inference_mode():
         assert "torch.inference_mode()" in backend.cannot_train()
+
+
+def test_failures_are_told_own_errors_first_then_stalls_then_lost_peers():
+    """In a deadlock a peer of the cycle loses its connection when a stalled rank's watchdog
+    ends it: the stall says more, so it comes first even when noticed later."""
+    from pipetrace.runtime.launch import _order
+    from pipetrace.runtime.results import RankFailure
+
+    closed = RankFailure(0, "RuntimeError: [pair.cc:553] Connection closed by peer", at=1.0)
+    stalled = RankFailure(1, "waiting for rank 2 in step 1SEND_F1 (iteration 1)", at=2.0)
+    raised = RankFailure(2, "RuntimeError: injected crash", at=3.0)
+    failures = [closed, stalled, raised]
+    _order(failures)
+    assert [f.rank for f in failures] == [2, 1, 0]
