@@ -142,4 +142,16 @@ def _holds_a_recording(out: Path) -> bool:
 
 
 def _default_run_dir(schedule: str) -> str:
-    return f"runs/{schedule}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """A new directory under runs/, named for the schedule and the time; made here, so a
+    run started in the same second (a sweep, another terminal) takes the next suffix."""
+    base = f"runs/{schedule}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name, suffix = base, 1
+    while True:
+        try:
+            Path(name).mkdir(parents=True)
+            return name
+        except FileExistsError:
+            suffix += 1
+            name = f"{base}-{suffix}"
+        except OSError as exc:
+            raise run_dir.RunDirError(f"cannot make {name} ({exc.strerror}): give --out") from None

@@ -50,3 +50,15 @@ def test_a_csv_plan_takes_no_ranks_that_contradict_it(tmp_path, capsys):
 def test_an_empty_path_is_refused_not_read_as_here(capsys, argv):
     assert main(argv) == 2
     assert "an empty path names nothing" in capsys.readouterr().err
+
+
+def test_runs_started_in_one_second_get_directories_of_their_own(tmp_path, monkeypatch):
+    """The default --out is named to the second; a sweep starting two runs in one second
+    must not have the second refused (or told to --overwrite the first)."""
+    from pipetrace.cli.run import _default_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("time.strftime", lambda _format: "20261208-010152")
+    first, second = _default_run_dir("1f1b"), _default_run_dir("1f1b")
+    assert (first, second) == ("runs/1f1b-20261208-010152", "runs/1f1b-20261208-010152-2")
+    assert (tmp_path / first).is_dir() and (tmp_path / second).is_dir()
