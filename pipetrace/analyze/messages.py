@@ -80,9 +80,9 @@ def find_message_problems(run: Run) -> list[Finding]:
     return out
 
 
-def _channel(ch: int) -> str | int:
-    """A channel's name ("F", "B"), or its number when it has none."""
-    return CHANNELS[ch] if ch in (0, 1) else ch
+def _channel(ch: int) -> str:
+    """A channel's name ("F", "B"); the loader keeps any other one only as such."""
+    return CHANNELS[ch] if ch in (0, 1) else "other than F and B"
 
 
 def _group(rank: int, p: P2PTable, row: int) -> Group:
