@@ -128,9 +128,8 @@ def _one_meta(
     return meta_dir, metas[meta_dir]
 
 
-def _identity(meta: dict[str, Any]) -> tuple[Any, ...]:
-    """What two copies of one run's meta.json share."""
-    return meta.get("created"), meta.get("world_size"), meta.get("schedule")
+_IDENTITY = ("created", "world_size", "schedule")
+"""What two copies of one run's meta.json share."""
 
 
 def _check_one_run(directories: tuple[Path, ...], metas: dict[Path, dict[str, Any]]) -> None:
@@ -144,20 +143,21 @@ def _check_one_run(directories: tuple[Path, ...], metas: dict[Path, dict[str, An
 
     first = next(iter(metas))
     for d, meta in metas.items():
-        if _identity(meta) != _identity(metas[first]):
-            raise TraceFormatError(_mixed(first, d, label))
+        differ = [k for k in _IDENTITY if meta.get(k) != metas[first].get(k)]
+        if differ:
+            said = "; ".join(f"{k} {metas[first].get(k)!r} and {meta.get(k)!r}" for k in differ)
+            ids_differ = ids[first] != ids[d]
+            named = f"run ids {label(first)} and {label(d)}, " if ids_differ else ""
+            raise TraceFormatError(_mixed(first, d, f"{named}{fmt.META_FILE} {said}"))
     named = [d for d in directories if ids[d] and not fmt.is_node_run_id(ids[d])]
     for a in named:
         for b in directories:
             if ids[b] and ids[b] != ids[a]:
-                raise TraceFormatError(_mixed(a, b, label))
+                raise TraceFormatError(_mixed(a, b, f"run ids {label(a)} and {label(b)}"))
 
 
-def _mixed(a: Path, b: Path, label: Any) -> str:
-    return (
-        f"{a} and {b} hold two different runs (run ids {label(a)} and {label(b)}): "
-        "give the directories of one run"
-    )
+def _mixed(a: Path, b: Path, why: str) -> str:
+    return f"{a} and {b} hold two different runs ({why}): give the directories of one run"
 
 
 # -- rank logs -----------------------------------------------------------------------------

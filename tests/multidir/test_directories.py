@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import orjson
@@ -202,3 +203,13 @@ def test_ranks_no_directory_holds_are_one_warning_and_one_finding(split_sample, 
     )
     # rank 0 completed messages with rank 1; rank 2's only peer is rank 1
     assert missing["cause"].startswith("1 of them ran (their peers completed messages with them)")
+
+
+def test_two_copies_of_meta_json_that_differ_name_what_differs(split_sample, capsys):
+    first, second = split_sample
+    meta = json.loads((first / "meta.json").read_text())
+    (second / "meta.json").write_text(json.dumps({**meta, "created": meta["created"] + 5}))
+    assert main(["analyze", str(first), str(second)]) == 2
+    err = capsys.readouterr().err
+    assert f"meta.json created {meta['created']} and {meta['created'] + 5}" in err
+    assert "run ids" not in err  # both directories have one: the same
