@@ -13,7 +13,7 @@ from pipetrace.analyze import endings as en
 from pipetrace.analyze import findings as fk
 from pipetrace.analyze.blocked import Blocked, blocked_ranks
 from pipetrace.analyze.findings import Finding, StepRef
-from pipetrace.analyze.model import RankState, RankTimeline, Run
+from pipetrace.analyze.model import RankState, Run
 from pipetrace.analyze.terminal import terminal
 from pipetrace.schedule import waitfor
 
@@ -82,6 +82,7 @@ def _lone_stalls(run: Run, in_findings: set[int]) -> list[Finding]:
     waiting = en.waiting_outside_iterations(run)
     endings = en.rank_endings(run)
     out = []
+    at_end: dict[str, list[int]] = {}  # what they wait in -> the ranks waiting there
     for rank in run.present_ranks:
         state = endings[rank.rank].state
         watched = rank.status.state in (RankState.STALLED, RankState.ABORTED)
@@ -90,7 +91,7 @@ def _lone_stalls(run: Run, in_findings: set[int]) -> list[Finding]:
         ):
             continue
         if rank.rank in waiting:
-            out.append(_stalled_at_end(run, rank, waiting))
+            at_end.setdefault(waiting[rank.rank], []).append(rank.rank)
             continue
         end = terminal(run, rank.rank, "", -1)
         out.append(
@@ -107,37 +108,58 @@ def _lone_stalls(run: Run, in_findings: set[int]) -> list[Finding]:
                 },
             )
         )
-    return out
+    told = in_findings | {r for f in out for r in f.ranks}
+    return [*out, *(_stalled_at_end(run, ranks, where, told) for where, ranks in at_end.items())]
 
 
 def _ref(b: Blocked, note: str) -> StepRef:
     return StepRef(b.rank, b.blocking_step, b.iteration, None, b.posted_ns, note)
 
 
-def _stalled_at_end(run: Run, rank: RankTimeline, waiting: dict[int, str]) -> Finding:
+def _stalled_at_end(run: Run, ranks: list[int], where: str, told: set[int]) -> Finding:
+    """The ranks that finished their iterations and wait in ``where`` (the end-of-run clock
+    exchange) for the ranks that never came: one finding for all of them. When every absent
+    rank is in a hang told already, this wait follows from it."""
+    waiting = set(ranks)
     absent = [
         r.rank
         for r in run.ranks
         if r.rank not in waiting
         and r.status.state not in (RankState.FINISHED, RankState.NOT_LOADED)
     ]
-    who = f"rank(s) {', '.join(map(str, absent))}" if absent else "a peer"
-    end_rank = absent[0] if absent else rank.rank  # no absent rank known: its own end
-    return Finding(
-        fk.RANK_STALLED,
+    who = _ranks_text(absent) if absent else "a peer"
+    end_rank = absent[0] if absent else ranks[0]  # no absent rank known: its own end
+    severity, cause = (
         fk.ERROR,
-        f"rank {rank.rank} finished its iterations and stalled in {waiting[rank.rank]}: "
-        f"{who} never got there",
         f"{who} stopped outside the pipeline's iterations (hung or slow in user code between "
         "iterations: checkpointing, evaluation, data loading) or died",
-        ranks=[rank.rank, *absent],
+    )
+    if absent and told.issuperset(absent):
+        severity, cause = (
+            fk.WARNING,
+            f"{who} never left {'its' if len(absent) == 1 else 'their'} iterations: "
+            f"{'it is' if len(absent) == 1 else 'they are'} in the hang told above, which this "
+            "wait follows from",
+        )
+    return Finding(
+        fk.RANK_STALLED,
+        severity,
+        f"{_ranks_text(ranks)} finished {'its' if len(ranks) == 1 else 'their'} iterations and "
+        f"stalled in {where}: {who} never got there",
+        cause,
+        ranks=[*ranks, *absent],
         details={
-            "chain": [rank.rank, *absent],
+            "chain": [*ranks, *absent],
             "terminal_rank": end_rank,
             "terminal_state": en.rank_endings(run)[end_rank].state,
-            "waiting_in": waiting[rank.rank],
+            "waiting_in": where,
         },
     )
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` or ``rank(s) 0, 1, 2``: the forms the replica naming rewrites."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"rank(s) {', '.join(map(str, ranks))}"
 
 
 def _end_of_log(run: Run) -> int:

@@ -511,3 +511,19 @@ def test_a_death_whose_last_records_were_lost_is_placed_where_the_peer_saw_it(tm
     assert "its last records were lost: it ran on into iteration 1" in died["message"]
     assert "rank 0 completed 0RECV_B0 with it (iteration 1)" in died["cause"]
     assert died["iterations"] == [1]
+
+
+def test_the_ranks_waiting_at_the_end_for_a_hung_rank_are_one_consequence(tmp_path):
+    """Rank 1 hangs inside the last iteration (its watchdog says so) while rank 0 finished
+    and waits in the end-of-run exchange: that wait follows from the hang told first, not
+    from a rank stopped outside its iterations."""
+    exchange = "the end-of-run clock exchange"
+    run = HandRun().drop(0, e="run_end").drop(0, e="clock", phase="end")
+    run.stall(0, at(2, 2000), abort_ms=at(2, 4000), waiting_in=exchange)
+    run.cut(1, at(1, 30)).stall(1, at(1, 2030), abort_ms=at(1, 4030))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (at_end,) = [f for f in of_kind(document, "rank_stalled") if "waiting_in" in f["details"]]
+    assert at_end["severity"] == "warning"
+    assert "rank 1 never left its iterations: it is in the hang told above" in at_end["cause"]
+    assert [f for f in of_kind(document, "rank_stalled") if f["severity"] == "error"]
