@@ -13,6 +13,9 @@ from pipetrace.limits import check_plan_size
 
 from .ir import Plan, ScheduleError, Step, format_step, infer_placement, parse_step
 
+_MAX_CELL = 10_000
+"""Characters in a cell: an action is a few dozen (a composite of three parts included)."""
+
 
 def parse_csv_text(text: str, *, source: str = "<csv>") -> list[list[Step | None]]:
     """Parse CSV text into per-rank rows; errors name the row, column and cell text."""
@@ -34,6 +37,8 @@ def _parse_row(cells: list[str], row_index: int, source: str) -> list[Step | Non
     row: list[Step | None] = []
     for col_index, cell in enumerate(cells):
         try:
+            if len(cell) > _MAX_CELL:  # refused here, whatever limit the csv module has now
+                raise ScheduleError(f"a cell of {len(cell):,} characters is no action")
             row.append(parse_step(cell))
         except ScheduleError as exc:
             raise ScheduleError(
