@@ -309,12 +309,23 @@ def _from_another_run(
     if isinstance(run_id, str) and run_id == directory_run_id:
         return reasons  # this run's by its id: a late start or other settings are its own
     t0, created = header.get("t0"), meta.get("created")
-    if isinstance(t0, int) and isinstance(created, int) and abs(t0 - created) > SAME_RUN_WINDOW_NS:
-        reasons.append(f"it started {abs(t0 - created) / 1e9:.0f} s away from meta.json's creation")
+    if isinstance(t0, int) and isinstance(created, int):
+        t0 -= _recorded_offset(raw)  # on rank 0's clock, as meta.json's creation is
+        if abs(t0 - created) > SAME_RUN_WINDOW_NS:
+            away = abs(t0 - created) / 1e9
+            reasons.append(f"it started {away:.0f} s away from meta.json's creation")
     config = (raw.run_start or {}).get("config")
     if config is not None and isinstance(meta.get("config"), dict) and config != meta["config"]:
         reasons.append("its run configuration differs from meta.json's")
     return reasons
+
+
+def _recorded_offset(raw: RawRank) -> int:
+    """The rank's clock minus rank 0's, as its first `clock` event measured it (0: none)."""
+    for e, _, fields in raw.lifecycle:
+        if e == fmt.CLOCK and fmt.is_int64(fields.get("offset_ns")):
+            return fields["offset_ns"]
+    return 0
 
 
 def _notes(raw: RawRank) -> list[tuple[str, str]]:

@@ -127,6 +127,22 @@ def test_log_from_another_run_is_set_aside(run):
     assert any("rank-00007.ndjson is not a rank of this run" in m for m in problems(run))
 
 
+def test_a_rank_whose_clock_is_far_off_is_judged_by_its_recorded_offset(run):
+    """A host clock 20 minutes off, measured by the clock exchange: the rank started with
+    the others, on rank 0's clock."""
+    shift = 2 * SAME_RUN_WINDOW_NS
+    header, *lines = log(run, 1).read_bytes().splitlines()
+    events = [orjson.loads(line) for line in lines]
+    for event in events:
+        event["t"] += shift
+        if event["e"] == fmt.CLOCK:
+            event["offset_ns"] += shift
+    moved = {**orjson.loads(header), "run_id": None}
+    moved["t0"] += shift
+    log(run, 1).write_bytes(b"\n".join(map(orjson.dumps, [moved, *events])) + b"\n")
+    assert load_run(run, workers=0).ranks[1].present
+
+
 def test_log_copied_in_from_another_run_is_told_by_its_run_id(run):
     """Same times, same configuration: only the run id the directory was claimed with tells
     a log written by an earlier run of the same command."""
