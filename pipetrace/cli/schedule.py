@@ -11,7 +11,7 @@ from typing import Any
 import click
 import orjson
 
-from pipetrace.schedule.ir import Plan
+from pipetrace.schedule.ir import Plan, ScheduleError
 from pipetrace.schedule.swap import SWAP_EXAMPLES, SwapPolicy, add_swap_steps
 
 
@@ -293,7 +293,7 @@ def verify(plan: Plan, semantics: str, as_json: bool) -> int:
     "--json", "as_json", is_flag=True, help="Makespan, bubbles and per-rank figures as JSON."
 )
 @click.option("--timeline", is_flag=True, help="With --json: every step's rank, start and end too.")
-def simulate(plan: Plan, costs: str, semantics: str, as_json: bool, timeline: bool) -> None:
+def simulate(plan: Plan, costs: str, semantics: str, as_json: bool, timeline: bool) -> int:
     """Predict the timeline, makespan, bubbles and peak activations of a plan.
 
     \b
@@ -304,13 +304,28 @@ def simulate(plan: Plan, costs: str, semantics: str, as_json: bool, timeline: bo
     """
     from pipetrace.schedule.simulate import Costs
     from pipetrace.schedule.simulate import simulate as run_simulation
+    from pipetrace.schedule.verify import verify as verify_plan
 
-    result = run_simulation(plan, Costs.parse(costs) if costs else Costs(), semantics=semantics)
     if timeline and not as_json:
         raise click.UsageError("--timeline goes with --json")
+    chosen = Costs.parse(costs) if costs else Costs()
+    errors = [f for f in verify_plan(plan, semantics=semantics).findings if f.severity == "error"]
+    try:
+        result = run_simulation(plan, chosen, semantics=semantics)
+    except ScheduleError as exc:
+        if not errors:
+            raise
+        click.echo(f"pipetrace schedule simulate: the plan cannot run: {exc}", err=True)
+        return 1  # a problem found in a plan that was read: verify's exit code
+    if errors:  # the figures below are of the plan as written, which cannot be right
+        click.echo(
+            f"pipetrace schedule simulate: warning: the plan has {len(errors)} error(s) "
+            f"(pipetrace schedule verify says all), first: {errors[0].message}",
+            err=True,
+        )
     if as_json:
         echo_json(result.to_json(timeline=timeline))
-        return
+        return 1 if errors else 0
     click.echo(_title(plan))
     click.echo(
         f"makespan {result.makespan:g}   idle fraction {result.idle_fraction:.1%}   "
@@ -331,6 +346,7 @@ def simulate(plan: Plan, costs: str, semantics: str, as_json: bool, timeline: bo
             "swap copies not hidden by compute (time in OFFLOAD_WAIT / LOAD_WAIT): "
             + ", ".join(f"rank {rank} {wait:g}" for rank, wait in enumerate(waits) if wait)
         )
+    return 1 if errors else 0
 
 
 def _title(plan: Plan) -> str:

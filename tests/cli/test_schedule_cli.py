@@ -166,6 +166,19 @@ def test_simulate_json_has_the_timeline_when_asked(capsys):
     assert all(s["end"] > s["start"] for s in compute)
 
 
+def test_simulate_warns_of_a_plan_verify_rejects(capsys, tmp_path):
+    duplicated = tmp_path / "dup.csv"
+    duplicated.write_text("0F0,0F0,0B0\n1F0,1B0\n")
+    code, out, err = run(capsys, "schedule", "simulate", "--csv", str(duplicated))
+    assert code == 1 and "makespan" in out
+    assert "warning: the plan has 1 error(s)" in err and "0F0 appears 2 times" in err
+    cycle = tmp_path / "cycle.csv"
+    cycle.write_text("0F0,0B0,0F1,0B1\n1F0,1F1,1B0,1B1\n")
+    code, out, err = run(capsys, "schedule", "simulate", "--csv", str(cycle))
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert "the plan cannot run" in err
+
+
 def test_schedule_commands_do_not_import_torch():
     script = (
         "import sys\n"
