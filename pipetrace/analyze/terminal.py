@@ -51,8 +51,9 @@ def terminal(run: Run, rank_id: int, wanted: str, iteration: int) -> Terminal:
     rank = run.ranks[rank_id]
     ending = en.rank_endings(run)[rank_id]
     in_plan = wanted in rank.plan
+    of = f" of iteration {iteration}" if iteration >= 0 else ""
     never = (
-        (f"it never ran {wanted}" + ("" if in_plan else ", which is not in its plan"))
+        (f"it never ran {wanted}{of}" + ("" if in_plan else ", which is not in its plan"))
         if not _executed(run, rank, wanted, iteration)
         else f"it ran {wanted} but the message never arrived"
     )
@@ -171,9 +172,17 @@ def _unknown(c: _Case) -> Terminal:
 
 
 def _stopped(c: _Case, verb: str) -> str:
-    """Where the rank's log stopped, the evidence, and what it never did."""
+    """Where the rank's log stopped (its iteration), the evidence, that its last records
+    were lost when a peer saw it later, and what it never did."""
     at = en.where(c.run, c.rank)
-    return f"rank {c.id}{verb} {at.phrase} ({c.ending.evidence}); {c.never}"
+    of = f" (iteration {at.iterations[0]})" if at.iterations else ""
+    ran_on = en.ran_past_log(c.run, c.rank)
+    lost = ""
+    if ran_on is not None:
+        it, peer, step = ran_on
+        lost = f"; its last records were lost: rank {peer} completed {step} with it"
+        lost += f" in iteration {it}"
+    return f"rank {c.id}{verb} {at.phrase}{of} ({c.ending.evidence}){lost}; {c.never}"
 
 
 _BY_STATE: dict[str, Callable[[_Case], Terminal]] = {

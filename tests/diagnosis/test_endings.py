@@ -527,3 +527,19 @@ def test_the_ranks_waiting_at_the_end_for_a_hung_rank_are_one_consequence(tmp_pa
     assert at_end["severity"] == "warning"
     assert "rank 1 never left its iterations: it is in the hang told above" in at_end["cause"]
     assert [f for f in of_kind(document, "rank_stalled") if f["severity"] == "error"]
+
+
+def test_a_hung_rank_whose_last_records_were_lost_says_where_its_peers_saw_it(tmp_path):
+    """Rank 1 frozen (SIGSTOP) and killed: its log ends in iteration 0 (the tail unflushed),
+    yet rank 0 completed 0SEND_F0 of iteration 1 with it before stalling in 0RECV_B0."""
+    run = HandRun(iterations=3).cut(1, at(0, 45))
+    run.cut(0, at(1, 20)).stall(0, at(1, 2020), abort_ms=at(1, 4020))
+    document = analyzed(run, tmp_path)
+    assert_told_right(document)
+    (stall,) = stalls_ending_at(document, 1)
+    assert "(iteration 0)" in stall["message"]
+    assert (
+        "its last records were lost: rank 0 completed 0SEND_F0 with it in iteration 1"
+        in (stall["message"])
+    )
+    assert "it never ran 1SEND_B0 of iteration 1" in stall["message"]
