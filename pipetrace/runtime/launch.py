@@ -460,7 +460,8 @@ def run_reported(rank: int, world_size: int) -> bool:
     demo worker (`pipetrace.runtime.worker`), and report over the launcher's pipe: each loss,
     then the results or the failure. Returns whether the rank succeeded."""
     reports = Connection(int(os.environ.pop(_REPORT_FD_ENV)), readable=False)
-    signal.signal(signal.SIGINT, _interrupt_once)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # as its launcher was started
+        signal.signal(signal.SIGINT, _interrupt_once)
     try:
         spec: WorkerSpec = pickle.loads(sys.stdin.buffer.read())
         from pipetrace.runtime.worker import run_rank

@@ -21,9 +21,9 @@ from pipetrace.runtime.watchdog_ends import WAITING, last_stall
 from pipetrace.testing.cluster import FakeCluster
 
 
-def _start_run(args: list[str], out: Path) -> subprocess.Popen:
+def _start_run(args: list[str], out: Path, sigint=signal.SIG_DFL) -> subprocess.Popen:
     """`pipetrace run ARGS` in a process group of its own, with Ctrl-C at its default
-    (a background job of a non-interactive shell would ignore it)."""
+    (a background job of a non-interactive shell would ignore it: ``sigint`` SIG_IGN)."""
     return subprocess.Popen(
         [sys.executable, "-m", "pipetrace", "run", *args, "--out", str(out)],
         stdout=subprocess.PIPE,
@@ -31,7 +31,7 @@ def _start_run(args: list[str], out: Path) -> subprocess.Popen:
         text=True,
         start_new_session=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, sigint),
     )
 
 
@@ -231,3 +231,21 @@ def test_sigterm_to_the_launcher_winds_the_ranks_down_and_each_records_it(tmp_pa
     assert rest["message"].startswith("2 ranks were ended by SIGTERM: ranks ")
     assert "ended with the rest of the job" in rest["cause"]
     assert not [f for f in analysis["findings"] if f["kind"] in ("deadlock", "rank_stalled")]
+
+
+def test_a_run_started_with_ctrl_c_ignored_keeps_ignoring_it(tmp_path):
+    """A command run with & from a script ignores SIGINT, and so must its ranks: the shell's
+    Ctrl-C meant for the script. SIGTERM still ends it, as documented."""
+    args = ["-s", "1f1b", "-p", "2", "-m", "2", "-n", "100000"]
+    launcher = _start_run(args, tmp_path / "run", sigint=signal.SIG_IGN)
+    try:
+        _wait_for_line(launcher.stdout, "step 2 ")
+        os.killpg(launcher.pid, signal.SIGINT)
+        time.sleep(2)
+        assert launcher.poll() is None  # every process of the group ignored it
+        launcher.terminate()
+        assert launcher.wait(timeout=60) == 143
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
