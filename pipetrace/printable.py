@@ -19,6 +19,12 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
+def stripped(text: str) -> str:
+    """``text`` without those characters: for a screen laid out by cell widths, where an
+    escape's four cells would not fit (a terminal shows a control character in none)."""
+    return _UNSAFE.sub("", text)
+
+
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"

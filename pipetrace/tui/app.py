@@ -12,22 +12,27 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.color import Color
 from textual.containers import Vertical
+from textual.filter import LineFilter
 from textual.message import Message
 from textual.widgets import ContentSwitcher, Footer, Static
 
 from pipetrace import units
 from pipetrace.analyze.source import RunSource
 from pipetrace.errors import PipetraceError
+from pipetrace.printable import stripped
 from pipetrace.tui.commands import PipetraceCommands
 from pipetrace.tui.describe import describe
 from pipetrace.tui.details import DetailsPanel
@@ -61,10 +66,25 @@ class LoadFailed(Message):
     message: str
 
 
+class _Printable(LineFilter):
+    """Drops what a terminal would act on (an escape sequence in a trace's exception
+    message, say) from every line the app draws: docs/security.md."""
+
+    def apply(self, segments: list[Segment], background: Color) -> list[Segment]:
+        return [
+            segment if segment.control else segment._replace(text=stripped(segment.text))
+            for segment in segments
+        ]
+
+
+_PRINTABLE = _Printable()
+
+
 class PipetraceApp(App[int]):
     TITLE = "pipetrace"
     AUTO_FOCUS = None  # the timeline takes the focus once loaded; nothing before
     COMMANDS = App.COMMANDS | {PipetraceCommands}
+
     CSS = """
     Screen {
         layout: vertical;
@@ -107,6 +127,9 @@ class PipetraceApp(App[int]):
         Binding("z", "fit", "fit", show=False),
         Binding("escape", "clear", "clear", show=False),
     ]
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        return [*super().get_line_filters(), _PRINTABLE]
 
     def __init__(
         self,

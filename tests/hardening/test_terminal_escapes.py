@@ -47,3 +47,21 @@ def test_analyze_prints_a_trace_s_escapes_as_text(hostile_run, capsys):
 def test_json_keeps_the_trace_s_text(hostile_run, capsys):
     main(["analyze", "--json", str(hostile_run)])
     assert HOSTILE in orjson.loads(capsys.readouterr().out)["findings"][0]["message"]
+
+
+def test_the_tui_draws_the_trace_s_text_without_its_escapes(hostile_run):
+    from pipetrace.tui.app import PipetraceApp
+    from tests.tui.conftest import run_async, screen_text, wait_loaded
+
+    @run_async
+    async def findings_shown() -> str:
+        app = PipetraceApp(hostile_run)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_loaded(pilot)
+            await pilot.press("f")
+            await wait_loaded(pilot)
+            return screen_text(app)
+
+    text = findings_shown()
+    assert "raised RuntimeError: boom]52;c;cHduZWQ=" in text
+    assert unsafe(text) == []
