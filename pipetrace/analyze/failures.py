@@ -156,7 +156,13 @@ def _stopped_together(run: Run, endings: dict[int, en.Ending]) -> Finding | None
             "stuck from then on with no watchdog to say so (see rank_stalled / deadlock)"
         ),
     )
-    if between is not None:
+    if run.recording:  # their processes still run here: not killed, just not done yet
+        severity, cause = (
+            fk.INFO,
+            "the run is still being recorded (see the input warnings): analyze it again once "
+            "the job has ended",
+        )
+    elif between is not None:
         severity, cause = (
             fk.WARNING,
             (

@@ -3,6 +3,7 @@ format (`handwritten.HandRun`), one test group per class of issue #13's defects.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -543,3 +544,19 @@ def test_a_hung_rank_whose_last_records_were_lost_says_where_its_peers_saw_it(tm
         in (stall["message"])
     )
     assert "it never ran 1SEND_B0 of iteration 1" in stall["message"]
+
+
+def test_logs_that_stop_together_while_their_processes_run_are_no_kill(tmp_path):
+    """Both logs stop at once, as a run in progress looks between flushes; the headers name
+    a process that still runs here (this one): not a script that ended without closing."""
+    import os
+    import socket
+
+    path = HandRun(iterations=3).cut(0, at(1, 62)).cut(1, at(1, 62)).write(tmp_path / "run")
+    for log in path.glob("rank-*.ndjson"):
+        header, rest = log.read_bytes().split(b"\n", 1)
+        live = {**json.loads(header), "pid": os.getpid(), "host": socket.gethostname()}
+        log.write_bytes(json.dumps(live).encode() + b"\n" + rest)
+    document = analyze(load_run(path, workers=0)).to_json()
+    (together,) = [f for f in of_kind(document, "rank_failed") if f["ranks"] == [0, 1]]
+    assert together["severity"] == "info" and "still being recorded" in together["cause"]
