@@ -25,7 +25,7 @@ async def test_a_run_without_events_fails_loading_and_exits_non_zero(tmp_path):
     app = PipetraceApp(header_only(tmp_path, range(3)))
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_loaded(pilot)
-        assert "nothing to show" in (app.load_error or "")
+        assert "no events after its header" in (app.load_error or "")
         await pilot.press("q")
     assert app.return_code == 2
 
