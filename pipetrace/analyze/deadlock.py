@@ -127,7 +127,7 @@ def _stalled_at_end(run: Run, ranks: list[int], where: str, told: set[int]) -> F
         if r.rank not in waiting
         and r.status.state not in (RankState.FINISHED, RankState.NOT_LOADED)
     ]
-    who = _ranks_text(absent) if absent else "a peer"
+    who = en.said_ranks(absent) if absent else "a peer"
     end_rank = absent[0] if absent else ranks[0]  # no absent rank known: its own end
     severity, cause = (
         fk.ERROR,
@@ -144,7 +144,7 @@ def _stalled_at_end(run: Run, ranks: list[int], where: str, told: set[int]) -> F
     return Finding(
         fk.RANK_STALLED,
         severity,
-        f"{_ranks_text(ranks)} finished {'its' if len(ranks) == 1 else 'their'} iterations and "
+        f"{en.said_ranks(ranks)} finished {'its' if len(ranks) == 1 else 'their'} iterations and "
         f"stalled in {where}: {who} never got there",
         cause,
         ranks=[*ranks, *absent],
@@ -155,11 +155,6 @@ def _stalled_at_end(run: Run, ranks: list[int], where: str, told: set[int]) -> F
             "waiting_in": where,
         },
     )
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``rank 3`` or ``rank(s) 0, 1, 2``: the forms the replica naming rewrites."""
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"rank(s) {', '.join(map(str, ranks))}"
 
 
 def _end_of_log(run: Run) -> int:

@@ -72,20 +72,15 @@ def _through_the_end(run: Run, rank: int) -> int | None:
 def ran_without_log(run: Run, rank: int) -> tuple[int, int] | None:
     """(iteration, peer) of the last message a peer completed with ``rank``, which has no
     usable log: it ran, and its log was lost (None: no peer saw it run)."""
-    seen = [
-        (int(p.it[row]), peer.rank)
-        for peer in run.present_ranks
-        if len(p := peer.p2p)
-        for row in np.flatnonzero((p.peer == rank) & (p.done != OPEN) & (p.match_rank == -1))[-1:]
-    ]
-    return max(seen) if seen else None
+    seen = ran_past_log(run, run.ranks[rank])
+    return seen[:2] if seen else None
 
 
 def ran_past_log(run: Run, rank: RankTimeline) -> tuple[int, int, str] | None:
     """(iteration, peer, the peer's step) of the latest message a peer completed with
     ``rank`` after the rank's last record, of which the rank's log has no side: the rank ran
     on, and its last records were lost (a kill before its flush). None: no peer saw that."""
-    last = rank.last_time()
+    last = rank.last_time() if rank.present else np.iinfo(np.int64).min
     seen = []
     for peer in run.present_ranks:
         p = peer.p2p
