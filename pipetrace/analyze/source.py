@@ -146,9 +146,8 @@ def _check_one_run(directories: tuple[Path, ...], metas: dict[Path, dict[str, An
         differ = [k for k in _IDENTITY if meta.get(k) != metas[first].get(k)]
         if differ:
             said = "; ".join(f"{k} {metas[first].get(k)!r} and {meta.get(k)!r}" for k in differ)
-            ids_differ = ids[first] != ids[d]
-            named = f"run ids {label(first)} and {label(d)}, " if ids_differ else ""
-            raise TraceFormatError(_mixed(first, d, f"{named}{fmt.META_FILE} {said}"))
+            by_id = f"run ids {label(first)} and {label(d)}, " if ids[first] != ids[d] else ""
+            raise TraceFormatError(_mixed(first, d, f"{by_id}{fmt.META_FILE} {said}"))
     named = [d for d in directories if ids[d] and not fmt.is_node_run_id(ids[d])]
     for a in named:
         for b in directories:
