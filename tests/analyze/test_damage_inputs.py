@@ -311,3 +311,17 @@ def test_a_step_ending_before_it_began_is_drawn_forwards(tmp_path, capsys):
     assert main(["export", str(run), "--format", "chrome-json", "-o", str(out)]) == 0
     events = orjson.loads(out.read_bytes())["traceEvents"]
     assert min(e.get("dur", 0) for e in events) >= 0
+
+
+def test_a_message_on_another_channel_is_said_so(tmp_path, capsys):
+    """Readers keep a channel they do not know; a finding names it as such, not as -1."""
+    run = copy_run(tmp_path)
+
+    def other_channel(events):
+        next(e for e in events if e["e"] == fmt.P2P_POST and e["op"] == "send")["ch"] = "X"
+        return events
+
+    edit_log(run, other_channel)
+    _, doc = analyze_cli(run, capsys)
+    said = [f["message"] for f in doc["findings"] if f["kind"] == "unmatched_send"]
+    assert said and all("(channel other than F and B," in m for m in said), said
