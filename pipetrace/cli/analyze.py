@@ -12,7 +12,6 @@ import click
 from pipetrace.cli.load_options import Loading, load_options
 from pipetrace.cli.run_args import RUN_DIRS_HELP, run_dirs
 from pipetrace.errors import EXIT_OK, EXIT_PROBLEMS
-from pipetrace.printable import printable
 
 if TYPE_CHECKING:
     from pipetrace.analyze.source import RunSource
@@ -112,8 +111,7 @@ def analyze(
         kept = code, out.getvalue()
         if entry and not live:  # a run still recording is read afresh each time
             entry.store_report(variant, *kept)
-    # escaped again: a text kept by an older pipetrace was written as the trace had it
-    click.echo(kept[1] if as_json else printable(kept[1]), nl=False)
+    click.echo(kept[1], nl=False)  # rendered escaped (the key hashes pipetrace's code)
     return kept[0]
 
 
