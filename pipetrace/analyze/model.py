@@ -30,7 +30,7 @@ from pipetrace.analyze.pipelines import Pipelines, rank_name
 from pipetrace.recorder import format as fmt
 from pipetrace.recorder.format import CHANNELS as CHANNELS  # re-exported for the views
 from pipetrace.recorder.format import OPS as OPS
-from pipetrace.schedule.ir import COMPUTE_KINDS, Plan, Step, StepKind, parse_step
+from pipetrace.schedule.ir import COMPUTE_KINDS, STEP_NUMBER, Plan, Step, StepKind, parse_step
 
 if TYPE_CHECKING:
     from pipetrace.analyze.run_cache import RunEntry
@@ -75,9 +75,8 @@ _SIMPLE_KINDS = frozenset(COMPUTE_KINDS) | {
     StepKind.RECV_B,
 }
 _KIND_TEXT_CODE = {k.value: KIND_CODE[k] for k in _SIMPLE_KINDS}
-_SIMPLE = re.compile(
-    r"([0-9]{1,18})(" + "|".join(sorted(_KIND_TEXT_CODE, key=len, reverse=True)) + r")([0-9]{1,18})"
-)
+_KINDS_TEXT = "|".join(sorted(_KIND_TEXT_CODE, key=len, reverse=True))
+_SIMPLE = re.compile(f"({STEP_NUMBER})({_KINDS_TEXT})({STEP_NUMBER})")
 
 OP_SEND, OP_RECV = 0, 1
 """``p2p.op`` codes: indexes into `OPS` (the trace's values of ``p2p_post.op``)."""

@@ -212,8 +212,8 @@ _KIND_ALTERNATION = "|".join(
 )
 # ASCII digits, at most 18 (an int64): int() of thousands of digits raises, and of other
 # scripts' digits would accept a text no recorder writes.
-_NUMBER = "[0-9]{1,18}"
-_SIMPLE_RE = re.compile(rf"^\s*({_NUMBER})\s*({_KIND_ALTERNATION})\s*({_NUMBER})?\s*$")
+STEP_NUMBER = "[0-9]{1,18}"
+_SIMPLE_RE = re.compile(rf"^\s*({STEP_NUMBER})\s*({_KIND_ALTERNATION})\s*({STEP_NUMBER})?\s*$")
 _COMPOSITE_RE = re.compile(r"^\s*\((.*)\)\s*(OVERLAP_F_B|OVERLAP_B_F)\s*$")
 
 
